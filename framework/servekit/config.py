@@ -1,0 +1,107 @@
+"""Reading a model folder's ``servekit.yaml`` into a :class:`ModelConfig`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .types import BatchingConfig, ModelConfig
+
+CONFIG_FILE = "servekit.yaml"
+_KEYS = {"plugin", "version_policy", "labels", "device", "batching", "options"}
+
+
+class ConfigError(ValueError):
+    """``servekit.yaml`` is unreadable or holds a wrong value; the message says which."""
+
+
+def read_model_config(model_dir: Path, defaults: BatchingConfig | None = None) -> ModelConfig:
+    path = model_dir / CONFIG_FILE
+    raw: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{CONFIG_FILE}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
+    return parse_model_config(raw, model_dir, defaults)
+
+
+def parse_model_config(
+    raw: dict[str, Any], model_dir: Path | None = None, defaults: BatchingConfig | None = None
+) -> ModelConfig:
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ConfigError(
+            f"{CONFIG_FILE}: unknown setting(s) {', '.join(sorted(unknown))}; "
+            f"expected {', '.join(sorted(_KEYS))}"
+        )
+    labels = raw.get("labels") or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+        for k, v in labels.items()
+    ):
+        raise ConfigError(f"{CONFIG_FILE}: 'labels' must map label names to version numbers")
+    batching = raw.get("batching") or {}
+    if not isinstance(batching, dict) or set(batching) - {"max_batch_size", "max_batch_time_ms"}:
+        raise ConfigError(f"{CONFIG_FILE}: 'batching' takes max_batch_size and max_batch_time_ms")
+    base = defaults or BatchingConfig()
+    options = raw.get("options") or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"{CONFIG_FILE}: 'options' must be a mapping")
+    device = str(raw.get("device", "auto"))
+    if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+        raise ConfigError(f"{CONFIG_FILE}: 'device' must be auto, cpu, cuda or cuda:N, found {device!r}")
+    policy = raw.get("version_policy", "latest")
+    check_version_policy(policy)
+    return ModelConfig(
+        plugin=raw.get("plugin"),
+        version_policy=policy,
+        labels=dict(labels),
+        device=device,
+        batching=BatchingConfig(
+            max_batch_size=int(batching.get("max_batch_size", base.max_batch_size)),
+            max_batch_time_ms=float(batching.get("max_batch_time_ms", base.max_batch_time_ms)),
+        ),
+        options=options,
+        base_path=model_dir,
+    )
+
+
+def check_version_policy(policy: Any) -> None:
+    if policy in ("latest", "all"):
+        return
+    if isinstance(policy, dict) and len(policy) == 1:
+        ((kind, value),) = policy.items()
+        if kind == "specific":
+            versions = value.get("versions") if isinstance(value, dict) else value
+            if isinstance(versions, list) and versions and all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in versions
+            ):
+                return
+        if kind == "latest":
+            n = value.get("num_versions") if isinstance(value, dict) else value
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                return
+    raise ConfigError(
+        f"{CONFIG_FILE}: 'version_policy' must be latest, all, {{latest: N}} or "
+        f"{{specific: [versions]}}, found {policy!r}"
+    )
+
+
+def select_versions(policy: Any, available: list[int]) -> list[int]:
+    """The versions a policy serves out of those on disk (TF Serving's ServableVersionPolicy)."""
+    ordered = sorted(available)
+    if policy == "all":
+        return ordered
+    if policy == "latest":
+        return ordered[-1:]
+    ((kind, value),) = policy.items()
+    if kind == "latest":
+        n = value.get("num_versions") if isinstance(value, dict) else value
+        return ordered[-n:]
+    versions = value.get("versions") if isinstance(value, dict) else value
+    return [v for v in ordered if v in set(versions)]

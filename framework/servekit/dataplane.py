@@ -1,0 +1,179 @@
+"""The one inference path every protocol calls.
+
+Protocols decode their wire format into numpy tensors, call the data plane,
+and encode what comes back.  The data plane resolves the model version, runs
+the hooks (preprocess, predict/explain/..., postprocess), turns a hook's failure
+into :class:`ModelFailure` and a missing hook into :class:`NotImplementedByModel`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import numpy as np
+
+from .errors import BadRequest, ModelFailure, NotImplementedByModel, NotReady, ServekitError
+from .repository import ModelRepository, ModelVersion
+from .types import ModelMetadata, Tensors
+
+log = logging.getLogger("servekit.dataplane")
+
+#: The name given to a single unnamed output when the metadata names none.
+DEFAULT_OUTPUT = "output_0"
+
+
+class DataPlane:
+    def __init__(self, repository: ModelRepository):
+        self.repository = repository
+        self.draining = False
+
+    # -- health ---------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return True
+
+    @property
+    def ready(self) -> bool:
+        return self.repository.ready and not self.draining
+
+    def model_names(self) -> list[str]:
+        return sorted(self.repository.models)
+
+    def resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
+        return self.repository.resolve(name, version, label)
+
+    def metadata(self, mv: ModelVersion) -> ModelMetadata:
+        return mv.metadata
+
+    # -- inference ------------------------------------------------------------
+
+    def predict(
+        self,
+        mv: ModelVersion,
+        inputs: Tensors,
+        *,
+        parameters: dict[str, Any] | None = None,
+        signature_name: str | None = None,
+        output_names: list[str] | None = None,
+    ) -> Any:
+        """Run ``predict``; a generator result is returned as is, for streaming."""
+        parameters = parameters or {}
+        inputs = self._preprocess(mv, inputs, parameters)
+        outputs = self._call(
+            mv, "predict", inputs=inputs, parameters=parameters,
+            signature_name=signature_name, output_names=output_names,
+        )
+        if inspect.isgenerator(outputs):
+            return outputs
+        return self._postprocess(mv, outputs, parameters)
+
+    def explain(
+        self,
+        mv: ModelVersion,
+        inputs: Tensors,
+        *,
+        parameters: dict[str, Any] | None = None,
+        signature_name: str | None = None,
+    ) -> Any:
+        parameters = parameters or {}
+        inputs = self._preprocess(mv, inputs, parameters)
+        return self._call(mv, "explain", inputs=inputs, parameters=parameters, signature_name=signature_name)
+
+    def classify(self, mv: ModelVersion, examples: list[dict], *, parameters=None, signature_name=None):
+        result = self._call(
+            mv, "classify", examples=examples, parameters=parameters or {}, signature_name=signature_name
+        )
+        if len(result) != len(examples):
+            raise ModelFailure(f"classify returned {len(result)} results for {len(examples)} examples")
+        return result
+
+    def regress(self, mv: ModelVersion, examples: list[dict], *, parameters=None, signature_name=None):
+        result = self._call(
+            mv, "regress", examples=examples, parameters=parameters or {}, signature_name=signature_name
+        )
+        if len(result) != len(examples):
+            raise ModelFailure(f"regress returned {len(result)} results for {len(examples)} examples")
+        return result
+
+    def complete(self, mv: ModelVersion, request: Any, parameters: dict[str, Any] | None = None) -> Any:
+        return self._call(mv, "complete", request=request, parameters=parameters or {})
+
+    def embed(self, mv: ModelVersion, texts: list[str], parameters: dict[str, Any] | None = None) -> Any:
+        return self._call(mv, "embed", texts=texts, parameters=parameters or {})
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
+        if not mv.ready:
+            raise NotReady(f"model {mv.name!r} version {mv.version} is not ready")
+        caller = getattr(mv.hooks, hook)
+        if not caller.get_hookimpls():
+            raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")
+        try:
+            result = caller(model=mv.model, **kwargs)
+        except ServekitError:
+            raise
+        except Exception as exc:
+            log.warning("model %s raised in %s: %s", mv.name, hook, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+        if result is None:
+            raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")
+        return result
+
+    def _preprocess(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> Tensors:
+        if not mv.hooks.preprocess.get_hookimpls():
+            return inputs
+        mapped = self._optional(mv, "preprocess", inputs=inputs, parameters=parameters)
+        return inputs if mapped is None else mapped
+
+    def _postprocess(self, mv: ModelVersion, outputs: Any, parameters: dict[str, Any]) -> Any:
+        if not mv.hooks.postprocess.get_hookimpls():
+            return outputs
+        mapped = self._optional(mv, "postprocess", outputs=outputs, parameters=parameters)
+        return outputs if mapped is None else mapped
+
+    def _optional(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(mv.hooks, hook)(model=mv.model, **kwargs)
+        except ServekitError:
+            raise
+        except Exception as exc:
+            raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+
+
+def named_outputs(mv: ModelVersion, outputs: Any, signature_name: str | None = None) -> dict[str, np.ndarray]:
+    """Outputs as named arrays, for protocols that always name tensors (V2, gRPC).
+
+    A single unnamed output takes the signature's one output name, else ``output_0``.
+    """
+    if isinstance(outputs, dict):
+        return {str(k): _as_array(v, str(k)) for k, v in outputs.items()}
+    name = DEFAULT_OUTPUT
+    signature = mv.metadata.signature(signature_name)
+    if signature is not None and len(signature.outputs) == 1:
+        name = signature.outputs[0].name
+    return {name: _as_array(outputs, name)}
+
+
+def _as_array(value: Any, name: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except ValueError:
+        raise ModelFailure(f"output {name!r} is not a rectangular tensor") from None
+
+
+def filter_outputs(outputs: dict[str, Any], requested: list[str] | None) -> dict[str, Any]:
+    """Keep the requested outputs, in the order asked; an unknown name is a client error."""
+    if not requested:
+        return outputs
+    missing = [n for n in requested if n not in outputs]
+    if missing:
+        raise BadRequest(
+            f"unknown output(s) {', '.join(missing)}; the model returns {', '.join(outputs) or 'none'}"
+        )
+    return {n: outputs[n] for n in requested}

@@ -1,0 +1,231 @@
+"""Every hook servekit calls, typed and documented.
+
+A plugin (an installed package registered under the ``servekit`` entry-point group,
+a file given with ``--plugin``, or a model folder's ``model.py``) implements any
+subset of these with ``@servekit.hookimpl``.  Implementations name only the
+arguments they need; pluggy passes them by keyword.
+
+Model hooks are called through the model's own hook relay: the globally
+registered plugins plus that model's ``model.py``, which is registered last and
+so is called first.  Hooks marked *first result* stop at the first
+implementation that returns something other than ``None``: a framework plugin
+returns ``None`` for a model it did not load, and a ``model.py`` overrides a
+framework plugin for its own model only.
+
+Cross-cutting plugins (metrics, request logs, auth) wrap any hook with
+``@servekit.hookimpl(wrapper=True)`` and see every model's calls.
+
+The docstrings here are the reference; ``docs/hooks.md`` shows each hook with
+a runnable example.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from .types import ModelConfig, ModelMetadata, Tensors
+
+hookspec = pluggy.HookspecMarker("servekit")
+hookimpl = pluggy.HookimplMarker("servekit")
+
+
+# ---------------------------------------------------------------------------
+# Loading and describing a model
+# ---------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def load(path: Path, config: ModelConfig, name: str, version: int) -> Any | None:
+    """Load one version of a model and return the object later hooks receive as ``model``.
+
+    Called once per model version when it enters the repository (at start-up and
+    whenever a new version folder appears), in a background thread of each worker.
+
+    :param path: the version folder (``BASE/NAME/VERSION``, or the model folder
+        itself when it has no numeric sub-folders).
+    :param config: the model's settings from ``servekit.yaml`` (``options`` holds
+        free plugin options; ``device`` the requested device).
+    :param name: the served model name.
+    :param version: the version number.
+    :returns: the loaded model, or ``None`` when this plugin does not handle the
+        folder's artifact (first result wins).  Raise to report a failed load:
+        the version's state becomes END with the message as its error.
+    """
+
+
+@hookspec(firstresult=True)
+def unload(model: Any) -> bool | None:
+    """Release a model version that leaves the repository (GPU memory, files).
+
+    :param model: the object ``load`` returned.
+    :returns: ``True`` once handled (first result wins); ``None`` to let other
+        plugins try.  The framework drops its reference either way.
+    """
+
+
+@hookspec(firstresult=True)
+def metadata(model: Any, name: str, version: int) -> ModelMetadata | None:
+    """Describe a loaded model's signatures: inputs and outputs with datatypes and shapes.
+
+    Called once after a successful load; the result is cached and answers
+    V1 ``/metadata``, V2 model metadata and gRPC ``GetModelMetadata``.
+
+    :param model: the object ``load`` returned.
+    :returns: a :class:`servekit.types.ModelMetadata`, or ``None`` (first result
+        wins).  Without any, the model is described with no tensors.
+    """
+
+
+# ---------------------------------------------------------------------------
+# Inference
+# ---------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def predict(
+    inputs: Tensors,
+    parameters: dict[str, Any],
+    model: Any,
+    signature_name: str | None,
+    output_names: list[str] | None,
+) -> Any | None:
+    """Run the model on decoded inputs.
+
+    Every protocol (V1 ``:predict`` and ``/predict``, V2 ``infer``, gRPC
+    ``Predict``/``ModelInfer``) ends here, so a model written once answers on all.
+
+    :param inputs: named tensors as ``dict[str, numpy.ndarray]``, or one unnamed
+        tensor as a ``numpy.ndarray`` (V1 ``instances``/``inputs`` without names).
+    :param parameters: the request's free parameters (V2 ``parameters``; empty
+        when the protocol has none).
+    :param model: the object ``load`` returned.
+    :param signature_name: the signature asked for (V1/gRPC ``signature_name``),
+        ``None`` for the default.
+    :param output_names: the outputs the client asked for, ``None`` for all; the
+        framework filters afterwards, so honouring this is only an optimisation.
+    :returns: a ``numpy.ndarray`` (one unnamed output), a ``dict`` of named
+        outputs, any JSON-serialisable value, or a generator, which streams one
+        item per event over SSE.  ``None`` lets the next plugin try.
+    """
+
+
+@hookspec(firstresult=True)
+def explain(
+    inputs: Tensors,
+    parameters: dict[str, Any],
+    model: Any,
+    signature_name: str | None,
+) -> Any | None:
+    """Explain a prediction: attributions per input feature, or whatever the model offers.
+
+    Answers V1 ``:explain``, ``/explain`` and V2 ``.../explain``.
+
+    :param inputs: as for :func:`predict`.
+    :returns: a ``numpy.ndarray``, a ``dict`` of named arrays or any
+        JSON-serialisable value; ``None`` lets the next plugin try.  With no
+        implementation the endpoint answers 501.
+    """
+
+
+@hookspec(firstresult=True)
+def classify(
+    examples: list[dict[str, list[Any]]],
+    parameters: dict[str, Any],
+    model: Any,
+    signature_name: str | None,
+) -> list[list[tuple[str, float]]] | None:
+    """Classify ``tf.Example``-like records (V1 ``:classify``, gRPC ``Classify``).
+
+    :param examples: one ``{feature: [values]}`` per example, request ``context``
+        already merged in; values are ``int``, ``float`` or ``bytes``.
+    :returns: per example, a list of ``(label, score)`` pairs (label may be
+        ``""``); ``None`` lets the next plugin try.
+    """
+
+
+@hookspec(firstresult=True)
+def regress(
+    examples: list[dict[str, list[Any]]],
+    parameters: dict[str, Any],
+    model: Any,
+    signature_name: str | None,
+) -> list[float] | None:
+    """Regress ``tf.Example``-like records (V1 ``:regress``, gRPC ``Regress``).
+
+    :param examples: as for :func:`classify`.
+    :returns: one float per example; ``None`` lets the next plugin try.
+    """
+
+
+# ---------------------------------------------------------------------------
+# Generative models
+# ---------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def complete(request: Any, parameters: dict[str, Any], model: Any) -> Any | None:
+    """Generate text for a completions or chat request (OpenAI API).
+
+    The framework validates the OpenAI request and formats chat messages before
+    the call, and builds the OpenAI response (ids, usage, finish reasons) after.
+
+    :param request: a :class:`servekit.generation.GenerationRequest` (prompt,
+        sampling parameters, stop sequences, ``n``).
+    :returns: a :class:`servekit.generation.GenerationResult`, or a generator of
+        text pieces to stream; ``None`` lets the next plugin try.
+    """
+
+
+@hookspec(firstresult=True)
+def embed(texts: list[str], parameters: dict[str, Any], model: Any) -> Any | None:
+    """Embed texts (OpenAI ``/v1/embeddings``).
+
+    :param texts: the inputs, one string each.
+    :returns: a ``numpy.ndarray`` of shape ``(len(texts), dim)``; ``None`` lets the
+        next plugin try.
+    """
+
+
+# ---------------------------------------------------------------------------
+# Request pipeline (cross-cutting plugins)
+# ---------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def preprocess(inputs: Tensors, parameters: dict[str, Any], model: Any) -> Tensors | None:
+    """Map decoded inputs before :func:`predict` and :func:`explain` (custom input mapping).
+
+    :returns: the inputs to use instead, or ``None`` to keep them (first result wins).
+    """
+
+
+@hookspec(firstresult=True)
+def postprocess(outputs: Any, parameters: dict[str, Any], model: Any) -> Any | None:
+    """Map a prediction's outputs before they are encoded for the client.
+
+    Not called for streaming (generator) predictions.
+
+    :returns: the outputs to use instead, or ``None`` to keep them (first result wins).
+    """
+
+
+@hookspec
+def register_routes(app: Flask) -> None:
+    """Add routes or blueprints to the Flask app, once per worker, after the built-in ones.
+
+    :param app: the application; ``app.extensions["servekit"]`` is the data plane.
+    """
+
+
+@hookspec
+def server_started(models: list[str]) -> None:
+    """Called once per worker when the server starts, with the configured model names."""
+
+
+__all__ = ["hookimpl", "hookspec"]

@@ -1,0 +1,191 @@
+"""The plugin manager: entry points, ``--plugin`` files, and a model folder's ``model.py``.
+
+Built-in plugins (sklearn, torch, ...) are found through the ``servekit``
+entry-point group exactly like third-party ones.  A plugin that fails to import
+is warned about and skipped; two plugins registered under one name is an error
+that names both.  ``SERVEKIT_LOAD_PLUGINS`` (comma-separated entry-point names)
+limits which installed plugins load; an empty value loads none.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+
+log = logging.getLogger("servekit.plugins")
+
+ENTRY_POINT_GROUP = "servekit"
+_load_lock = threading.Lock()
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be registered (name clash, unreadable file)."""
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    hooks: list[str]
+    source: str  # distribution name, file path or module name
+
+
+def new_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("servekit")
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: str) -> None:
+    existing = pm.get_plugin(name)
+    if existing is not None:
+        raise PluginError(
+            f"plugin name {name!r} is registered twice: by {_source_of(pm, name)} and by {source}"
+        )
+    pm.register(plugin, name=name)
+    pm._servekit_sources = getattr(pm, "_servekit_sources", {})  # type: ignore[attr-defined]
+    pm._servekit_sources[name] = source  # type: ignore[attr-defined]
+    for cls_name, instance in _class_plugins(plugin):
+        pm.register(instance, name=f"{name}.{cls_name}")
+        pm._servekit_sources[f"{name}.{cls_name}"] = source  # type: ignore[attr-defined]
+
+
+def _source_of(pm: pluggy.PluginManager, name: str) -> str:
+    return getattr(pm, "_servekit_sources", {}).get(name, "?")
+
+
+def _class_plugins(module: Any) -> list[tuple[str, Any]]:
+    """Instances of classes defined in ``module`` whose methods carry ``@hookimpl``.
+
+    This lets a ``model.py`` keep its hooks as methods of a class (sharing state
+    through ``self``); the class is instantiated without arguments.
+    """
+    if not isinstance(module, ModuleType):
+        return []
+    found = []
+    for cls_name, cls in vars(module).items():
+        if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+            continue
+        if any(
+            hasattr(getattr(cls, attr, None), "servekit_impl")
+            for attr in dir(cls)
+            if not attr.startswith("__")
+        ):
+            found.append((cls_name, cls()))
+    return found
+
+
+def load_entry_points(pm: pluggy.PluginManager) -> None:
+    """Register every installed plugin of the ``servekit`` group (or the allow-listed ones)."""
+    allow = os.environ.get("SERVEKIT_LOAD_PLUGINS")
+    allowed = None if allow is None else {n.strip() for n in allow.split(",") if n.strip()}
+    seen: dict[str, str] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist else "?"
+        if allowed is not None and ep.name not in allowed:
+            continue
+        if ep.name in seen:
+            if seen[ep.name] == f"{dist} ({ep.value})":
+                continue  # the same distribution seen twice on sys.path
+            raise PluginError(
+                f"plugin name {ep.name!r} is registered twice: by {seen[ep.name]} "
+                f"and by {dist} ({ep.value})"
+            )
+        seen[ep.name] = f"{dist} ({ep.value})"
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # a broken third-party plugin must not take the server down
+            log.warning("skipping plugin %r from %s: %s: %s", ep.name, dist, type(exc).__name__, exc)
+            continue
+        _register(pm, plugin, ep.name, f"{dist} ({ep.value})")
+
+
+def import_plugin(spec: str) -> ModuleType:
+    """Import ``spec``: a path to a ``.py`` file or a dotted module name."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise PluginError(f"plugin file not found: {spec}")
+        return import_file(path)
+    try:
+        return importlib.import_module(spec)
+    except ImportError as exc:
+        raise PluginError(f"cannot import plugin module {spec!r}: {exc}") from exc
+
+
+def import_file(path: Path, module_name: str | None = None) -> ModuleType:
+    """Import a Python file as a module of its own (a model's ``model.py``, a ``--plugin`` file)."""
+    path = path.resolve()
+    module_name = module_name or f"servekit_user_{abs(hash(str(path))):x}_{path.stem}"
+    with _load_lock:
+        if module_name in sys.modules:
+            return sys.modules[module_name]
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise PluginError(f"cannot import {path.name}")
+        module = importlib.util.module_from_spec(spec)
+        # Let a model.py import its sibling modules.
+        sys.path.insert(0, str(path.parent))
+        try:
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+        finally:
+            sys.path.remove(str(path.parent))
+    return module
+
+
+def build_manager(plugin_specs: list[str] | tuple[str, ...] = ()) -> pluggy.PluginManager:
+    """The global plugin manager: installed plugins, then each ``--plugin``."""
+    pm = new_manager()
+    load_entry_points(pm)
+    for spec in plugin_specs:
+        module = import_plugin(spec)
+        _register(pm, module, Path(spec).stem if spec.endswith(".py") else spec, spec)
+    return pm
+
+
+def model_manager(base: pluggy.PluginManager, model_py: Path | None) -> pluggy.PluginManager:
+    """A per-model manager: the global plugins, then the model's own ``model.py`` on top.
+
+    Registered last, ``model.py`` is called first, so it overrides the framework
+    plugin for this model only.
+    """
+    if model_py is None:
+        return base
+    pm = new_manager()
+    pm._servekit_sources = dict(getattr(base, "_servekit_sources", {}))  # type: ignore[attr-defined]
+    for name, plugin in base.list_name_plugin():
+        if plugin is not None:
+            pm.register(plugin, name=name)
+    module = import_file(model_py)
+    _register(pm, module, f"model.py:{model_py.parent.name}", str(model_py))
+    return pm
+
+
+def describe(pm: pluggy.PluginManager) -> list[PluginInfo]:
+    """Installed plugins and the hooks each implements (``servekit plugins``, ``/-/plugins.json``)."""
+    infos: dict[str, PluginInfo] = {}
+    for name, plugin in pm.list_name_plugin():
+        if plugin is None:
+            continue
+        top = name.split(".", 1)[0]
+        hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
+        info = infos.setdefault(top, PluginInfo(top, [], _source_of(pm, name)))
+        info.hooks = sorted(set(info.hooks) | set(hooks))
+    return sorted(infos.values(), key=lambda i: i.name)

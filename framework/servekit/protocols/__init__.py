@@ -1,0 +1,1 @@
+"""Thin wire-protocol translators over the data plane, one module per protocol."""

@@ -1,0 +1,150 @@
+"""TensorFlow Serving's REST API (V1): status, metadata, predict, classify, regress, explain.
+
+``/v1/models/NAME[/versions/V|/labels/L][/metadata]`` and
+``POST /v1/models/NAME[/versions/V|/labels/L]:(predict|classify|regress|explain)``,
+answered as ``tensorflow_model_server`` answers them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flask import Blueprint
+
+from ..codecs import tf_json
+from ..codecs.dtypes import V2_TO_TF
+from ..errors import BadRequest, NotFound
+from ..repository import ModelVersion
+from ..types import ModelMetadata, Signature, TensorSpec
+from .http import dataplane, json_object, json_response, parameters_of, stream_requested
+from .streaming import sse_predict
+
+bp = Blueprint("v1", __name__)
+
+_TARGET = re.compile(
+    r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
+    r":(?P<verb>predict|classify|regress|explain)$"
+)
+
+
+# -- status and metadata ----------------------------------------------------------
+
+
+def version_status(mv: ModelVersion) -> dict[str, Any]:
+    return {
+        "version": str(mv.version),
+        "state": mv.state.value,
+        "status": {"error_code": "UNKNOWN" if mv.error else "OK", "error_message": mv.error},
+    }
+
+
+def model_status(name: str, version: str | None = None, label: str | None = None) -> dict[str, Any]:
+    statuses = dataplane().repository.statuses(name, version, label)
+    return {
+        # OpenAI's model object, so OpenAI clients read the same route
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "servekit",
+        "model_version_status": [version_status(mv) for mv in statuses],
+    }
+
+
+@bp.get("/v1/models/<name>")
+@bp.get("/v1/models/<name>/versions/<version>")
+@bp.get("/v1/models/<name>/labels/<label>")
+def status(name: str, version: str | None = None, label: str | None = None):
+    return json_response(model_status(name, version, label))
+
+
+def tensor_info(spec: TensorSpec) -> dict[str, Any]:
+    if spec.shape is None:
+        shape: dict[str, Any] = {"dim": [], "unknown_rank": True}
+    else:
+        shape = {"dim": [{"size": str(d), "name": ""} for d in spec.shape], "unknown_rank": False}
+    return {
+        "dtype": V2_TO_TF.get(spec.datatype, "DT_INVALID"),
+        "tensor_shape": shape,
+        "name": spec.tensor_name if spec.tensor_name is not None else spec.name,
+    }
+
+
+def signature_def(signature: Signature) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "inputs": {t.name: tensor_info(t) for t in signature.inputs},
+        "outputs": {t.name: tensor_info(t) for t in signature.outputs},
+        "method_name": signature.method_name,
+    }
+    if signature.defaults is not None:
+        out["defaults"] = signature.defaults
+    return out
+
+
+def metadata_json(mv: ModelVersion, meta: ModelMetadata) -> dict[str, Any]:
+    """TF Serving's GetModelMetadataResponse as JSON."""
+    return {
+        "model_spec": {"name": mv.name, "signature_name": "", "version": str(mv.version)},
+        "metadata": {
+            "signature_def": {
+                "signature_def": {name: signature_def(sig) for name, sig in meta.signatures.items()}
+            }
+        },
+    }
+
+
+@bp.get("/v1/models/<name>/metadata")
+@bp.get("/v1/models/<name>/versions/<version>/metadata")
+@bp.get("/v1/models/<name>/labels/<label>/metadata")
+def metadata(name: str, version: str | None = None, label: str | None = None):
+    dp = dataplane()
+    mv = dp.resolve(name, version, label)
+    return json_response(metadata_json(mv, dp.metadata(mv)))
+
+
+# -- inference ----------------------------------------------------------------------
+
+
+@bp.post("/v1/models/<path:target>")
+def infer(target: str):
+    match = _TARGET.match(target)
+    if match is None:
+        raise NotFound(
+            f"Malformed request: POST /v1/models/{target}; expected "
+            "/v1/models/NAME[/versions/V|/labels/L]:(predict|classify|regress|explain)"
+        )
+    body = json_object()
+    dp = dataplane()
+    mv = dp.resolve(match["name"], match["version"], match["label"])
+    signature = signature_name(body)
+    parameters = parameters_of(body)
+    verb = match["verb"]
+    if verb in ("classify", "regress"):
+        examples = tf_json.decode_examples(body)
+        if verb == "classify":
+            results = dp.classify(mv, examples, parameters=parameters, signature_name=signature)
+            return json_response({"results": [[[str(l), float(s)] for l, s in r] for r in results]})
+        results = dp.regress(mv, examples, parameters=parameters, signature_name=signature)
+        return json_response({"results": [float(v) for v in results]})
+    inputs, row_format = tf_json.decode_predict_request(body)
+    if verb == "explain":
+        explanations = dp.explain(mv, inputs, parameters=parameters, signature_name=signature)
+        return json_response(tf_json.encode_explain_response(explanations, row_format))
+    outputs = dp.predict(mv, inputs, parameters=parameters, signature_name=signature)
+    return predict_response(outputs, row_format, stream_requested(body))
+
+
+def predict_response(outputs: Any, row_format: bool, stream: bool):
+    """A predict answer: SSE when asked to stream, else TF Serving's JSON."""
+    if stream:
+        return sse_predict(outputs, row_format)
+    if not isinstance(outputs, (dict, list)) and hasattr(outputs, "__next__"):
+        outputs = list(outputs)  # a streaming model asked for a plain answer
+    return json_response(tf_json.encode_predict_response(outputs, row_format))
+
+
+def signature_name(body: dict[str, Any]) -> str | None:
+    name = body.get("signature_name")
+    if name is not None and not isinstance(name, str):
+        raise BadRequest(f"'signature_name' must be a string, found {type(name).__name__}")
+    return name or None

@@ -1,0 +1,76 @@
+"""Plain data types shared by the core, the protocols and plugins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+#: Decoded request tensors: named (``dict``) or one unnamed array.
+Tensors = Union[dict[str, np.ndarray], np.ndarray]
+
+DEFAULT_SIGNATURE = "serving_default"
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+
+
+@dataclass
+class TensorSpec:
+    """One input or output of a signature.
+
+    ``datatype`` uses the V2 names (``FP32``, ``INT64``, ``BYTES``, ``BOOL``...);
+    ``shape`` uses ``-1`` for a dimension of any size and ``None`` for unknown rank;
+    ``tensor_name`` is the underlying graph tensor (TensorFlow's ``x:0``), if any.
+    """
+
+    name: str
+    datatype: str
+    shape: list[int] | None
+    tensor_name: str | None = None
+
+
+@dataclass
+class Signature:
+    """A named function of the model (TensorFlow's SignatureDef)."""
+
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+    method_name: str = PREDICT_METHOD
+    #: TensorFlow's default input values; ``None`` where the SignatureDef has none
+    defaults: dict[str, Any] | None = field(default_factory=dict)
+
+
+@dataclass
+class ModelMetadata:
+    """What the ``metadata`` hook returns: the model's signatures and platform."""
+
+    signatures: dict[str, Signature] = field(default_factory=dict)
+    platform: str = ""
+    #: The signature used when a request names none.
+    default_signature: str = DEFAULT_SIGNATURE
+
+    def signature(self, name: str | None = None) -> Signature | None:
+        return self.signatures.get(name or self.default_signature)
+
+
+@dataclass
+class BatchingConfig:
+    max_batch_size: int = 0
+    max_batch_time_ms: float = 0.0
+
+
+@dataclass
+class ModelConfig:
+    """A model's settings, read from the optional ``servekit.yaml`` in its folder."""
+
+    plugin: str | None = None
+    version_policy: Any = "latest"
+    labels: dict[str, int] = field(default_factory=dict)
+    device: str = "auto"
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    options: dict[str, Any] = field(default_factory=dict)
+    #: the model folder (``BASE/NAME``); not part of the YAML
+    base_path: Path | None = None

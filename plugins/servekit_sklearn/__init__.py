@@ -1,0 +1,65 @@
+"""scikit-learn plugin: ``model.joblib``, ``model.pkl`` or ``model.skops``.
+
+Signatures: ``serving_default`` (``predict``), plus ``predict_proba`` and
+``decision_function`` where the estimator has them; ``:classify`` answers
+``[label, probability]`` pairs from ``predict_proba`` and ``classes_``;
+``:regress`` answers ``predict`` of a regressor; ``:explain`` answers per-feature
+attributions (see :mod:`servekit_sklearn.explain`).
+
+Pickle-based files (joblib, pkl) run code when loaded: serve only files you
+trust.  ``model.skops`` is the safe format; its types are checked on load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import servekit
+from servekit.errors import BadRequest
+
+from .estimator import SklearnModel, load_estimator
+
+
+@servekit.hookimpl
+def load(path: Path, config: servekit.ModelConfig) -> SklearnModel | None:
+    return load_estimator(path, config.options)
+
+
+@servekit.hookimpl
+def metadata(model: Any) -> servekit.ModelMetadata | None:
+    if isinstance(model, SklearnModel):
+        return model.describe()
+    return None
+
+
+@servekit.hookimpl
+def predict(inputs: Any, model: Any, signature_name: str | None) -> Any:
+    if not isinstance(model, SklearnModel):
+        return None
+    return model.predict(inputs, signature_name)
+
+
+@servekit.hookimpl
+def classify(examples: list[dict[str, list[Any]]], model: Any) -> Any:
+    if not isinstance(model, SklearnModel):
+        return None
+    return model.classify(model.examples_to_matrix(examples))
+
+
+@servekit.hookimpl
+def regress(examples: list[dict[str, list[Any]]], model: Any) -> Any:
+    if not isinstance(model, SklearnModel):
+        return None
+    if model.is_classifier:
+        raise BadRequest("this model is a classifier; use :classify (regress needs a regressor)")
+    return model.estimator.predict(model.examples_to_matrix(examples)).astype(float).tolist()
+
+
+@servekit.hookimpl
+def explain(inputs: Any, model: Any) -> Any:
+    if not isinstance(model, SklearnModel):
+        return None
+    from .explain import attributions
+
+    return attributions(model, model.matrix(inputs))
