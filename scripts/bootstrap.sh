@@ -1,0 +1,15 @@
+# Sourced by the Quickstart scripts: create .venv (once) and install servekit into it.
+# Usage: . scripts/bootstrap.sh EXTRAS   (e.g. "sklearn" or "all,test")
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+stamp=".venv/.servekit-installed-$1-$(sha1sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  python -m pip install --quiet --upgrade pip
+  python -m pip install --quiet -e ".[$1]"
+  touch "$stamp"
+fi
