@@ -213,7 +213,20 @@ def tensor_from_json(datatype: str, shape: list[int] | tuple[int, ...], data: An
             f"expected {count} {datatype} values"
         ) from None
     _check_layout(arr, shape, count, where)
+    if arr.dtype.kind == "f" and V2_TO_NUMPY[datatype].kind in _INT_KINDS:
+        # numpy turns ints beyond int64 (UINT64's upper half) into floats; look again
+        arr = _python_ints(arr, data, datatype, where)
     return _cast_checked(arr, datatype, where).reshape(shape)
+
+
+def _python_ints(arr: np.ndarray, data: list, datatype: str, where: str) -> np.ndarray:
+    flat = np.asarray(data, dtype=object).reshape(-1).tolist()
+    if not all(type(v) is int for v in flat):
+        raise BadRequest(f"{where}: {datatype} data must be integers, found floating-point values")
+    info = np.iinfo(V2_TO_NUMPY[datatype])
+    if min(flat) < info.min or max(flat) > info.max:
+        raise BadRequest(f"{where}: value out of the {datatype} range [{info.min}, {info.max}]")
+    return np.array(flat, dtype=V2_TO_NUMPY[datatype])
 
 
 def _check_layout(arr: np.ndarray, shape: tuple[int, ...], count: int, where: str) -> None:
@@ -244,7 +257,8 @@ def _cast_checked(arr: np.ndarray, datatype: str, where: str) -> np.ndarray:
         if int(low) < info.min or int(high) > info.max:
             raise BadRequest(f"{where}: value out of the {datatype} range [{info.min}, {info.max}]")
         return arr.astype(target, copy=False)
-    cast = arr.astype(target, copy=False)
+    with np.errstate(over="ignore"):  # overflow is reported below, as a client error
+        cast = arr.astype(target, copy=False)
     if cast.dtype.itemsize < arr.dtype.itemsize and np.isfinite(arr).all() and not np.isfinite(cast).all():
         raise BadRequest(f"{where}: value out of the {datatype} range (it would become infinite)")
     return cast
