@@ -51,9 +51,30 @@ def fit_regressor(folder: Path, version: int = 1) -> Path:
     return target
 
 
+ECHO_MODEL = """
+import numpy as np
+import servekit
+
+
+@servekit.hookimpl
+def load(path):
+    return "echo"
+
+
+@servekit.hookimpl
+def predict(inputs, parameters):
+    # doubles numbers, echoes strings; a parameter 'fail' makes it raise
+    if parameters.get("fail"):
+        raise RuntimeError("asked to fail")
+    if isinstance(inputs, dict):
+        return {k: v * 2 if v.dtype.kind in "iuf" else v for k, v in inputs.items()}
+    return inputs * 2 if inputs.dtype.kind in "iuf" else inputs
+"""
+
+
 @pytest.fixture(scope="session")
 def sklearn_repo(tmp_path_factory) -> Path:
-    """A repository: iris (versions 1 and 2, labels), a regressor, and a broken model."""
+    """A repository: iris (versions 1 and 2, labels), a regressor, a model.py echo model, a broken model."""
     base = tmp_path_factory.mktemp("repo")
     fit_iris(base / "iris", 1)
     fit_iris(base / "iris", 2)
@@ -61,6 +82,9 @@ def sklearn_repo(tmp_path_factory) -> Path:
         "version_policy: all\nlabels: {stable: 1, canary: 2}\n"
     )
     fit_regressor(base / "linear")
+    echo = base / "echo"
+    echo.mkdir()
+    (echo / "model.py").write_text(ECHO_MODEL)
     broken = base / "broken" / "1"
     broken.mkdir(parents=True)
     (broken / "model.joblib").write_bytes(b"not a pickle")

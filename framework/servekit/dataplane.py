@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import batching
 from .errors import BadRequest, ModelFailure, NotImplementedByModel, NotReady, ServekitError
 from .repository import ModelRepository, ModelVersion
 from .types import ModelMetadata, Tensors
@@ -25,9 +26,11 @@ DEFAULT_OUTPUT = "output_0"
 
 
 class DataPlane:
-    def __init__(self, repository: ModelRepository):
+    def __init__(self, repository: ModelRepository, *, load_wait: float = 60.0):
         self.repository = repository
         self.draining = False
+        #: how long a request waits for this worker's first load instead of failing
+        self.load_wait = load_wait
 
     # -- health ---------------------------------------------------------------
 
@@ -43,6 +46,10 @@ class DataPlane:
         return sorted(self.repository.models)
 
     def resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
+        if not self.repository.ready:
+            # Another worker may already answer ready while this one still loads:
+            # hold the request briefly rather than fail it.
+            self.repository.wait_ready(self.load_wait)
         return self.repository.resolve(name, version, label)
 
     def metadata(self, mv: ModelVersion) -> ModelMetadata:
@@ -62,10 +69,16 @@ class DataPlane:
         """Run ``predict``; a generator result is returned as is, for streaming."""
         parameters = parameters or {}
         inputs = self._preprocess(mv, inputs, parameters)
-        outputs = self._call(
-            mv, "predict", inputs=inputs, parameters=parameters,
-            signature_name=signature_name, output_names=output_names,
-        )
+
+        def run(batch: Tensors) -> Any:
+            return self._call(
+                mv, "predict", inputs=batch, parameters=parameters,
+                signature_name=signature_name, output_names=output_names,
+            )
+
+        batcher = batching.batcher_for(mv)
+        options = batching.options_key(parameters, signature_name, output_names) if batcher else None
+        outputs = run(inputs) if options is None else batcher.submit(inputs, run, options)
         if inspect.isgenerator(outputs):
             return outputs
         return self._postprocess(mv, outputs, parameters)
