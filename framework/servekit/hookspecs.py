@@ -170,15 +170,35 @@ def regress(
 
 @hookspec(firstresult=True)
 def complete(request: Any, parameters: dict[str, Any], model: Any) -> Any | None:
-    """Generate text for a completions or chat request (OpenAI API).
+    """Generate one text for a completions or chat request (OpenAI API).
 
-    The framework validates the OpenAI request and formats chat messages before
-    the call, and builds the OpenAI response (ids, usage, finish reasons) after.
+    The framework validates the OpenAI request, formats chat messages (through
+    the :func:`tokenizer`'s chat template) and calls this once per prompt and
+    choice (``n``); afterwards it cuts the text at stop sequences, counts the
+    tokens the model did not report, and builds the OpenAI response.
 
-    :param request: a :class:`servekit.generation.GenerationRequest` (prompt,
-        sampling parameters, stop sequences, ``n``).
-    :returns: a :class:`servekit.generation.GenerationResult`, or a generator of
-        text pieces to stream; ``None`` lets the next plugin try.
+    :param request: a :class:`servekit.generation.GenerationRequest` (``prompt``,
+        ``messages`` for chat, ``max_tokens``, ``temperature``, ``top_p``,
+        ``stop``, ``seed``, ``stream``, further ``options``).
+    :param parameters: the request's JSON body as the client sent it.
+    :returns: a :class:`servekit.generation.GenerationResult` or a ``str``, or a
+        generator of ``str`` / :class:`servekit.generation.GenerationChunk` pieces,
+        which streams; the framework closes the generator when the client
+        disconnects or a stop sequence appears.  ``None`` lets the next plugin try.
+    """
+
+
+@hookspec(firstresult=True)
+def tokenizer(model: Any) -> Any | None:
+    """The model's tokenizer, for chat templates and token counts (usage).
+
+    :param model: the object ``load`` returned.
+    :returns: an object with ``encode(text, add_special_tokens=False) -> list[int]``
+        and, for chat, ``apply_chat_template(messages, tokenize=False,
+        add_generation_prompt=True)`` and a ``chat_template`` attribute (a Hugging
+        Face tokenizer fits as is); ``None`` when the model has none (first result
+        wins).  Without one, chat is formatted as ``role: content`` lines ending
+        in ``assistant:``, and usage counts whitespace-separated words.
     """
 
 
@@ -186,7 +206,11 @@ def complete(request: Any, parameters: dict[str, Any], model: Any) -> Any | None
 def embed(texts: list[str], parameters: dict[str, Any], model: Any) -> Any | None:
     """Embed texts (OpenAI ``/v1/embeddings``).
 
+    The framework truncates to the request's ``dimensions`` (renormalising
+    unit-length rows) and encodes ``encoding_format: base64`` afterwards.
+
     :param texts: the inputs, one string each.
+    :param parameters: the request's JSON body as the client sent it.
     :returns: a ``numpy.ndarray`` of shape ``(len(texts), dim)``; ``None`` lets the
         next plugin try.
     """

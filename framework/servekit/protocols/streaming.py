@@ -1,27 +1,60 @@
-"""Server-Sent Events: the encoder and streaming predict.
+"""Server-Sent Events: the encoder, log ids, and streaming predict.
 
 Every stream ends with the comment
-``: servekit-metadata {"requestLogId": ..., "predictionLogIds": [...]}``.
-An error after the first byte arrives as an ``error`` event, never as a silent
-cut; a client that disconnects closes the model's generator, which stops it.
+``: servekit-metadata {"requestLogId": ..., "predictionLogIds": [...]}``; a
+non-streaming answer carries the same ids in the ``X-Request-Log-Id`` and
+``X-Prediction-Log-Ids`` headers.  Headers go out before the first byte (and a
+streaming model's first item is produced before them, so a failure there is an
+ordinary JSON error with its status); an error after the first byte arrives as
+an ``error`` event, never as a silent cut.  A client that disconnects makes the
+next write fail; the server then closes the response iterator, which closes the
+model's generator, which stops it.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from flask import Response
+from flask import Response, g, has_request_context
 
 from ..codecs import json as jsonc
 from ..codecs import tf_json
-from ..errors import ServekitError
+from ..errors import ModelFailure, ServekitError
 
 log = logging.getLogger("servekit.sse")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+REQUEST_LOG_HEADER = "X-Request-Log-Id"
+PREDICTION_LOG_HEADER = "X-Prediction-Log-Ids"
+METADATA_COMMENT = "servekit-metadata"
+
+
+# -- log ids --------------------------------------------------------------------------
+
+
+def request_log_id() -> str:
+    """This request's log id: one per HTTP request, kept in ``flask.g`` so a
+    request-logging plugin that sets ``g.request_log_id`` first is reused."""
+    if not has_request_context():
+        return str(uuid.uuid4())
+    if "request_log_id" not in g:
+        g.request_log_id = str(uuid.uuid4())
+    return g.request_log_id
+
+
+def prediction_log_id() -> str:
+    """A new id for one prediction (a predict answer, a streamed item, a completion choice)."""
+    return str(uuid.uuid4())
+
+
+def log_headers(request_id: str, prediction_ids: list[str]) -> dict[str, str]:
+    return {REQUEST_LOG_HEADER: request_id, PREDICTION_LOG_HEADER: ",".join(prediction_ids)}
+
+
+# -- encoding -------------------------------------------------------------------------
 
 
 def event(payload: Any, name: str | None = None) -> bytes:
@@ -36,37 +69,88 @@ def comment(text: str) -> bytes:
 
 def metadata_comment(request_log_id: str, prediction_log_ids: list[str]) -> bytes:
     trailer = jsonc.dumps({"requestLogId": request_log_id, "predictionLogIds": prediction_log_ids})
-    return b": servekit-metadata " + trailer + b"\n\n"
+    return b": " + METADATA_COMMENT.encode() + b" " + trailer + b"\n\n"
 
 
-def error_event(exc: BaseException) -> bytes:
-    message = exc.message if isinstance(exc, ServekitError) else "internal error while streaming"
-    return event({"error": message}, name="error")
+def error_message(exc: BaseException) -> str:
+    if isinstance(exc, ServekitError):
+        return exc.message
+    return f"the model failed while streaming: {type(exc).__name__}: {exc}"
 
 
-def sse_response(events: Iterable[bytes]) -> Response:
+def error_event(exc: BaseException, shape: Callable[[BaseException], Any] | None = None) -> bytes:
+    """An ``error`` event; ``shape`` builds the protocol's error body (default ``{"error": message}``)."""
+    body = shape(exc) if shape is not None else {"error": error_message(exc)}
+    return event(body, name="error")
+
+
+def sse_response(events: Iterable[bytes], headers: dict[str, str] | None = None) -> Response:
     """Headers go out before the first event; the body streams as it is produced."""
-    return Response(events, status=200, mimetype="text/event-stream", headers=SSE_HEADERS)
+    return Response(events, status=200, mimetype="text/event-stream", headers={**SSE_HEADERS, **(headers or {})})
+
+
+# -- generators -----------------------------------------------------------------------
+
+
+def is_generator(value: Any) -> bool:
+    return hasattr(value, "__next__") and not isinstance(value, (dict, list, str, bytes))
+
+
+def first_item(items: Iterator[Any], what: str) -> tuple[bool, Any]:
+    """Pull the first item before any byte is sent: ``(False, None)`` for an empty stream.
+
+    A failure here is still an ordinary JSON error with its own status.
+    """
+    try:
+        return True, next(items)
+    except StopIteration:
+        return False, None
+    except ServekitError:
+        _close(items)
+        raise
+    except Exception as exc:
+        _close(items)
+        raise ModelFailure(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _close(items: Any) -> None:
+    close = getattr(items, "close", None)
+    if close is not None:
+        close()
+
+
+# -- streaming predict ----------------------------------------------------------------
 
 
 def sse_predict(outputs: Any, row_format: bool) -> Response:
     """One event per item a generator ``predict`` yields (one event for a plain result)."""
-    return sse_response(_predict_events(outputs, row_format))
-
-
-def _predict_events(outputs: Any, row_format: bool) -> Iterator[bytes]:
-    request_log_id = str(uuid.uuid4())
-    prediction_log_ids: list[str] = []
-    items = outputs if hasattr(outputs, "__next__") else iter([outputs])
+    request_id = request_log_id()
+    items = outputs if is_generator(outputs) else iter([outputs])
+    has_first, first = first_item(items, "predict")
     try:
+        head = [event(tf_json.encode_predict_response(first, row_format))] if has_first else []
+    except BaseException:
+        _close(items)
+        raise
+    return sse_response(_predict_events(items, head, row_format, request_id),
+                        {REQUEST_LOG_HEADER: request_id})
+
+
+def _predict_events(items: Iterator[Any], head: list[bytes], row_format: bool,
+                    request_id: str) -> Iterator[bytes]:
+    prediction_ids: list[str] = []
+    try:
+        for encoded in head:
+            prediction_ids.append(prediction_log_id())
+            yield encoded
         for item in items:
-            prediction_log_ids.append(str(uuid.uuid4()))
+            prediction_ids.append(prediction_log_id())
             yield event(tf_json.encode_predict_response(item, row_format))
+    except GeneratorExit:
+        raise  # client gone: nothing more can be sent; finally stops the model
     except Exception as exc:  # after the first byte the status is sent: report in-band
         log.warning("stream failed: %s", exc)
         yield error_event(exc)
     finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()  # client gone (GeneratorExit) or done: stop the model's generator
-    yield metadata_comment(request_log_id, prediction_log_ids)
+        _close(items)  # client gone (GeneratorExit) or done: stop the model's generator
+    yield metadata_comment(request_id, prediction_ids)

@@ -18,7 +18,7 @@ from ..errors import BadRequest, NotFound
 from ..repository import ModelVersion
 from ..types import ModelMetadata, Signature, TensorSpec
 from .http import dataplane, json_object, json_response, parameters_of, stream_requested
-from .streaming import sse_predict
+from .streaming import log_headers, prediction_log_id, request_log_id, sse_predict
 
 bp = Blueprint("v1", __name__)
 
@@ -140,7 +140,8 @@ def predict_response(outputs: Any, row_format: bool, stream: bool):
         return sse_predict(outputs, row_format)
     if not isinstance(outputs, (dict, list)) and hasattr(outputs, "__next__"):
         outputs = list(outputs)  # a streaming model asked for a plain answer
-    return json_response(tf_json.encode_predict_response(outputs, row_format))
+    ids = log_headers(request_log_id(), [prediction_log_id()])
+    return json_response(tf_json.encode_predict_response(outputs, row_format), headers=ids)
 
 
 def signature_name(body: dict[str, Any]) -> str | None:

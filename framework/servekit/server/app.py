@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 from .. import plugins
 from ..dataplane import DataPlane
 from ..errors import ServekitError, Unauthorized
-from ..protocols import generic, health, v1, v2
+from ..protocols import generic, health, openai, v1, v2
 from ..protocols.http import json_response
 from ..repository import ModelRepository, discover
 from ..settings import Settings
@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
 
-    for blueprint in (health.bp, v1.bp, v2.bp, generic.bp):
+    for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
     if settings.api_key:

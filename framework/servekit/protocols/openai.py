@@ -1,0 +1,385 @@
+"""The OpenAI API: completions, chat completions, embeddings and the model list.
+
+Mounted under ``/v1``, ``/openai/v1`` and without prefix, so the official
+``openai`` client works with ``base_url`` set to any of them.  The protocol is
+thin: it validates the body (:mod:`.openai_requests`), runs the model's
+``complete`` / ``embed`` hooks through the data plane once per prompt and
+choice (:mod:`servekit.generation` cuts stop sequences and counts tokens), and
+writes OpenAI's response objects, or their SSE chunks when ``"stream": true``.
+Errors answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``
+(``code`` is the HTTP status, which matters once a stream has sent its 200).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flask import Blueprint, request
+from werkzeug.exceptions import HTTPException
+
+from .. import generation as gen
+from ..codecs import tf_json
+from ..errors import BadRequest, ModelFailure, ServekitError
+from ..repository import ModelVersion
+from . import openai_requests as req
+from .http import dataplane, json_object, json_response
+from .streaming import (
+    REQUEST_LOG_HEADER, error_message, event, first_item, log_headers, metadata_comment,
+    prediction_log_id, request_log_id, sse_response,
+)
+from .v1 import model_status
+
+log = logging.getLogger("servekit.openai")
+
+bp = Blueprint("openai", __name__)
+
+PREFIXES = ("/v1", "/openai/v1", "")
+DONE = b"data: [DONE]\n\n"
+
+
+def route(rule: str, methods: list[str]) -> Callable:
+    """Register a view under every prefix (``/v1``, ``/openai/v1`` and none)."""
+
+    def register(view: Callable) -> Callable:
+        for prefix in PREFIXES:
+            bp.add_url_rule(prefix + rule, endpoint=f"{view.__name__}{prefix.replace('/', '_')}",
+                            view_func=view, methods=methods)
+        return view
+
+    return register
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, ServekitError):
+        return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.status}}
+    if isinstance(exc, HTTPException):
+        status = exc.code or 500
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": exc.description or exc.name, "type": kind, "param": None, "code": status}}
+    return {"error": {"message": error_message(exc), "type": "server_error", "param": None, "code": 500}}
+
+
+@bp.errorhandler(ServekitError)
+def servekit_error(exc: ServekitError):
+    return json_response(error_body(exc), exc.status)
+
+
+@bp.errorhandler(HTTPException)
+def http_error(exc: HTTPException):
+    return json_response(error_body(exc), exc.code or 500)
+
+
+@bp.errorhandler(Exception)
+def unexpected(exc: Exception):
+    log.exception("unhandled error on %s %s", request.method, request.path)
+    body = {"error": {"message": f"internal server error ({type(exc).__name__})", "type": "server_error",
+                      "param": None, "code": 500}}
+    return json_response(body, 500)
+
+
+# -- models -------------------------------------------------------------------------------
+
+
+def model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "servekit"}
+
+
+@route("/models", ["GET"])
+def list_models():
+    return json_response({"object": "list", "data": [model_object(n) for n in dataplane().model_names()]})
+
+
+# ``/v1/models/NAME`` is TF Serving's status route (protocols/v1.py), which carries
+# the OpenAI fields too; these are the same answer under the other prefixes.
+@bp.get("/openai/v1/models/<name>")
+@bp.get("/models/<name>")
+def get_model(name: str):
+    return json_response(model_status(name))
+
+
+def resolve_model(body: dict[str, Any]) -> ModelVersion:
+    """``model`` names a served model; it may be left out when only one is served."""
+    dp = dataplane()
+    name = body.get("model")
+    if name is None or name == "":
+        names = dp.model_names()
+        if len(names) != 1:
+            raise BadRequest(f"'model' is required; served models: {', '.join(names) or 'none'}", param="model")
+        name = names[0]
+    if not isinstance(name, str):
+        raise BadRequest(f"'model' must be a string, found {type(name).__name__}", param="model")
+    return dp.resolve(name)
+
+
+def tokenizer_of(mv: ModelVersion) -> Any | None:
+    try:
+        return mv.hooks.tokenizer(model=mv.model)
+    except Exception as exc:
+        raise ModelFailure(f"model {mv.name!r} failed in tokenizer: {type(exc).__name__}: {exc}") from exc
+
+
+# -- completions and chat ------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One completions or chat request, expanded into one generation per (prompt, choice)."""
+
+    mv: ModelVersion
+    body: dict[str, Any]
+    chat: bool
+    prompts: list[str]
+    sampling: req.Sampling
+    tokenizer: Any | None
+    echo: bool = False
+    messages: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        kind = "chatcmpl" if self.chat else "cmpl"
+        self.id = f"{kind}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.object = "chat.completion" if self.chat else "text_completion"
+        self.request_id = request_log_id()
+        self.prediction_ids: list[str] = []
+
+    def requests(self) -> Iterator[gen.GenerationRequest]:
+        s = self.sampling
+        for p, prompt in enumerate(self.prompts):
+            for c in range(s.n):
+                yield gen.GenerationRequest(
+                    prompt=prompt, messages=self.messages, max_tokens=s.max_tokens,
+                    temperature=s.temperature, top_p=s.top_p, stop=s.stop,
+                    seed=None if s.seed is None else s.seed + c, stream=s.stream,
+                    prompt_index=p, choice_index=c, options=dict(s.options),
+                )
+
+    def call(self, generation: gen.GenerationRequest) -> Any:
+        self.prediction_ids.append(prediction_log_id())
+        return dataplane().complete(self.mv, generation, self.body)
+
+    def index(self, generation: gen.GenerationRequest) -> int:
+        return generation.prompt_index * self.sampling.n + generation.choice_index
+
+    def envelope(self, **fields: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.mv.name, **fields}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@route("/completions", ["POST"])
+def completions():
+    body = json_object()
+    stream = req.boolean(body, "stream")
+    explain = req.boolean(body, "explain")
+    if explain and stream:
+        raise BadRequest("completions with explanations do not support streaming", param="explain")
+    prompts = req.prompts(body)
+    sampling = req.completion_request(body, stream)
+    mv = resolve_model(body)
+    job = Job(mv, body, False, prompts, sampling, tokenizer_of(mv), echo=req.boolean(body, "echo"))
+    if stream:
+        return stream_job(job)
+    payload = complete_job(job)
+    if explain:
+        explanations = dataplane().explain(mv, np.array(prompts, dtype=object), parameters=body)
+        payload["explanations"] = tf_json.encode_explain_response(explanations, True)["explanations"]
+    return json_response(payload, headers=log_headers(job.request_id, job.prediction_ids))
+
+
+@route("/chat/completions", ["POST"])
+def chat_completions():
+    body = json_object()
+    stream = req.boolean(body, "stream")
+    if req.boolean(body, "explain"):
+        raise BadRequest("explanations are supported on completions, not chat", param="explain")
+    messages = req.messages(body)
+    sampling = req.chat_request(body, stream)
+    mv = resolve_model(body)
+    tokenizer = tokenizer_of(mv)
+    prompt = gen.format_chat(messages, tokenizer, req.template_kwargs(body))
+    job = Job(mv, body, True, [prompt], sampling, tokenizer, messages=messages)
+    if stream:
+        return stream_job(job)
+    return json_response(complete_job(job), headers=log_headers(job.request_id, job.prediction_ids))
+
+
+def complete_job(job: Job) -> dict[str, Any]:
+    choices = []
+    prompt_tokens: dict[int, int] = {}
+    completion_tokens = 0
+    for generation in job.requests():
+        try:
+            choice = gen.collect(generation, job.call(generation), job.tokenizer)
+        except ServekitError:
+            raise
+        except Exception as exc:  # raised while iterating a streaming model's generator
+            raise ModelFailure(f"model {job.mv.name!r} failed in complete: {type(exc).__name__}: {exc}") from exc
+        prompt_tokens[generation.prompt_index] = choice.prompt_tokens
+        completion_tokens += choice.completion_tokens
+        if job.chat:
+            message = {"role": "assistant", "content": choice.text, "refusal": None,
+                       "reasoning_content": choice.reasoning}
+            choices.append({"index": job.index(generation), "message": message, "logprobs": None,
+                            "finish_reason": choice.finish_reason})
+        else:
+            text = generation.prompt + choice.text if job.echo else choice.text
+            choices.append({"index": job.index(generation), "text": text, "logprobs": None,
+                            "finish_reason": choice.finish_reason})
+    return job.envelope(choices=choices, usage=usage(sum(prompt_tokens.values()), completion_tokens))
+
+
+# -- streaming -----------------------------------------------------------------------------
+
+
+def stream_job(job: Job) -> Any:
+    """SSE chunks for every choice in turn; the first piece is produced before the headers."""
+    generations = job.requests()
+    first = next(generations)
+    pieces = gen.stream_pieces(first, job.call(first))
+    has_first, head = first_item(pieces, "complete")
+    started = iter([head]) if has_first else iter(())
+    return sse_response(_job_events(job, first, _chain(started, pieces), generations),
+                        {REQUEST_LOG_HEADER: job.request_id})
+
+
+def _chain(head: Iterator[Any], rest: Iterator[Any]) -> Iterator[Any]:
+    """``head`` then ``rest``, closing ``rest`` when closed early (client gone)."""
+    try:
+        yield from head
+        yield from rest
+    finally:
+        rest.close()
+
+
+def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Iterator[gen.GenerationChunk],
+                generations: Iterator[gen.GenerationRequest]) -> Iterator[bytes]:
+    extra = {"usage": None} if job.sampling.include_usage else {}
+    prompt_tokens: dict[int, int] = {}
+    completion_tokens = 0
+    current: Iterator[gen.GenerationChunk] | None = None
+    try:
+        pending = [(first, first_pieces)]
+        while pending:
+            generation, current = pending.pop()
+            index = job.index(generation)
+            texts: list[str] = []
+            last = gen.GenerationChunk()
+            if job.chat:
+                yield event(job.envelope(choices=[_chat_choice(index, {"role": "assistant", "content": ""})], **extra))
+            elif job.echo:
+                yield event(job.envelope(choices=[_text_choice(index, generation.prompt)], **extra))
+            for chunk in current:
+                texts.append(chunk.text)
+                last = chunk
+                if chunk.text or chunk.reasoning:
+                    yield event(job.envelope(choices=[_piece(job, index, chunk)], **extra))
+            result = gen.GenerationResult("".join(texts), last.finish_reason, last.prompt_tokens,
+                                          last.completion_tokens)
+            choice = gen.make_choice(generation, result, job.tokenizer, already_cut=True)
+            closing = _piece(job, index, gen.GenerationChunk())
+            closing["finish_reason"] = choice.finish_reason
+            yield event(job.envelope(choices=[closing], **extra))
+            prompt_tokens[generation.prompt_index] = choice.prompt_tokens
+            completion_tokens += choice.completion_tokens
+            upcoming = next(generations, None)
+            if upcoming is not None:
+                pending.append((upcoming, gen.stream_pieces(upcoming, job.call(upcoming))))
+        if job.sampling.include_usage:
+            yield event(job.envelope(choices=[], usage=usage(sum(prompt_tokens.values()), completion_tokens)))
+    except GeneratorExit:
+        raise  # the client is gone; finally stops the model
+    except Exception as exc:  # the 200 is sent: report in-band, in OpenAI's error shape
+        log.warning("completion stream failed: %s", exc)
+        yield event(error_body(exc), name="error")
+    finally:
+        if current is not None:
+            current.close()
+    yield DONE
+    yield metadata_comment(job.request_id, job.prediction_ids)
+
+
+def _piece(job: Job, index: int, chunk: gen.GenerationChunk) -> dict[str, Any]:
+    if not job.chat:
+        return _text_choice(index, chunk.text)
+    delta: dict[str, Any] = {}
+    if chunk.text:
+        delta["content"] = chunk.text
+    if chunk.reasoning:
+        delta["reasoning_content"] = chunk.reasoning
+    return _chat_choice(index, delta)
+
+
+def _text_choice(index: int, text: str) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+
+
+def _chat_choice(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+
+
+# -- embeddings ----------------------------------------------------------------------------
+
+
+@route("/embeddings", ["POST"])
+def embeddings():
+    body = json_object()
+    spec = req.embedding_request(body)
+    mv = resolve_model(body)
+    vectors = _as_matrix(dataplane().embed(mv, spec.texts, body), len(spec.texts))
+    if spec.dimensions is not None:
+        vectors = _truncate(vectors, spec.dimensions)
+    encoded = [_encode(v, spec.base64) for v in vectors]
+    tokenizer = tokenizer_of(mv)
+    tokens = sum(gen.count_tokens(t, tokenizer) for t in spec.texts)
+    payload: dict[str, Any] = {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
+        "model": mv.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    if request.path == "/embeddings":
+        payload["embedding"] = encoded  # the unprefixed answer's top-level list (Deeploy's shape)
+    ids = log_headers(request_log_id(), [prediction_log_id() for _ in spec.texts])
+    return json_response(payload, headers=ids)
+
+
+def _as_matrix(value: Any, rows: int) -> np.ndarray:
+    try:
+        matrix = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ModelFailure("embed returned something that is not a matrix of numbers") from None
+    if matrix.ndim != 2 or matrix.shape[0] != rows:
+        raise ModelFailure(f"embed returned shape {list(matrix.shape)}; expected [{rows}, dim]")
+    return matrix
+
+
+def _truncate(vectors: np.ndarray, dimensions: int) -> np.ndarray:
+    """Keep the first ``dimensions`` values; unit-length rows are renormalised (as OpenAI's models)."""
+    if dimensions > vectors.shape[1]:
+        raise BadRequest(
+            f"'dimensions' is {dimensions} but the model's embeddings have {vectors.shape[1]}", param="dimensions"
+        )
+    norms = np.linalg.norm(vectors, axis=1)
+    cut = vectors[:, :dimensions]
+    if np.allclose(norms, 1.0, atol=1e-3):
+        cut = cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+    return cut
+
+
+def _encode(vector: np.ndarray, as_base64: bool) -> Any:
+    if as_base64:  # little-endian float32 bytes, as the openai client decodes them
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()

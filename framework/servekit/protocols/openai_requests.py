@@ -1,0 +1,240 @@
+"""Validating OpenAI request bodies (completions, chat, embeddings).
+
+Each reader returns plain values or raises :class:`BadRequest` naming the field
+(``param``) and saying what was expected and what was found.  Fields the
+framework cannot honour are refused when set to anything but their default, so
+nothing the client asked for is silently dropped; fields it does not know are
+left to the model (they reach the hooks in ``parameters``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import BadRequest
+
+#: OpenAI's default ``max_tokens`` for the legacy completions endpoint.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_N = 128
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+#: sampling options handed to the model as sent (vLLM's extensions included)
+MODEL_OPTIONS = ("presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def number(body: dict[str, Any], key: str, *, lo: float | None = None, hi: float | None = None,
+           integer: bool = False) -> Any:
+    """``body[key]`` as a number in ``[lo, hi]``, or ``None`` when absent or null."""
+    value = body.get(key)
+    if value is None:
+        return None
+    wanted = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise BadRequest(f"'{key}' must be {wanted}, found {_kind(value)} {value!r}", param=key)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"between {lo} and {hi}" if lo is not None and hi is not None else (
+            f"at least {lo}" if lo is not None else f"at most {hi}")
+        raise BadRequest(f"'{key}' must be {bounds}, found {value}", param=key)
+    return value
+
+
+def boolean(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{key}' must be true or false, found {_kind(value)} {value!r}", param=key)
+    return value
+
+
+def stop_sequences(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise BadRequest(f"'stop' must be a string or a list of strings, found {_kind(stop)}", param="stop")
+
+
+def stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """``stream_options.include_usage``; the options are only valid with ``stream: true`` (as vLLM)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise BadRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    if not isinstance(options, dict):
+        raise BadRequest(f"'stream_options' must be an object, found {_kind(options)}", param="stream_options")
+    return boolean(options, "include_usage")
+
+
+def refuse_unsupported(body: dict[str, Any], allowed_defaults: dict[str, tuple[Any, ...]]) -> None:
+    """Refuse a field the framework cannot honour unless it holds one of its default values."""
+    for key, defaults in allowed_defaults.items():
+        if key in body and body[key] not in defaults:
+            raise BadRequest(f"'{key}' is not supported by this server (found {body[key]!r})", param=key)
+
+
+@dataclass
+class Sampling:
+    """The sampling fields completions and chat share."""
+
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    n: int
+    stop: list[str]
+    seed: int | None
+    stream: bool
+    include_usage: bool
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def sampling(body: dict[str, Any], stream: bool, max_tokens_key: str = "max_tokens",
+             default_max_tokens: int | None = None) -> Sampling:
+    max_tokens = number(body, max_tokens_key, lo=1, integer=True)
+    options = {key: body[key] for key in MODEL_OPTIONS if body.get(key) is not None}
+    for key in ("presence_penalty", "frequency_penalty"):
+        number(body, key, lo=-2, hi=2)
+    number(body, "top_k", integer=True)
+    number(body, "min_p", lo=0, hi=1)
+    number(body, "repetition_penalty", lo=0)
+    if body.get("repetition_penalty") == 0:
+        raise BadRequest("'repetition_penalty' must be greater than 0", param="repetition_penalty")
+    return Sampling(
+        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        temperature=number(body, "temperature", lo=0, hi=2),
+        top_p=_top_p(body),
+        n=number(body, "n", lo=1, hi=MAX_N, integer=True) or 1,
+        stop=stop_sequences(body),
+        seed=number(body, "seed", integer=True),
+        stream=stream,
+        include_usage=stream_options(body, stream),
+        options=options,
+    )
+
+
+def _top_p(body: dict[str, Any]) -> float | None:
+    top_p = number(body, "top_p", lo=0, hi=1)
+    if top_p == 0:
+        raise BadRequest("'top_p' must be greater than 0", param="top_p")
+    return top_p
+
+
+# -- completions ----------------------------------------------------------------------
+
+
+def prompts(body: dict[str, Any]) -> list[str]:
+    """``prompt`` as a list: a string, or a non-empty list of strings (token ids are refused)."""
+    if "prompt" not in body:
+        raise BadRequest("request has no 'prompt'; expected a string or a list of strings", param="prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
+        raise BadRequest("token-id prompts are not supported; send the prompt as text", param="prompt")
+    raise BadRequest(
+        f"'prompt' must be a string or a non-empty list of strings, found {_kind(prompt)}", param="prompt"
+    )
+
+
+def completion_request(body: dict[str, Any], stream: bool) -> Sampling:
+    n = number(body, "n", lo=1, hi=MAX_N, integer=True) or 1
+    refuse_unsupported(body, {
+        "logprobs": (None,), "suffix": (None, ""), "logit_bias": (None, {}), "best_of": (None, n),
+    })
+    return sampling(body, stream, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+
+
+# -- chat -----------------------------------------------------------------------------
+
+
+def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chat messages: roles from OpenAI's set, content a string or text parts."""
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest(
+            f"'messages' must be a non-empty list of messages, found {_kind(raw)}", param="messages"
+        )
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise BadRequest(f"{where} must be an object with 'role' and 'content'", param="messages")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise BadRequest(
+                f"{where}.role must be one of {', '.join(CHAT_ROLES)}, found {role!r}", param="messages"
+            )
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(f"{where}.content must be a string or a list of parts", param="messages")
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else _kind(part)
+                raise BadRequest(
+                    f"{where}.content: only text parts ({{'type': 'text', 'text': ...}}) are supported, "
+                    f"found {kind!r}",
+                    param="messages",
+                )
+    return raw
+
+
+def chat_request(body: dict[str, Any], stream: bool) -> Sampling:
+    refuse_unsupported(body, {
+        "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+        "tools": (None, []), "functions": (None, []),
+        "response_format": (None, {"type": "text"}), "modalities": (None, ["text"]), "audio": (None,),
+    })
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if body.get("max_tokens") is not None and key == "max_completion_tokens":
+        if body["max_tokens"] != body["max_completion_tokens"]:
+            raise BadRequest("'max_tokens' and 'max_completion_tokens' disagree; send one",
+                             param="max_completion_tokens")
+    return sampling(body, stream, max_tokens_key=key)
+
+
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``chat_template_kwargs``: extra variables for the chat template."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+    return kwargs
+
+
+# -- embeddings -----------------------------------------------------------------------
+
+
+@dataclass
+class EmbeddingRequest:
+    texts: list[str]
+    dimensions: int | None
+    base64: bool
+
+
+def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
+    raw = body.get("input")
+    if isinstance(raw, str):
+        texts = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+        texts = list(raw)
+    elif isinstance(raw, list) and raw and all(isinstance(t, (int, list)) for t in raw):
+        raise BadRequest("token-id input is not supported; send the input as text", param="input")
+    else:
+        raise BadRequest(
+            f"'input' must be a string or a non-empty list of strings, found {_kind(raw)}", param="input"
+        )
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise BadRequest(f"'encoding_format' must be float or base64, found {encoding!r}",
+                         param="encoding_format")
+    return EmbeddingRequest(texts, number(body, "dimensions", lo=1, integer=True), encoding == "base64")
