@@ -74,7 +74,8 @@ def _tensor_metadata(spec) -> dict[str, Any]:
 @bp.get("/v2/models/<name>/versions/<version>/ready")
 def model_ready(name: str, version: str | None = None):
     try:
-        dataplane().resolve(name, version)
+        # the repository, not the data plane: a probe must not wait for a load to finish
+        dataplane().repository.resolve(name, version)
     except NotReady as exc:
         return json_response({"name": name, "ready": False, "error": exc.message}, 503)
     return json_response({"name": name, "ready": True})
