@@ -39,17 +39,20 @@ def parse_model_config(
             f"{CONFIG_FILE}: unknown setting(s) {', '.join(sorted(unknown))}; "
             f"expected {', '.join(sorted(_KEYS))}"
         )
-    labels = raw.get("labels") or {}
+    labels = raw.get("labels")
+    labels = {} if labels is None else labels
     if not isinstance(labels, dict) or not all(
         isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
         for k, v in labels.items()
     ):
         raise ConfigError(f"{CONFIG_FILE}: 'labels' must map label names to version numbers")
-    batching = raw.get("batching") or {}
+    batching = raw.get("batching")
+    batching = {} if batching is None else batching
     if not isinstance(batching, dict) or set(batching) - {"max_batch_size", "max_batch_time_ms"}:
         raise ConfigError(f"{CONFIG_FILE}: 'batching' takes max_batch_size and max_batch_time_ms")
     base = defaults or BatchingConfig()
-    options = raw.get("options") or {}
+    options = raw.get("options")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise ConfigError(f"{CONFIG_FILE}: 'options' must be a mapping")
     device = str(raw.get("device", "auto"))

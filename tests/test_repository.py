@@ -1,0 +1,120 @@
+"""Model folders, versions, policies, labels and states, without a server."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import fit_iris
+from servekit import plugins
+from servekit.config import ConfigError, parse_model_config, select_versions
+from servekit.errors import NotFound, NotReady
+from servekit.repository import ModelRepository, State, discover
+
+
+def make_repo(*paths, model_name=None) -> ModelRepository:
+    repo = ModelRepository(discover(list(paths), model_name), plugins.build_manager(), poll_interval=0)
+    repo.load_now()
+    return repo
+
+
+def test_discover_model_folder_repository_and_unversioned_folder(tmp_path):
+    fit_iris(tmp_path / "repo" / "a", 3)
+    fit_iris(tmp_path / "repo" / "b", 1)
+    (tmp_path / "repo" / "README.md").write_text("a repository may hold a README")
+    assert set(discover([tmp_path / "repo"])) == {"a", "b"}
+    assert set(discover([tmp_path / "repo" / "a"])) == {"a"}
+    assert discover([tmp_path / "repo" / "a"], "renamed") == {"renamed": tmp_path / "repo" / "a"}
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (tmp_path / "repo" / "b" / "1" / "model.joblib").rename(flat / "model.joblib")
+    repo = make_repo(flat)
+    assert [v.version for v in repo.get_model("flat").available()] == [1]
+
+
+def test_discover_rejects_clashing_names_and_missing_paths(tmp_path):
+    fit_iris(tmp_path / "one" / "iris", 1)
+    fit_iris(tmp_path / "two" / "iris", 1)
+    with pytest.raises(ConfigError, match="two model folders are named 'iris'"):
+        discover([tmp_path / "one", tmp_path / "two"])
+    with pytest.raises(ConfigError, match="not found"):
+        discover([tmp_path / "missing"])
+    with pytest.raises(ConfigError, match="--model-name"):
+        fit_iris(tmp_path / "three" / "other", 1)
+        discover([tmp_path / "one", tmp_path / "three"], "x")
+
+
+@pytest.mark.parametrize(
+    "policy, expected",
+    [("latest", [124]), ("all", [3, 123, 124]), ({"specific": [3, 124]}, [3, 124]),
+     ({"specific": {"versions": [123]}}, [123]), ({"latest": {"num_versions": 2}}, [123, 124])],
+)
+def test_version_policies(policy, expected):
+    assert select_versions(policy, [124, 3, 123]) == expected
+
+
+def test_policy_labels_and_resolution(tmp_path):
+    for v in (1, 2, 3):
+        fit_iris(tmp_path / "iris", v)
+    (tmp_path / "iris" / "servekit.yaml").write_text("version_policy: {specific: [1, 2]}\nlabels: {stable: 1, canary: 2, gone: 3}\n")
+    repo = make_repo(tmp_path / "iris")
+    assert sorted(repo.get_model("iris").versions) == [1, 2]
+    assert repo.resolve("iris").version == 2
+    assert repo.resolve("iris", label="stable").version == 1
+    assert repo.resolve("iris", version="1").version == 1
+    with pytest.raises(NotFound, match="Specific"):
+        repo.resolve("iris", label="gone")
+    with pytest.raises(NotFound, match="label"):
+        repo.resolve("iris", label="nope")
+    with pytest.raises(NotFound, match="Latest\\(other\\)"):
+        repo.resolve("other")
+
+
+def test_failed_load_is_state_end_with_error_and_503(tmp_path):
+    (tmp_path / "bad" / "1").mkdir(parents=True)
+    (tmp_path / "bad" / "1" / "model.joblib").write_bytes(b"nope")
+    (tmp_path / "empty" / "1").mkdir(parents=True)
+    (tmp_path / "empty" / "1" / "weights.bin").write_bytes(b"")
+    repo = make_repo(tmp_path)
+    assert repo.ready
+    (bad,) = repo.statuses("bad")
+    assert bad.state is State.END and bad.error
+    with pytest.raises(NotReady, match="failed to load"):
+        repo.resolve("bad")
+    (empty,) = repo.statuses("empty")
+    assert "no plugin could load" in empty.error and "weights.bin" in empty.error
+
+
+def test_bad_servekit_yaml_fails_the_model_with_a_clear_message(tmp_path):
+    fit_iris(tmp_path / "iris", 1)
+    (tmp_path / "iris" / "servekit.yaml").write_text("version_policy: sometimes\n")
+    repo = make_repo(tmp_path / "iris")
+    (status,) = repo.statuses("iris")
+    assert status.state is State.END and "version_policy" in status.error
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [({"labels": {"a": "x"}}, "labels"), ({"device": "tpu"}, "device"), ({"batching": {"size": 3}}, "batching"),
+     ({"colour": 1}, "unknown setting"), ({"options": []}, "options")],
+)
+def test_model_config_validation(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_model_config(raw)
+
+
+def test_model_config_defaults_and_values():
+    config = parse_model_config({"plugin": "tensorflow", "device": "cuda:1", "batching": {"max_batch_size": 8},
+                                 "labels": {"stable": 3}, "options": {"k": 1}})
+    assert (config.plugin, config.device, config.batching.max_batch_size, config.labels, config.options) == (
+        "tensorflow", "cuda:1", 8, {"stable": 3}, {"k": 1})
+    assert parse_model_config({}).version_policy == "latest"
+
+
+def test_repository_api_unloads_and_reloads(tmp_path):
+    fit_iris(tmp_path / "iris", 1)
+    repo = make_repo(tmp_path)
+    repo.unload_model("iris")
+    with pytest.raises(NotFound):
+        repo.resolve("iris")
+    repo.load_model("iris")
+    assert repo.resolve("iris").ready
