@@ -1,0 +1,90 @@
+"""TensorFlow SavedModel plugin: a drop-in for TensorFlow Serving.
+
+Serves ``saved_model.pb`` (or ``.pbtxt``) + ``variables/`` folders, TF1 graphs
+and TF2 exports alike, exactly as ``tensorflow_model_server`` does: every
+SignatureDef by name (``serving_default`` when none is given), graph tensor
+names in the metadata, ``:classify``/``:regress`` through serialized
+``tf.Example`` protos.  See ``docs/tensorflow.md``.
+
+TensorFlow is imported only when a SavedModel is loaded, so a server with no
+SavedModel never pays for it.  Each hook returns ``None`` for a model it did not
+load, so other plugins (and a model's own ``model.py``) keep their models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import servekit
+from servekit.errors import BadRequest
+
+from . import examples as _examples
+from .inputs import feeds_for
+from .metadata import describe
+from .savedmodel import TFModel, is_saved_model
+from .savedmodel import load as _load
+
+PLUGIN_NAME = "tensorflow"
+
+
+@servekit.hookimpl
+def load(path: Path, config: servekit.ModelConfig) -> TFModel | None:
+    if config.plugin not in (None, PLUGIN_NAME):
+        return None
+    if not is_saved_model(path, explicit=config.plugin == PLUGIN_NAME):
+        return None
+    return _load(path, config)
+
+
+@servekit.hookimpl
+def unload(model: Any) -> bool | None:
+    if not isinstance(model, TFModel):
+        return None
+    model.close()
+    return True
+
+
+@servekit.hookimpl
+def metadata(model: Any) -> servekit.ModelMetadata | None:
+    if not isinstance(model, TFModel):
+        return None
+    return describe(model.signature_defs)
+
+
+@servekit.hookimpl
+def predict(
+    inputs: Any, model: Any, signature_name: str | None, output_names: list[str] | None
+) -> dict[str, Any] | None:
+    """Named outputs of one signature; the V1 codec drops the name of a single output."""
+    if not isinstance(model, TFModel):
+        return None
+    sig_name, sig_def = model.signature_def(signature_name)
+    outputs = dict(sig_def.outputs)
+    keys = list(output_names) if output_names else sorted(outputs)
+    unknown = [k for k in keys if k not in outputs]
+    if unknown:
+        raise BadRequest(
+            f"signature {sig_name!r} has no output(s) {', '.join(unknown)}; "
+            f"its outputs are {', '.join(sorted(outputs))}"
+        )
+    sparse = [k for k in keys if outputs[k].WhichOneof("encoding") != "name"]
+    if sparse:
+        raise BadRequest(f"output(s) {', '.join(sparse)} are sparse or composite tensors; ask for others")
+    feeds = feeds_for(sig_name, sig_def, inputs)
+    values = model.run(feeds, [outputs[k].name for k in keys])
+    return dict(zip(keys, values))
+
+
+@servekit.hookimpl
+def classify(examples: list[dict[str, list[Any]]], model: Any, signature_name: str | None) -> Any:
+    if not isinstance(model, TFModel):
+        return None
+    return _examples.classify(model, examples, signature_name)
+
+
+@servekit.hookimpl
+def regress(examples: list[dict[str, list[Any]]], model: Any, signature_name: str | None) -> Any:
+    if not isinstance(model, TFModel):
+        return None
+    return _examples.regress(model, examples, signature_name)
