@@ -1,0 +1,89 @@
+"""Hugging Face plugin: local transformers folders (``config.json``, safetensors, tokenizer).
+
+Causal language models answer completions and chat (``complete``, streaming
+through transformers' streamer) and explain a prompt with per-token
+attributions (``explain``); encoders answer embeddings (``embed``).  Both expose
+their tokenizer (``tokenizer``), which gives chat its template and usage its
+token counts.  torch and transformers are imported only when such a folder
+loads, so the plugin costs nothing to a server without one.
+
+``servekit.yaml`` settings: ``device`` (auto, cpu, cuda, cuda:N) and
+``options``: ``task`` (generate | embed), ``dtype`` (auto | float32 | float16 |
+bfloat16), ``max_concurrent_generations``, and for encoders ``normalize``,
+``truncate``, ``batch_size``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import servekit
+from servekit.types import ModelMetadata
+
+from .loader import LoadError, load_folder
+
+__all__ = ["LoadError"]
+
+
+def _kind(model: Any) -> str | None:
+    # The classes live in modules that import torch; compare by name to keep this import light.
+    name = type(model).__name__
+    module = type(model).__module__
+    if module.startswith("servekit_huggingface.") and name in ("CausalLM", "Encoder"):
+        return name
+    return None
+
+
+@servekit.hookimpl
+def load(path: Path, config: servekit.ModelConfig) -> Any | None:
+    return load_folder(path, config)
+
+
+@servekit.hookimpl
+def unload(model: Any) -> bool | None:
+    if _kind(model) is None:
+        return None
+    import torch
+
+    model.model = None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return True
+
+
+@servekit.hookimpl
+def metadata(model: Any) -> ModelMetadata | None:
+    if _kind(model) is None:
+        return None
+    return ModelMetadata(platform="huggingface")
+
+
+@servekit.hookimpl
+def tokenizer(model: Any) -> Any | None:
+    return model.tokenizer if _kind(model) is not None else None
+
+
+@servekit.hookimpl
+def complete(request: Any, model: Any) -> Any | None:
+    if _kind(model) != "CausalLM":
+        return None
+    return model.complete(request)
+
+
+@servekit.hookimpl
+def embed(texts: list[str], model: Any) -> Any | None:
+    if _kind(model) != "Encoder":
+        return None
+    return model.embed(texts)
+
+
+@servekit.hookimpl
+def explain(inputs: Any, model: Any) -> Any | None:
+    """Per-token attributions (gradient x input) for each prompt's most likely next token."""
+    if _kind(model) != "CausalLM":
+        return None
+    import numpy as np
+
+    prompts = np.asarray(inputs, dtype=object).reshape(-1)
+    return [model.attributions(p.decode() if isinstance(p, bytes) else str(p)) for p in prompts]

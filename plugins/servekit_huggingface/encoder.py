@@ -1,0 +1,109 @@
+"""Encoders for embeddings: a transformers model, pooled and normalised.
+
+A sentence-transformers folder (``modules.json``) is read for its pooling
+(``1_Pooling/config.json``: cls, mean, max, mean_sqrt_len or lasttoken; several
+modes are concatenated as sentence-transformers does) and its ``max_seq_length``;
+any other encoder uses mean pooling over the attention mask.  Vectors are
+L2-normalised unless ``options.normalize`` is false.  An input longer than the
+model takes is refused (400) unless ``options.truncate`` is true, so no text is
+silently cut.  Forward passes run concurrently, one per request thread.
+
+Imported only when such a model loads (torch and transformers are heavy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from servekit.errors import BadRequest
+
+#: sentence-transformers' pooling keys, in the order it concatenates them
+POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+UNSUPPORTED_POOLING = ("pooling_mode_weightedmean_tokens",)
+
+
+class Encoder:
+    def __init__(self, model: Any, tokenizer: Any, device: str, path: Path, options: dict[str, Any]):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.pooling, max_seq_length = _sentence_transformers_config(path)
+        self.max_length = max_seq_length or _model_max_length(model.config, tokenizer)
+        self.normalize = bool(options.get("normalize", True))
+        self.truncate = bool(options.get("truncate", False))
+        self.batch_size = int(options.get("batch_size", 32))
+        self.dimension = int(getattr(model.config, "hidden_size", 0)) * len(self.pooling)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not self.truncate:
+            for i, text in enumerate(texts):
+                n = len(self.tokenizer(text)["input_ids"])
+                if n > self.max_length:
+                    raise BadRequest(
+                        f"input {i} has {n} tokens; the model takes at most {self.max_length}", param="input"
+                    )
+        rows = [self._batch(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
+        return np.concatenate(rows, axis=0)
+
+    def _batch(self, texts: list[str]) -> np.ndarray:
+        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                                 return_tensors="pt").to(self.device)
+        with torch.inference_mode():
+            hidden = self.model(**encoded).last_hidden_state
+            mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            vectors = torch.cat([_pool(mode, hidden, mask) for mode in self.pooling], dim=-1).float()
+            if self.normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+        return vectors.cpu().numpy()
+
+
+def _pool(mode: str, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values
+    counts = mask.sum(dim=1).clamp(min=1e-9)
+    if mode == "mean":
+        return (hidden * mask).sum(dim=1) / counts
+    if mode == "mean_sqrt_len":
+        return (hidden * mask).sum(dim=1) / counts.sqrt()
+    # lasttoken: the last position the mask keeps (right padding)
+    last = mask.squeeze(-1).sum(dim=1).long() - 1
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+
+def _sentence_transformers_config(path: Path) -> tuple[list[str], int | None]:
+    """Pooling modes and ``max_seq_length`` from a sentence-transformers folder (mean otherwise)."""
+    max_seq_length = None
+    bert_config = path / "sentence_bert_config.json"
+    if bert_config.is_file():
+        max_seq_length = json.loads(bert_config.read_text()).get("max_seq_length")
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return ["mean"], max_seq_length
+    for module in json.loads(modules_file.read_text()):
+        if str(module.get("type", "")).endswith("Pooling"):
+            config = json.loads((path / module.get("path", "") / "config.json").read_text())
+            for key in UNSUPPORTED_POOLING:
+                if config.get(key):
+                    raise ValueError(f"sentence-transformers pooling {key} is not supported")
+            modes = [mode for key, mode in POOLING_KEYS.items() if config.get(key)]
+            return modes or ["mean"], max_seq_length
+    return ["mean"], max_seq_length
+
+
+def _model_max_length(config: Any, tokenizer: Any) -> int:
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    usable = [int(v) for v in limits if isinstance(v, int) and 0 < v < 1_000_000]
+    return min(usable) if usable else 512

@@ -1,0 +1,113 @@
+"""Recognising and loading a local Hugging Face folder.
+
+A folder is ours when it holds ``config.json`` with a ``model_type``, safetensors
+weights and tokenizer files.  Causal language models (architectures ending in
+``ForCausalLM`` / ``LMHeadModel``) serve completions and chat; everything else
+(encoders, sentence-transformers folders) serves embeddings.  ``options.task``
+(``generate`` or ``embed``) overrides the guess.  Nothing is fetched from a hub:
+loading is ``local_files_only`` and ``trust_remote_code`` stays off.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from servekit.types import ModelConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model")
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+TASKS = ("generate", "embed")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+class LoadError(RuntimeError):
+    """The folder looks like a Hugging Face model but cannot be served; the message says why."""
+
+
+def read_hf_config(path: Path) -> dict[str, Any] | None:
+    """``config.json`` when it describes a transformers model, else ``None`` (not our folder)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and "model_type" in config else None
+
+
+def check_files(path: Path) -> None:
+    if not (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
+        pickles = [p.name for p in path.glob("*.bin")]
+        hint = f" (found {', '.join(pickles)}: pickle weights are not loaded; convert them to safetensors)" if pickles else ""
+        raise LoadError(f"no safetensors weights in the Hugging Face folder{hint}")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise LoadError(f"no tokenizer files in the Hugging Face folder; expected one of {', '.join(TOKENIZER_FILES)}")
+
+
+def task_of(path: Path, hf_config: dict[str, Any], options: dict[str, Any]) -> str:
+    task = options.get("task")
+    if task is not None:
+        if task not in TASKS:
+            raise LoadError(f"options.task must be one of {', '.join(TASKS)}, found {task!r}")
+        return task
+    if (path / "modules.json").is_file():
+        return "embed"
+    architectures = hf_config.get("architectures") or []
+    if any(str(a).endswith(CAUSAL_SUFFIXES) for a in architectures):
+        return "generate"
+    return "embed"
+
+
+def pick_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise LoadError(f"device {requested!r} was requested but CUDA is not available")
+    return requested
+
+
+def pick_dtype(options: dict[str, Any], device: str) -> Any:
+    import torch
+
+    name = options.get("dtype", "auto")
+    if name not in DTYPES:
+        raise LoadError(f"options.dtype must be one of {', '.join(DTYPES)}, found {name!r}")
+    if name == "auto":
+        # CPU kernels are fastest and exact in float32; on a GPU the checkpoint's own dtype
+        return torch.float32 if device == "cpu" else "auto"
+    return getattr(torch, name)
+
+
+def load_folder(path: Path, config: ModelConfig) -> Any | None:
+    """The loaded model (:class:`CausalLM` or :class:`Encoder`), or ``None`` for another plugin's folder."""
+    if config.plugin not in (None, "huggingface"):
+        return None
+    hf_config = read_hf_config(path)
+    if hf_config is None:
+        if config.plugin == "huggingface":
+            raise LoadError("plugin: huggingface, but the folder has no config.json with a model_type")
+        return None
+    check_files(path)
+    options = config.options or {}
+    task = task_of(path, hf_config, options)
+    device = pick_device(config.device)
+    dtype = pick_dtype(options, device)
+
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if task == "generate":
+        from .causal import CausalLM
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+        return CausalLM(model.to(device).eval(), tokenizer, device, options)
+    from .encoder import Encoder
+
+    model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype)
+    return Encoder(model.to(device).eval(), tokenizer, device, path, options)
