@@ -138,14 +138,17 @@ def check_inputs(mv: ModelVersion, inputs: dict[str, np.ndarray], signature_name
     """Refuse an input whose shape contradicts the model's metadata (``-1``: any size).
 
     Only inputs the signature names, with a known shape, are checked; datatypes
-    are left to the model, which converts what it can.
+    are left to the model, which converts what it can.  A declared shape of
+    ``[]`` is not checked either: older SavedModels write an empty shape where
+    they mean "unknown" (TF Serving's own half_plus_three does), and TF Serving
+    does not hold requests to it.
     """
     signature = mv.metadata.signature(signature_name)
     if signature is None:
         return
     for spec in signature.inputs:
         arr = inputs.get(spec.name)
-        if arr is None or spec.shape is None:
+        if arr is None or not spec.shape:
             continue
         if len(spec.shape) != arr.ndim or any(d >= 0 and d != a for d, a in zip(spec.shape, arr.shape)):
             raise BadRequest(
