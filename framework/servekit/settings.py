@@ -28,6 +28,7 @@ class Settings:
     host: str = _opt("0.0.0.0", "address to bind")
     http_port: int = _opt(8080, "HTTP port (REST: V1, V2, OpenAI)")
     grpc_port: int = _opt(8081, "gRPC port (TF Serving and V2 services); 0 disables gRPC")
+    grpc_max_message_size: int = _opt(64 * 1024 * 1024, "largest gRPC message in bytes, either way (RESOURCE_EXHAUSTED above)")
     workers: int = _opt(1, "gunicorn worker processes (each loads every model)")
     threads: int = _opt(8, "threads per worker (concurrent requests and streams per worker)")
     plugin: list[str] = field(default_factory=list, metadata={"help": "plugin module or .py file (repeatable)", "repeat": True})

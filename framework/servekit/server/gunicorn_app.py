@@ -41,6 +41,8 @@ class ServekitApplication(BaseApplication):
             "preload_app": s.preload,
             "proc_name": "servekit",
             "post_fork": self._post_fork,
+            "post_worker_init": self._post_worker_init,
+            "worker_exit": self._worker_exit,
             **self.extra,
         }
         for key, value in options.items():
@@ -64,6 +66,18 @@ class ServekitApplication(BaseApplication):
     def _post_fork(self, server, worker) -> None:
         if self._dataplane is not None:
             self._dataplane.repository.start()
+
+    def _post_worker_init(self, worker) -> None:
+        # gRPC beside HTTP: one server per worker, after the fork, over the worker's app
+        if self.settings.grpc_port:
+            from ..protocols import grpc
+
+            grpc.start_in_worker(worker, self.settings)
+
+    def _worker_exit(self, server, worker) -> None:
+        from ..protocols import grpc
+
+        grpc.stop_in_worker(worker)
 
 
 def run(settings: Settings) -> None:

@@ -1,0 +1,77 @@
+"""Regenerate the checked-in ``*_pb2.py`` / ``*_pb2_grpc.py`` from ``protos/**/*.proto``.
+
+Run ``python -m servekit.protocols.grpc.generate`` after editing a ``.proto``
+(needs ``grpcio-tools``; the server itself does not).  The generated modules are
+rewritten to register in :data:`servekit.protocols.grpc.protos.pool.POOL`
+instead of protobuf's default pool, so they coexist with TensorFlow's own
+modules of the same message names; ``--check`` fails when the checked-in files
+differ from what the ``.proto`` files generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+PROTOS = Path(__file__).parent / "protos"
+#: The import root: proto paths (and so Python module paths) start at ``servekit/``.
+ROOT = PROTOS.parents[3]
+_POOL_IMPORT = "from servekit.protocols.grpc.protos.pool import POOL as _POOL\n"
+
+
+def proto_files() -> list[Path]:
+    return sorted(PROTOS.rglob("*.proto"))
+
+
+def generate(out: Path) -> list[Path]:
+    """Compile every ``.proto`` into ``out`` (mirroring ``ROOT``); returns the files written."""
+    import grpc_tools
+    from grpc_tools import protoc
+
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    sources = [str(p.relative_to(ROOT)) for p in proto_files()]
+    args = ["protoc", f"-I{ROOT}", f"-I{include}", f"--python_out={out}", f"--grpc_python_out={out}", *sources]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed; see the messages above")
+    written = []
+    for path in sorted(out.rglob("*.py")):
+        if path.name.endswith("_pb2_grpc.py") and "class " not in path.read_text():
+            path.unlink()  # a file without a service gets an empty stub module
+            continue
+        if path.name.endswith("_pb2.py"):
+            path.write_text(_use_private_pool(path.read_text(), path))
+        written.append(path)
+    return written
+
+
+def _use_private_pool(source: str, path: Path) -> str:
+    default = "_descriptor_pool.Default().AddSerializedFile("
+    marker = "# @@protoc_insertion_point(imports)\n"
+    if source.count(default) != 1 or marker not in source:
+        raise SystemExit(f"{path.name}: unexpected protoc output; cannot redirect it to the private pool")
+    return source.replace(marker, marker + "\n" + _POOL_IMPORT).replace(default, "_POOL.AddSerializedFile(")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare with the checked-in files")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        stale = []
+        for path in generate(out):
+            target = ROOT / path.relative_to(out)
+            if not target.exists() or target.read_text() != path.read_text():
+                stale.append(target)
+                if not args.check:
+                    shutil.copyfile(path, target)
+    for target in stale:
+        print(("stale: " if args.check else "wrote: ") + str(target.relative_to(ROOT)))
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

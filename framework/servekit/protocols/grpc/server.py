@@ -1,0 +1,116 @@
+"""Building and running the gRPC server beside the HTTP app.
+
+One ``grpc.Server`` per gunicorn worker, started after the fork (gRPC's core
+does not survive a fork) from gunicorn's ``post_worker_init`` hook, over the
+worker's own :class:`DataPlane`, so both protocols serve the same loaded
+models.  Every worker binds ``--grpc-port`` with ``SO_REUSEPORT``; the kernel
+spreads connections between them as it does for HTTP.
+
+``--grpc-max-message-size`` caps messages both ways (``RESOURCE_EXHAUSTED``
+above it).  With ``--api-key`` every RPC except ``ServerLive`` and
+``ServerReady`` needs the metadata ``authorization: Bearer KEY``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from ...dataplane import DataPlane
+from ...settings import Settings
+from . import tf_serving, v2
+
+log = logging.getLogger("servekit.grpc")
+
+#: Health RPCs that stay open when an API key is set (as ``/v2/health/*`` over HTTP).
+OPEN_METHODS = frozenset({
+    "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
+})
+
+
+def server_options(settings: Settings) -> list[tuple[str, Any]]:
+    size = settings.grpc_max_message_size
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        # several gunicorn workers bind the same port
+        ("grpc.so_reuseport", 1),
+    ]
+
+
+def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server, int]:
+    """A started ``grpc.Server`` on ``settings.host:settings.grpc_port``; returns it and its port.
+
+    :raises RuntimeError: the port cannot be bound.
+    """
+    interceptors = [ApiKeyInterceptor(settings.api_key)] if settings.api_key else []
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"),
+        options=server_options(settings),
+        interceptors=interceptors,
+    )
+    tf_serving.add_to_server(server, dataplane)
+    v2.add_to_server(server, dataplane)
+    host = settings.host
+    address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot bind gRPC to {address}: {exc}") from None
+    if not port:
+        raise RuntimeError(f"cannot bind gRPC to {address}")
+    server.start()
+    return server, port
+
+
+class ApiKeyInterceptor(grpc.ServerInterceptor):
+    """Refuse RPCs without ``authorization: Bearer KEY`` (UNAUTHENTICATED), health RPCs excepted."""
+
+    def __init__(self, key: str):
+        self.expected = f"Bearer {key}".encode()
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method in OPEN_METHODS:
+            return handler
+        given = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
+        if hmac.compare_digest(str(given).encode(), self.expected):
+            return handler
+        return _refusal(handler)
+
+
+def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def deny(request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key; send metadata 'authorization: Bearer <key>'")
+
+    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny, **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
+
+
+# -- gunicorn hooks ------------------------------------------------------------------------
+
+
+def start_in_worker(worker: Any, settings: Settings) -> None:
+    """gunicorn ``post_worker_init``: serve gRPC from this worker's data plane."""
+    app = worker.wsgi
+    server, port = build_server(app.extensions["servekit"], settings)
+    worker.servekit_grpc = server
+    log.info("gRPC listening on %s:%d (worker %d)", settings.host, port, worker.pid)
+
+
+def stop_in_worker(worker: Any, grace: float = 5.0) -> None:
+    """gunicorn ``worker_exit``: let running RPCs finish, up to ``grace`` seconds."""
+    server = getattr(worker, "servekit_grpc", None)
+    if server is not None:
+        server.stop(grace).wait(grace + 1)

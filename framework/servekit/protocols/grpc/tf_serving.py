@@ -1,0 +1,299 @@
+"""TF Serving's gRPC API: ``PredictionService`` and ``ModelService``.
+
+Wire-compatible with the ``tensorflow-serving-api`` client: the same service and
+message names and field numbers (see ``protos/``).  Each RPC resolves its
+``ModelSpec`` (name, version or version label, signature), calls the data plane,
+and answers with the effective ``ModelSpec`` (the version that ran, and the
+signature, ``serving_default`` when none was named), as ``tensorflow_model_server``
+does.  ``PredictStreamed`` is in :mod:`.predict_stream`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ...codecs import tensor_proto
+from ...codecs.dtypes import V2_TO_TF
+from ...dataplane import DataPlane, filter_outputs, named_outputs
+from ...errors import BadRequest
+from ...repository import ModelVersion
+from ...types import CLASSIFY_METHOD, REGRESS_METHOD, Signature, TensorSpec
+from .common import join_items, rpc, streaming_rpc
+from .predict_stream import PredictStream, Turn
+from .protos.tensorflow.core.framework import types_pb2
+from .protos.tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
+from .protos.tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    inference_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+log = logging.getLogger("servekit.grpc")
+
+SIGNATURE_DEF = "signature_def"
+
+
+# -- model specs ----------------------------------------------------------------------
+
+
+def resolve(dp: DataPlane, spec: model_pb2.ModelSpec) -> ModelVersion:
+    """The version a ModelSpec addresses: a number, a label, or the latest."""
+    if not spec.name:
+        raise BadRequest("Missing ModelSpec: set model_spec.name")
+    choice = spec.WhichOneof("version_choice")
+    if choice == "version":
+        return dp.resolve(spec.name, spec.version.value)
+    if choice == "version_label":
+        return dp.resolve(spec.name, None, spec.version_label)
+    return dp.resolve(spec.name)
+
+
+def effective_spec(out: model_pb2.ModelSpec, mv: ModelVersion, signature_name: str | None) -> None:
+    """Fill a response's ModelSpec with what answered; ``signature_name=None`` leaves it empty."""
+    out.name = mv.name
+    out.version.value = mv.version
+    if signature_name is not None:
+        out.signature_name = signature_name or mv.metadata.default_signature
+
+
+# -- tensors --------------------------------------------------------------------------
+
+
+def decode_inputs(request: predict_pb2.PredictRequest) -> dict[str, np.ndarray]:
+    if not request.inputs:
+        raise BadRequest("PredictRequest has no inputs")
+    return {name: tensor_proto.to_numpy(t, f"input {name!r}") for name, t in request.inputs.items()}
+
+
+def output_filter(request: predict_pb2.PredictRequest) -> list[str] | None:
+    names = list(request.output_filter)
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise BadRequest(f"output_filter names {', '.join(duplicates)} more than once")
+    return names or None
+
+
+def predict_responses(dp: DataPlane, turn: Turn, *, single: bool = True) -> Iterator[predict_pb2.PredictResponse]:
+    """Run one logical Predict; a streaming model yields one response per item unless ``single``."""
+    mv = resolve(dp, turn.model_spec)
+    signature = turn.model_spec.signature_name or None
+    result = dp.predict(mv, turn.inputs, signature_name=signature, output_names=turn.output_filter)
+    if inspect.isgenerator(result):
+        items = (named_outputs(mv, item, signature) for item in result)
+        if single:
+            yield _response(mv, signature, join_items(items), turn.output_filter)
+        else:
+            for item in items:
+                yield _response(mv, signature, item, turn.output_filter)
+        return
+    yield _response(mv, signature, named_outputs(mv, result, signature), turn.output_filter)
+
+
+def _response(mv: ModelVersion, signature: str | None, outputs: dict[str, Any], wanted: list[str] | None):
+    response = predict_pb2.PredictResponse()
+    effective_spec(response.model_spec, mv, signature or "")
+    for name, value in filter_outputs(outputs, wanted).items():
+        tensor_proto.from_numpy(value, response.outputs[name], name=name)
+    return response
+
+
+# -- tf.Example input -------------------------------------------------------------------
+
+
+def examples_of(input_: Any) -> list[dict[str, list[Any]]]:
+    """Classify/Regress input as ``{feature: [values]}`` per example, context merged in."""
+    kind = input_.WhichOneof("kind")
+    if kind is None:
+        raise BadRequest("Input is empty: set example_list or example_list_with_context")
+    if kind == "example_list":
+        examples, context = input_.example_list.examples, {}
+    else:
+        examples = input_.example_list_with_context.examples
+        context = _features(input_.example_list_with_context.context)
+    if not examples:
+        raise BadRequest("Input has no examples")
+    # an example's own feature wins over a context feature of the same name
+    return [{**context, **_features(example)} for example in examples]
+
+
+def _features(example: Any) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for name, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        out[name] = list(getattr(feature, kind).value) if kind else []
+    return out
+
+
+def classification_result(results: list[list[tuple[str, float]]], out: Any) -> None:
+    for classes in results:
+        entry = out.classifications.add()
+        for label, score in classes:
+            entry.classes.add(label=str(label), score=float(score))
+
+
+def regression_result(values: list[float], out: Any) -> None:
+    for value in values:
+        out.regressions.add(value=float(value))
+
+
+# -- metadata ---------------------------------------------------------------------------
+
+
+def tensor_info(spec: TensorSpec, out: meta_graph_pb2.TensorInfo) -> None:
+    out.name = spec.tensor_name if spec.tensor_name is not None else spec.name
+    out.dtype = types_pb2.DataType.Value(V2_TO_TF.get(spec.datatype, "DT_INVALID"))
+    if spec.shape is None:
+        out.tensor_shape.unknown_rank = True
+    else:
+        for size in spec.shape:
+            out.tensor_shape.dim.add(size=size)
+
+
+def signature_def(signature: Signature, out: meta_graph_pb2.SignatureDef, where: str) -> None:
+    for spec in signature.inputs:
+        tensor_info(spec, out.inputs[spec.name])
+    for spec in signature.outputs:
+        tensor_info(spec, out.outputs[spec.name])
+    out.method_name = signature.method_name
+    for name, value in (signature.defaults or {}).items():
+        try:
+            tensor_proto.from_numpy(np.asarray(value), out.defaults[name], name=name)
+        except Exception:  # a plugin's default no tensor can hold: describe the rest
+            del out.defaults[name]
+            log.warning("%s: default %r of a signature is not a tensor; left out of the metadata", where, name)
+
+
+# -- services ---------------------------------------------------------------------------
+
+
+class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, dataplane: DataPlane):
+        self.dp = dataplane
+
+    @rpc
+    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext):
+        # A lone NONE or END_SPLIT is an ordinary request; SPLIT needs the stream.
+        state = request.predict_streamed_options.request_state
+        if state not in (PredictStream.NONE, PredictStream.END_SPLIT):
+            name = predict_pb2.PredictStreamedOptions.RequestState.Name(state)
+            raise BadRequest(f"request_state {name} needs the streaming RPC PredictionService/PredictStreamed")
+        turn = Turn(request.model_spec, decode_inputs(request), output_filter(request))
+        return next(predict_responses(self.dp, turn))
+
+    @streaming_rpc
+    def PredictStreamed(self, request_iterator, context: grpc.ServicerContext):
+        stream = PredictStream(decode_inputs, output_filter)
+        for request in request_iterator:
+            turn = stream.feed(request)
+            if stream.cancelled:
+                return
+            if turn is not None:
+                yield from predict_responses(self.dp, turn, single=stream.single_response)
+        stream.finish()
+
+    @rpc
+    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext):
+        mv = resolve(self.dp, request.model_spec)
+        signature = request.model_spec.signature_name or None
+        results = self.dp.classify(mv, examples_of(request.input), signature_name=signature)
+        response = classification_pb2.ClassificationResponse()
+        effective_spec(response.model_spec, mv, signature or "")
+        classification_result(results, response.result)
+        return response
+
+    @rpc
+    def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext):
+        mv = resolve(self.dp, request.model_spec)
+        signature = request.model_spec.signature_name or None
+        values = self.dp.regress(mv, examples_of(request.input), signature_name=signature)
+        response = regression_pb2.RegressionResponse()
+        effective_spec(response.model_spec, mv, signature or "")
+        regression_result(values, response.result)
+        return response
+
+    @rpc
+    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext):
+        if not request.tasks:
+            raise BadRequest("MultiInferenceRequest has no tasks")
+        names = {task.model_spec.name for task in request.tasks}
+        if len(names) > 1:
+            raise BadRequest(f"all tasks must use the same model; found {', '.join(sorted(names))}")
+        versions = [resolve(self.dp, task.model_spec) for task in request.tasks]
+        if len({mv.version for mv in versions}) > 1:
+            raise BadRequest("all tasks must address the same model version")
+        signatures = [task.model_spec.signature_name or versions[0].metadata.default_signature for task in request.tasks]
+        repeated = sorted({s for s in signatures if signatures.count(s) > 1})
+        if repeated:
+            raise BadRequest(f"Duplicate evaluation of signature: {', '.join(repeated)}")
+        examples = examples_of(request.input)
+        response = inference_pb2.MultiInferenceResponse()
+        for task, mv, signature in zip(request.tasks, versions, signatures):
+            result = response.results.add()
+            effective_spec(result.model_spec, mv, signature)
+            if task.method_name == CLASSIFY_METHOD:
+                classes = self.dp.classify(mv, examples, signature_name=signature)
+                classification_result(classes, result.classification_result)
+            elif task.method_name == REGRESS_METHOD:
+                values = self.dp.regress(mv, examples, signature_name=signature)
+                regression_result(values, result.regression_result)
+            else:
+                raise BadRequest(
+                    f"Unsupported signature method_name: {task.method_name!r}; "
+                    f"expected {CLASSIFY_METHOD!r} or {REGRESS_METHOD!r}"
+                )
+        return response
+
+    @rpc
+    def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest, context):
+        fields = list(request.metadata_field)
+        if not fields:
+            raise BadRequest(f"GetModelMetadataRequest must name a metadata_field ({SIGNATURE_DEF!r})")
+        unknown = [f for f in fields if f != SIGNATURE_DEF]
+        if unknown:
+            raise BadRequest(f"Metadata field {unknown[0]} is not supported; the one field is {SIGNATURE_DEF!r}")
+        mv = resolve(self.dp, request.model_spec)
+        response = get_model_metadata_pb2.GetModelMetadataResponse()
+        effective_spec(response.model_spec, mv, None)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        for name, signature in self.dp.metadata(mv).signatures.items():
+            signature_def(signature, signatures.signature_def[name], f"{mv.name} version {mv.version}")
+        response.metadata[SIGNATURE_DEF].Pack(signatures)
+        return response
+
+
+class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
+    def __init__(self, dataplane: DataPlane):
+        self.dp = dataplane
+
+    @rpc
+    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context):
+        spec = request.model_spec
+        if not spec.name:
+            raise BadRequest("Missing ModelSpec: set model_spec.name")
+        choice = spec.WhichOneof("version_choice")
+        version = spec.version.value if choice == "version" else None
+        label = spec.version_label if choice == "version_label" else None
+        response = get_model_status_pb2.GetModelStatusResponse()
+        state_enum = get_model_status_pb2.ModelVersionStatus.State
+        for mv in self.dp.repository.statuses(spec.name, version, label):
+            status = response.model_version_status.add(version=mv.version, state=state_enum.Value(mv.state.value))
+            status.status.error_code = error_codes_pb2.UNKNOWN if mv.error else error_codes_pb2.OK
+            status.status.error_message = mv.error
+        return response
+
+
+def add_to_server(server: grpc.Server, dataplane: DataPlane) -> None:
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionServicer(dataplane), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(dataplane), server)
