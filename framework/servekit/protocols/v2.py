@@ -17,17 +17,16 @@ the default (sklearn's ``predict_proba``, a TF model's second signature).
 from __future__ import annotations
 
 import inspect
-import zlib
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, request
 
 from .. import __version__
 from ..codecs import json as jsonc
 from ..codecs import v2 as codec
 from ..dataplane import filter_outputs, named_outputs
-from ..errors import BadRequest, NotReady, PayloadTooLarge
+from ..errors import BadRequest, NotReady
 from ..repository import Model, ModelVersion, State
 from .http import dataplane, json_response
 
@@ -178,22 +177,9 @@ def _explanation_tensors(result: Any) -> dict[str, Any]:
 
 
 def _request_body() -> bytes:
-    """The body, inflated when the client compressed it (tritonclient's ``request_compression_algorithm``)."""
-    body = request.get_data(cache=False)
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise BadRequest(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
-    limit = current_app.config.get("MAX_CONTENT_LENGTH") or 64 * 1024 * 1024
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise BadRequest(f"the body is not valid {encoding} data: {exc}") from None
-    if len(out) > limit:
-        raise PayloadTooLarge(f"the inflated request body is over the {limit}-byte limit")
-    return out
+    """The raw body.  A gzip body (tritonclient's ``request_compression_algorithm``)
+    arrives here already inflated, and size-capped, by :mod:`servekit.limits`."""
+    return request.get_data(cache=False)
 
 
 # -- model repository extension ----------------------------------------------------------
