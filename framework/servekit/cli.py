@@ -1,4 +1,4 @@
-"""``servekit``: serve models, list plugins."""
+"""``servekit``: serve models, list plugins, create and build model containers."""
 
 from __future__ import annotations
 
@@ -20,9 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--plugin", action="append", default=[], help="also load this plugin module or file")
     listing.add_argument("--json", action="store_true", help="print JSON")
 
+    from . import scaffold
+
+    scaffold.add_commands(sub)
+
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command in scaffold.COMMANDS:
+        return scaffold.run_command(args)
     return _plugins(args)
 
 

@@ -270,3 +270,73 @@ def finish_container_project(project: Path, model_name: str, gpu: bool, python_v
     """Called by the container template's post-generation hook: Docker files and manifests."""
     options = BuildOptions(model_name=model_name, gpu=gpu, python_version=python_version)
     write_build_files(project, options)
+
+
+# -- command line ---------------------------------------------------------------------
+
+COMMANDS = ("new", "build")
+
+
+def add_commands(sub: Any) -> None:
+    """``servekit new`` and ``servekit build`` on the CLI's sub-command parser."""
+    new = sub.add_parser("new", help="create a model container project (or a plugin package) from a template")
+    new.add_argument("--plugin", action="store_true", help="create a plugin package instead of a model container")
+    new.add_argument("--no-input", action="store_true", help="take the defaults (and --set values) without prompting")
+    new.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="answer a prompt up front, e.g. --set framework=torch (repeatable)")
+    new.add_argument("--output-dir", default=".", help="where the new folder is created (default: here)")
+    new.add_argument("--force", action="store_true", help="write into an existing folder of the same name")
+
+    build_ = sub.add_parser("build", help="render the Dockerfile and manifests for a model folder, and docker build it")
+    build_.add_argument("path", help="the model folder (a project from `servekit new`, or any model folder)")
+    build_.add_argument("--gpu", action="store_true", help="CUDA runtime base image and CUDA torch wheels")
+    build_.add_argument("--tag", help="image tag (default: MODEL_NAME:latest)")
+    build_.add_argument("--model-name", help="served model name (default: the folder's name)")
+    build_.add_argument("--python-version", default=DEFAULT_PYTHON, help="Python of the CPU image")
+    build_.add_argument("--cuda-version", default=DEFAULT_CUDA, help="CUDA of the GPU image")
+    build_.add_argument("--no-docker", action="store_true", help="only write the files, even if Docker answers")
+
+
+def run_command(args: Any) -> int:
+    import sys
+
+    if args.command == "new":
+        context = {}
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                print(f"servekit new: --set expects KEY=VALUE, found {item!r}", file=sys.stderr)
+                return 2
+            context[key] = value
+        from cookiecutter.exceptions import CookiecutterException
+
+        try:
+            created = new_project(
+                Path(args.output_dir), plugin=args.plugin, no_input=args.no_input,
+                extra_context=context, overwrite=args.force,
+            )
+        except CookiecutterException as exc:
+            # the template's pre-generation hook has already printed what was wrong
+            print(f"servekit new: no project created ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 1
+        print(f"created {created}")
+        return 0
+    folder = Path(args.path)
+    if not folder.is_dir():
+        print(f"servekit build: not a folder: {folder}", file=sys.stderr)
+        return 2
+    options = BuildOptions(
+        model_name=args.model_name or _model_name_of(folder.resolve()),
+        gpu=args.gpu, image=args.tag, python_version=args.python_version, cuda_version=args.cuda_version,
+    )
+    return build(folder, options, run_docker=False if args.no_docker else None)
+
+
+def _model_name_of(folder: Path) -> str:
+    """The name a previous build wrote into the Dockerfile, else the folder's name."""
+    dockerfile = folder / "Dockerfile"
+    if dockerfile.is_file():
+        match = re.search(r"^\s*SERVEKIT_MODEL_NAME=(\S+)", dockerfile.read_text(), re.MULTILINE)
+        if match:
+            return match.group(1).rstrip("\\").strip()
+    return folder.name

@@ -27,5 +27,15 @@ proc_name = "servekit"
 
 
 def post_worker_init(worker):
-    """Each worker polls the model folders itself (after the fork, also with preload)."""
+    """Each worker polls the model folders itself (also with preload) and serves gRPC beside HTTP."""
     worker.wsgi.extensions["servekit"].repository.start()
+    if _settings.grpc_port:
+        from servekit.protocols import grpc
+
+        grpc.start_in_worker(worker, _settings)
+
+
+def worker_exit(server, worker):
+    from servekit.protocols import grpc
+
+    grpc.stop_in_worker(worker)
