@@ -70,7 +70,9 @@ def predict(
         )
     sparse = [k for k in keys if outputs[k].WhichOneof("encoding") != "name"]
     if sparse:
-        raise BadRequest(f"output(s) {', '.join(sparse)} are sparse or composite tensors; ask for others")
+        raise BadRequest(
+            f"output(s) {', '.join(sparse)} are sparse or composite tensors; ask for others"
+        )
     feeds = feeds_for(sig_name, sig_def, inputs)
     values = model.run(feeds, [outputs[k].name for k in keys])
     return dict(zip(keys, values))

@@ -6,9 +6,11 @@ given), requires one input keyed ``inputs`` and, for regress, one output keyed
 ``tensorflow/serving/classify|regress`` method name (that check is off by
 default, so TF2 exports, whose signatures all say ``predict``, work).  The
 examples are serialized and fed, as one string vector, to the input tensor.  A
-signature whose input is not a string tensor (``regress_x2_to_y3`` takes floats)
-cannot take examples: TF Serving fails it with INVALID_ARGUMENT, and so do we,
-with a message that says why.
+signature whose input tensor is not a string tensor (``regress_x2_to_y3`` takes
+floats) cannot take examples: TF Serving fails it with INVALID_ARGUMENT, and so
+do we, with a message that says why.  The graph tensor's dtype decides, not the
+SignatureDef's: TF 1.0 exports (``half_plus_three``) declare their string input
+as DT_FLOAT, and TF Serving serves them all the same.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def _takes_examples(model: TFModel, sig_def: Any, verb: str) -> bool:
     return bool(set(sig_def.outputs) & {CLASSES, SCORES}) and len(sig_def.outputs) <= 2
 
 
-def regress(model: TFModel, examples: list[dict[str, list[Any]]], signature_name: str | None) -> list[float]:
+def regress(
+    model: TFModel, examples: list[dict[str, list[Any]]], signature_name: str | None
+) -> list[float]:
     sig_name, sig_def = model.signature_def(signature_name)
     feed = _input_tensor(sig_name, sig_def, "regress", model)
     if len(sig_def.outputs) != 1 or OUTPUTS not in sig_def.outputs:
@@ -100,13 +104,16 @@ def regress(model: TFModel, examples: list[dict[str, list[Any]]], signature_name
         )
     (values,) = model.run({feed: serialize(examples)}, [sig_def.outputs[OUTPUTS].name])
     n = len(examples)
-    if not (values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)) or values.shape[0] != n:
+    column = values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)
+    if not column or values.shape[0] != n:
         raise BadRequest(
             f"signature {sig_name!r} returned outputs of shape {list(values.shape)}; "
             f"regress expects [{n}] or [{n}, 1]"
         )
     if values.dtype.kind != "f":
-        raise BadRequest(f"signature {sig_name!r} returned {values.dtype} outputs; regress expects floats")
+        raise BadRequest(
+            f"signature {sig_name!r} returned {values.dtype} outputs; regress expects floats"
+        )
     return values.reshape(n).astype(float).tolist()
 
 
@@ -118,10 +125,12 @@ def classify(
     wanted = [k for k in (CLASSES, SCORES) if k in sig_def.outputs]
     if not wanted or len(sig_def.outputs) > 2:
         raise BadRequest(
-            f"signature {sig_name!r} cannot classify: expected outputs {CLASSES!r} and/or {SCORES!r}, "
+            f"signature {sig_name!r} cannot classify: expected outputs {CLASSES!r} "
+            f"and/or {SCORES!r}, "
             f"found {', '.join(sorted(sig_def.outputs)) or 'none'}{_suggest(model, 'classify')}"
         )
-    fetched = dict(zip(wanted, model.run({feed: serialize(examples)}, [sig_def.outputs[k].name for k in wanted])))
+    values = model.run({feed: serialize(examples)}, [sig_def.outputs[k].name for k in wanted])
+    fetched = dict(zip(wanted, values))
     n = len(examples)
     for key, value in fetched.items():
         if value.ndim != 2 or value.shape[0] != n:
@@ -132,14 +141,20 @@ def classify(
     classes, scores = fetched.get(CLASSES), fetched.get(SCORES)
     if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
         raise BadRequest(
-            f"signature {sig_name!r} returned {classes.shape[1]} classes but {scores.shape[1]} scores per example"
+            f"signature {sig_name!r} returned {classes.shape[1]} classes "
+            f"but {scores.shape[1]} scores per example"
         )
     if scores is not None and scores.dtype.kind != "f":
-        raise BadRequest(f"signature {sig_name!r} returned {scores.dtype} scores; classify expects floats")
+        raise BadRequest(
+            f"signature {sig_name!r} returned {scores.dtype} scores; classify expects floats"
+        )
     width = (classes if classes is not None else scores).shape[1]
     results = []
     for i in range(n):
-        labels = [_label(classes[i, c]) for c in range(width)] if classes is not None else [""] * width
+        if classes is not None:
+            labels = [_label(classes[i, c]) for c in range(width)]
+        else:
+            labels = [""] * width
         values = scores[i].astype(float).tolist() if scores is not None else [0.0] * width
         results.append(list(zip(labels, values)))
     return results

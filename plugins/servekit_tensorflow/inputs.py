@@ -45,7 +45,9 @@ def feeds_for(sig_name: str, sig_def: Any, inputs: Any) -> dict[str, np.ndarray]
     for key, value in inputs.items():
         info = expected[key]
         if info.WhichOneof("encoding") != "name":
-            raise BadRequest(f"input {key!r} is a sparse or composite tensor, which predict cannot feed")
+            raise BadRequest(
+                f"input {key!r} is a sparse or composite tensor, which predict cannot feed"
+            )
         feeds[info.name] = cast(np.asarray(value), info.dtype, key)
     return feeds
 
@@ -55,12 +57,15 @@ def cast(value: np.ndarray, dtype: int, where: str) -> np.ndarray:
     datatype = v2_datatype(dtype)
     target = V2_TO_NUMPY.get(datatype)
     if target is None:
-        raise BadRequest(f"input {where!r} has dtype {tf_dtype_name(dtype)}, which JSON cannot express")
+        raise BadRequest(
+            f"input {where!r} has dtype {tf_dtype_name(dtype)}, which JSON cannot express"
+        )
     kind = value.dtype.kind
+    name = tf_dtype_name(dtype)
     if datatype == "BYTES":
         return _as_bytes(value, where)
     if kind in "OSU":
-        raise BadRequest(f"input {where!r} expects {tf_dtype_name(dtype)} numbers, found strings")
+        raise BadRequest(f"input {where!r} expects {name} numbers, found strings")
     if value.dtype == target:
         return value
     if target.kind == "b":
@@ -68,12 +73,12 @@ def cast(value: np.ndarray, dtype: int, where: str) -> np.ndarray:
             raise BadRequest(f"input {where!r} expects DT_BOOL (true/false), found numbers")
         return value.astype(target)
     if kind == "b":
-        raise BadRequest(f"input {where!r} expects {tf_dtype_name(dtype)} numbers, found true/false")
+        raise BadRequest(f"input {where!r} expects {name} numbers, found true/false")
     if target.kind == "f":
         with np.errstate(over="ignore"):
             out = value.astype(target)
         if np.any(np.isinf(out) & np.isfinite(value)):
-            raise BadRequest(f"input {where!r}: a value is out of the range of {tf_dtype_name(dtype)}")
+            raise BadRequest(f"input {where!r}: a value is out of the range of {name}")
         return out
     return _as_integers(value, target, dtype, where)
 
@@ -82,10 +87,14 @@ def _as_integers(value: np.ndarray, target: np.dtype, dtype: int, where: str) ->
     name = tf_dtype_name(dtype)
     if value.dtype.kind == "f":
         if not np.all(np.isfinite(value)) or np.any(value != np.round(value)):
-            raise BadRequest(f"input {where!r} expects {name} integers, found a fractional or non-finite value")
+            raise BadRequest(
+                f"input {where!r} expects {name} integers, found a fractional or non-finite value"
+            )
     info = np.iinfo(target)
     if value.size and (value.min() < info.min or value.max() > info.max):
-        raise BadRequest(f"input {where!r}: a value is out of the range of {name} [{info.min}, {info.max}]")
+        raise BadRequest(
+            f"input {where!r}: a value is out of the range of {name} [{info.min}, {info.max}]"
+        )
     return value.astype(target)
 
 
@@ -102,5 +111,7 @@ def _as_bytes(value: np.ndarray, where: str) -> np.ndarray:
         elif isinstance(item, str):
             out[i] = item.encode("utf-8")
         else:
-            raise BadRequest(f"input {where!r} expects DT_STRING values, found {type(item).__name__}")
+            raise BadRequest(
+                f"input {where!r} expects DT_STRING values, found {type(item).__name__}"
+            )
     return out.reshape(value.shape)

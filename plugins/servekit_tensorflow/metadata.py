@@ -33,8 +33,12 @@ def v2_datatype(dtype: int) -> str:
 
 
 def tensor_spec(key: str, info: Any) -> TensorSpec:
+    """One TensorInfo.  Graphs from TF 1.0 record no shape at all; that is unknown, not scalar."""
     shape_proto = info.tensor_shape
-    shape = None if shape_proto.unknown_rank else [int(d.size) for d in shape_proto.dim]
+    if not info.HasField("tensor_shape") or shape_proto.unknown_rank:
+        shape = None
+    else:
+        shape = [int(d.size) for d in shape_proto.dim]
     encoding = info.WhichOneof("encoding")
     if encoding == "coo_sparse":
         tensor_name = info.coo_sparse.values_tensor_name

@@ -58,7 +58,8 @@ class TFModel:
         key = name or "serving_default"
         sig = self.signature_defs.get(key)
         if sig is None or key == INIT_OP_SIGNATURE:
-            callable_names = ", ".join(sorted(n for n in self.signature_defs if n != INIT_OP_SIGNATURE))
+            known = sorted(n for n in self.signature_defs if n != INIT_OP_SIGNATURE)
+            callable_names = ", ".join(known)
             raise BadRequest(
                 f"Serving signature name: {key!r} not found in signature def; "
                 f"this model has {callable_names or 'none'}"
@@ -66,7 +67,7 @@ class TFModel:
         return key, sig
 
     def graph_dtype(self, tensor_name: str) -> int:
-        """The dtype enum of a graph tensor, which can differ from what its SignatureDef declares."""
+        """The dtype enum of a graph tensor; it can differ from what the SignatureDef declares."""
         return self.session.graph.get_tensor_by_name(tensor_name).dtype.as_datatype_enum
 
     def run(self, feeds: dict[str, np.ndarray], fetches: list[str]) -> list[np.ndarray]:
@@ -165,7 +166,9 @@ def _session_config(tf: Any, device: str, options: dict[str, Any]) -> tuple[Any,
         gpus = tf.config.list_physical_devices("GPU")
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         if index >= len(gpus):
-            raise RuntimeError(f"device {device!r} requested, but TensorFlow sees {len(gpus)} GPU(s)")
+            raise RuntimeError(
+                f"device {device!r} requested, but TensorFlow sees {len(gpus)} GPU(s)"
+            )
         if ":" in device:
             pin = f"/device:GPU:{index}"
     return tf.compat.v1.ConfigProto(**kwargs), pin
