@@ -44,6 +44,7 @@ def predict(inputs):
 '''
 
 TF_MODELS = ("saved_model_half_plus_two_2_versions", "saved_model_half_plus_three")
+HALF_PLUS_TWO = TF_MODELS[0]
 
 _state: dict[str, ServerProcess] = {}
 
