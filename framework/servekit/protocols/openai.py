@@ -148,9 +148,14 @@ class Job:
         kind = "chatcmpl" if self.chat else "cmpl"
         self.id = f"{kind}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.object = "chat.completion" if self.chat else "text_completion"
+        if self.chat:
+            self.object = "chat.completion.chunk" if self.sampling.stream else "chat.completion"
+        else:
+            self.object = "text_completion"
         self.request_id = request_log_id()
         self.prediction_ids: list[str] = []
+        # streams call the model after the view returned, outside the app context
+        self.dataplane = dataplane()
 
     def requests(self) -> Iterator[gen.GenerationRequest]:
         s = self.sampling
@@ -165,7 +170,7 @@ class Job:
 
     def call(self, generation: gen.GenerationRequest) -> Any:
         self.prediction_ids.append(prediction_log_id())
-        return dataplane().complete(self.mv, generation, self.body)
+        return self.dataplane.complete(self.mv, generation, self.body)
 
     def index(self, generation: gen.GenerationRequest) -> int:
         return generation.prompt_index * self.sampling.n + generation.choice_index
