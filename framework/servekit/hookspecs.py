@@ -29,6 +29,7 @@ import pluggy
 if TYPE_CHECKING:
     from flask import Flask
 
+    from .observability.request_log import RequestLog
     from .types import ModelConfig, ModelMetadata, Tensors
 
 hookspec = pluggy.HookspecMarker("servekit")
@@ -251,5 +252,32 @@ def register_routes(app: Flask) -> None:
 def server_started(models: list[str]) -> None:
     """Called once per worker when the server starts, with the configured model names."""
 
+
+
+# ---------------------------------------------------------------------------
+# Request log (cross-cutting plugins)
+# ---------------------------------------------------------------------------
+
+
+@hookspec
+def log_request(record: RequestLog) -> None:
+    """Store or forward one answered inference request and its predictions.
+
+    Called in the worker that answered, once per inference request (a POST on
+    V1, V2, OpenAI or the generic paths), after the response is built; for a
+    stream, after its last event.  Every implementation is called.  The built-in
+    store (SQLite by default, any SQLAlchemy URL with ``--request-log-url``) is
+    one of them; a plugin can add others (a message queue, a data lake).  Keep it
+    quick (queue the work): it runs on the request's thread.  An exception is
+    logged and ignored; the client's answer is already decided.
+
+    :param record: a :class:`servekit.observability.request_log.RequestLog`:
+        ``request_log_id`` (the ``X-Request-Log-Id`` the client got),
+        ``request_id`` (``X-Request-Id``), ``method``, ``path``, ``protocol``,
+        ``model``, ``status``, ``duration_ms``, the request and response bodies
+        (clipped to 64 KiB each), and ``predictions``: one
+        ``PredictionLog(prediction_log_id, index, output)`` per row, choice or
+        streamed event, under the ``X-Prediction-Log-Ids`` the client got.
+    """
 
 __all__ = ["hookimpl", "hookspec"]

@@ -41,6 +41,15 @@ class Settings:
     max_batch_time_ms: float = _opt(2.0, "default longest wait to fill a batch, in milliseconds")
     log_level: str = _opt("info", "debug, info, warning or error")
     preload: bool = _opt(False, "load models once in the master before forking workers", flag=True)
+    # -- production hardening (docs/operations.md) --
+    open_paths: list[str] = field(default_factory=lambda: ["/v2/health/", "/metrics"], metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True})
+    max_inflight: int = _opt(0, "requests one worker runs at once; 0 means its thread count")
+    max_queue: int = _opt(16, "requests one worker keeps waiting for a free slot; more are answered 429")
+    drain_seconds: float = _opt(30.0, "after SIGTERM, seconds in-flight requests and streams get to finish")
+    shutdown_delay: float = _opt(0.0, "after SIGTERM, seconds to keep accepting while readiness answers 503")
+    request_log_url: str | None = _opt(None, "request/prediction log store: sqlite:///FILE, a SQLAlchemy URL, or 'off' (default: SQLite in a temporary folder)")
+    log_format: str = _opt("text", "log lines as 'text' or 'json'")
+    access_log: bool = _opt(False, "log one line per request", flag=True)
 
     @property
     def model_paths(self) -> list[Path]:
@@ -88,7 +97,7 @@ def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | No
     for f in fields(Settings):
         if env_name(f.name) in environ:
             raw = environ[env_name(f.name)]
-            values[f.name] = raw.split(",") if f.name in ("paths", "plugin") else raw
+            values[f.name] = raw.split(",") if f.name in ("paths", "plugin", "open_paths") else raw
     values.update(given)
     if not values.get("paths") and environ.get("MODEL_BASE_PATH"):
         model = environ.get("MODEL_NAME", "model")

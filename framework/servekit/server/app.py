@@ -14,10 +14,10 @@ import pluggy
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
-from .. import plugins
+from .. import limits, observability, plugins
 from ..dataplane import DataPlane
 from ..errors import ServekitError, Unauthorized
-from ..protocols import generic, health, openai, v1, v2
+from ..protocols import generic, health, openai, openapi, status_page, v1, v2
 from ..protocols.http import json_response
 from ..repository import ModelRepository, discover
 from ..settings import Settings
@@ -25,7 +25,7 @@ from ..types import BatchingConfig
 
 log = logging.getLogger("servekit.server")
 
-#: Routes that stay open when ``--api-key`` is set.
+#: Routes that stay open when ``--api-key`` is set (default of ``--open-paths``).
 OPEN_PATHS = ("/v2/health/", "/metrics")
 
 
@@ -49,11 +49,13 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
 
-    for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp):
+    for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
     if settings.api_key:
-        _install_api_key(app, settings.api_key)
+        _install_api_key(app, settings.api_key, settings.open_paths)
+    limits.install(app, settings)  # WSGI layers: observability outside the limits
+    observability.install(app, settings)
 
     pm = dp.repository.pm
     pm.hook.register_routes(app=app)
@@ -88,12 +90,26 @@ def _install_error_handlers(app: Flask) -> None:
         return json_response({"error": f"internal server error ({type(exc).__name__})"}, 500)
 
 
-def _install_api_key(app: Flask, key: str) -> None:
+def is_open_path(path: str, open_paths: list[str] | tuple[str, ...]) -> bool:
+    """``/x/`` opens everything under it, ``/x`` that path and below, ``/`` only the root."""
+    for entry in open_paths:
+        if entry == "/":
+            if path == "/":
+                return True
+        elif entry.endswith("/"):
+            if path.startswith(entry):
+                return True
+        elif path == entry or path.startswith(entry + "/"):
+            return True
+    return False
+
+
+def _install_api_key(app: Flask, key: str, open_paths: list[str] | tuple[str, ...] = OPEN_PATHS) -> None:
     expected = f"Bearer {key}".encode()
 
     @app.before_request
     def check_api_key():
-        if request.path.startswith(OPEN_PATHS):
+        if is_open_path(request.path, open_paths):
             return None
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, expected):

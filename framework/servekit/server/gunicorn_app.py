@@ -5,16 +5,32 @@ requests and long SSE streams occupy a thread, not a whole process, and numpy,
 scikit-learn, torch and TensorFlow release the GIL in their kernels.  gevent
 would need monkey-patching that does not mix with torch/TensorFlow threads.
 Each worker loads its own models after the fork unless ``--preload`` is set.
+
+SIGTERM drains (docs/operations.md): each worker turns readiness to 503 at once,
+keeps accepting for ``--shutdown-delay`` seconds (so load balancers stop sending
+first), then stops accepting and lets in-flight requests and streams finish
+within ``--drain-seconds``; the master waits that long before it kills.
+Metrics from every worker meet in one multiprocess folder (observability/metrics.py).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from ..observability import logging as log_setup
+from ..observability import metrics
 from ..settings import Settings
+
+log = logging.getLogger("servekit.server")
 
 
 class ServekitApplication(BaseApplication):
@@ -33,7 +49,7 @@ class ServekitApplication(BaseApplication):
             "threads": s.threads,
             # gunicorn's timeout kills a silent worker; requests have their own limit
             "timeout": max(120, int(s.request_timeout * 2)),
-            "graceful_timeout": 30,
+            "graceful_timeout": math.ceil(s.shutdown_delay + s.drain_seconds),
             "keepalive": 5,
             "accesslog": None,
             "errorlog": "-",
@@ -43,18 +59,19 @@ class ServekitApplication(BaseApplication):
             "post_fork": self._post_fork,
             "post_worker_init": self._post_worker_init,
             "worker_exit": self._worker_exit,
+            "child_exit": self._child_exit,
             **self.extra,
         }
+        logger_class = log_setup.gunicorn_logger_class(s.log_format)
+        if logger_class:
+            options.setdefault("logger_class", logger_class)
         for key, value in options.items():
             self.cfg.set(key, value)
 
     def load(self):
         from .app import create_app
 
-        logging.basicConfig(
-            level=self.settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        log_setup.configure(self.settings.log_format, self.settings.log_level)
         app = create_app(self.settings, start=not self.settings.preload)
         if self.settings.preload:
             # Load once in the master; workers share the pages copy-on-write and
@@ -68,6 +85,7 @@ class ServekitApplication(BaseApplication):
             self._dataplane.repository.start()
 
     def _post_worker_init(self, worker) -> None:
+        install_drain(worker, self.settings)
         # gRPC beside HTTP: one server per worker, after the fork, over the worker's app
         if self.settings.grpc_port:
             from ..protocols import grpc
@@ -80,5 +98,46 @@ class ServekitApplication(BaseApplication):
         grpc.stop_in_worker(worker)
 
 
+    def _child_exit(self, server, worker) -> None:
+        metrics.mark_process_dead(worker.pid)
+
+
+def install_drain(worker: Any, settings: Settings) -> None:
+    """Replace the worker's SIGTERM handler: readiness 503 first, stop accepting later.
+
+    gunicorn's own handler stops accepting at once; ours marks the data plane
+    draining (``/v2/health/ready`` answers 503) and hands over to gunicorn's
+    after ``shutdown_delay`` seconds.  gunicorn then finishes every open
+    connection within ``graceful_timeout`` (``drain_seconds``) and exits.
+    """
+    dataplane = worker.wsgi.extensions["servekit"]
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if dataplane.draining:
+            return
+        dataplane.draining = True
+        log.info("SIGTERM: readiness is 503; accepting for %gs more, then %gs for in-flight requests",
+                 settings.shutdown_delay, settings.drain_seconds)
+        if settings.shutdown_delay > 0:
+            timer = threading.Timer(settings.shutdown_delay, worker.handle_exit, (signum, frame))
+            timer.daemon = True
+            timer.start()
+        else:
+            worker.handle_exit(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def run(settings: Settings) -> None:
-    ServekitApplication(settings).run()
+    """Serve until SIGTERM; the metrics folder and default request log live as long as the server."""
+    metrics.prepare_multiprocess_dir()  # before anything imports prometheus_client
+    own_logs = None
+    if not settings.request_log_url:
+        own_logs = tempfile.mkdtemp(prefix="servekit-logs-")
+        settings.request_log_url = "sqlite:///" + os.path.join(own_logs, "requests.db")
+    try:
+        ServekitApplication(settings).run()
+    finally:
+        metrics.remove_multiprocess_dir()
+        if own_logs:
+            shutil.rmtree(own_logs, ignore_errors=True)

@@ -1,0 +1,341 @@
+"""Request limits as WSGI middleware: body size, gzip bodies, timeouts, backpressure.
+
+Everything here answers before Flask sees the request, with the same
+``{"error": message}`` body every other error has:
+
+- a body larger than ``--max-request-size`` is a 413 as soon as its
+  ``Content-Length`` is read (nothing is buffered first);
+- ``Content-Encoding: gzip`` bodies are inflated here, and the *inflated* size is
+  capped by the same limit (413), so a small zip bomb cannot fill memory;
+- each worker runs at most ``--max-inflight`` requests at once and keeps at most
+  ``--max-queue`` more waiting for a slot: above that a request is answered 429
+  at once, and one that waited its whole timeout for a slot gets 503;
+- a request that is not answered within ``--request-timeout`` seconds gets 504.
+  A Python thread cannot be killed, so the model call that overran keeps its
+  slot until it returns: runaway calls turn into 429/503 backpressure instead of
+  an unbounded pile of threads.
+
+Health probes and ``/metrics`` bypass the queue and the timeout, so an
+overloaded worker still reports itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+log = logging.getLogger("servekit.limits")
+
+#: Paths never queued or timed out: orchestrators must reach them under load.
+UNQUEUED_PATHS = ("/v2/health/", "/metrics")
+
+WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
+
+_GZIP = ("gzip", "x-gzip")
+_READ_CHUNK = 64 * 1024
+
+
+def error_response(start_response: Callable, status: str, message: str, headers: list | None = None) -> list[bytes]:
+    body = json.dumps({"error": message}).encode()
+    start_response(status, [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(body))), *(headers or [])])
+    return [body]
+
+
+class RequestRejected(Exception):
+    """A request the limits answer themselves; carries the HTTP status line."""
+
+    def __init__(self, status: str, message: str, headers: list | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or []
+
+
+class LimitsMiddleware:
+    """Wraps a WSGI app with the limits above; one instance per worker process."""
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        max_request_size: int,
+        request_timeout: float,
+        max_inflight: int,
+        max_queue: int,
+    ):
+        self.app = app
+        self.max_request_size = max_request_size
+        self.request_timeout = request_timeout
+        self.max_inflight = max(1, max_inflight)
+        self.max_queue = max(0, max_queue)
+        self._slots = threading.BoundedSemaphore(self.max_inflight)
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self.running = 0  # requests holding a slot, for tests and the status page
+
+    # -- entry ----------------------------------------------------------------
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        try:
+            self._check_size(environ)
+            encoding = environ.get("HTTP_CONTENT_ENCODING", "").strip().lower()
+            if encoding in _GZIP:
+                self._inflate(environ)
+            elif encoding not in ("", "identity"):
+                raise RequestRejected(
+                    "415 Unsupported Media Type",
+                    f"Content-Encoding {encoding!r} is not supported; send gzip or an unencoded body",
+                )
+            if environ.get("PATH_INFO", "").startswith(UNQUEUED_PATHS):
+                return self.app(environ, start_response)
+            deadline = time.monotonic() + self.request_timeout if self.request_timeout > 0 else None
+            self._admit(deadline)
+        except RequestRejected as rejected:
+            environ["servekit.rejected"] = rejected.status
+            headers = [*rejected.headers]
+            if rejected.status.startswith("413"):
+                headers.append(("Connection", "close"))  # do not read the rest of a huge body
+            return error_response(start_response, rejected.status, rejected.message, headers)
+        return self._run(environ, start_response, deadline)
+
+    # -- body size and encoding -----------------------------------------------------
+
+    def _check_size(self, environ: dict) -> None:
+        length = environ.get("CONTENT_LENGTH") or ""
+        if not length:
+            return
+        try:
+            size = int(length)
+        except ValueError:
+            raise RequestRejected("400 Bad Request", f"Content-Length must be an integer, found {length!r}") from None
+        if size > self.max_request_size:
+            raise RequestRejected(
+                "413 Request Entity Too Large",
+                f"request body too large: {size} bytes; the limit is {self.max_request_size} bytes",
+            )
+
+    def _inflate(self, environ: dict) -> None:
+        """Replace a gzip body with its inflated bytes, never holding more than the limit."""
+        limit = self.max_request_size
+        stream = environ["wsgi.input"]
+        length = environ.get("CONTENT_LENGTH")
+        remaining = int(length) if length else None
+        inflater = _GzipInflater(limit)
+        read = 0
+        while remaining is None or remaining > 0:
+            chunk = stream.read(_READ_CHUNK if remaining is None else min(_READ_CHUNK, remaining))
+            if not chunk:
+                break
+            read += len(chunk)
+            if remaining is not None:
+                remaining -= len(chunk)
+            if read > limit:
+                raise RequestRejected(
+                    "413 Request Entity Too Large",
+                    f"compressed request body larger than the limit of {limit} bytes",
+                )
+            inflater.feed(chunk)
+        body = inflater.result()
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        environ.pop("HTTP_CONTENT_ENCODING", None)
+        environ["servekit.content_encoding"] = "gzip"
+        environ["wsgi.input_terminated"] = True
+
+    # -- admission --------------------------------------------------------------------
+
+    def _admit(self, deadline: float | None) -> None:
+        if self._slots.acquire(blocking=False):
+            return
+        with self._lock:
+            if self._waiting >= self.max_queue:
+                raise RequestRejected(
+                    "429 Too Many Requests",
+                    f"server busy: {self.max_inflight} requests running and {self._waiting} waiting; retry later",
+                    [("Retry-After", "1")],
+                )
+            self._waiting += 1
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._slots.acquire(timeout=timeout):
+                raise RequestRejected(
+                    "503 Service Unavailable",
+                    f"server busy: no free slot within {self.request_timeout:g}s; retry later",
+                    [("Retry-After", "1")],
+                )
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    # -- running ------------------------------------------------------------------------
+
+    def _run(self, environ: dict, start_response: Callable, deadline: float | None) -> Iterable[bytes]:
+        with self._lock:
+            self.running += 1
+        release = _Once(self._release)
+        if deadline is None:
+            try:
+                return _Closing(self.app(environ, start_response), release)
+            except BaseException:
+                release()
+                raise
+        future = self._executor().submit(_call_app, self.app, environ)
+        try:
+            status, headers, body = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            environ["servekit.timed_out"] = True
+            future.add_done_callback(lambda f: _close_late(f, release))
+            log.warning("request %s %s passed its %gs timeout", environ.get("REQUEST_METHOD"),
+                        environ.get("PATH_INFO"), self.request_timeout)
+            return error_response(
+                start_response, "504 Gateway Timeout",
+                f"request not answered within {self.request_timeout:g}s (--request-timeout)",
+            )
+        except BaseException:
+            release()
+            raise
+        start_response(status, headers)
+        return _Closing(body, release)
+
+    def _release(self) -> None:
+        with self._lock:
+            self.running -= 1
+        self._slots.release()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="servekit-request")
+        return self._pool
+
+
+class _GzipInflater:
+    """Inflates gzip members (concatenated members are one stream, RFC 1952 2.2) up to a cap."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.out = io.BytesIO()
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def feed(self, data: bytes) -> None:
+        while data:
+            if self._inflater.eof:
+                self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            try:
+                piece = self._inflater.decompress(data, self.limit + 1 - self.out.tell())
+            except zlib.error:
+                raise RequestRejected(
+                    "400 Bad Request", "request body is not valid gzip data (Content-Encoding: gzip)"
+                ) from None
+            self.out.write(piece)
+            if self.out.tell() > self.limit:
+                raise RequestRejected(
+                    "413 Request Entity Too Large",
+                    f"request body inflates to more than the limit of {self.limit} bytes",
+                )
+            data = self._inflater.unused_data if self._inflater.eof else self._inflater.unconsumed_tail
+
+    def result(self) -> bytes:
+        if not self._inflater.eof:
+            raise RequestRejected("400 Bad Request", "request body is not complete gzip data (Content-Encoding: gzip)")
+        return self.out.getvalue()
+
+
+def _call_app(app: WSGIApp, environ: dict) -> tuple[str, list, Iterable[bytes]]:
+    """Run the app in a pool thread; the response starts in the server's own thread."""
+    captured: dict[str, Any] = {}
+    written: list[bytes] = []
+
+    def start_response(status: str, headers: list, exc_info: Any = None):
+        captured["status"], captured["headers"] = status, headers
+        return written.append  # the legacy write() callable
+
+    body = app(environ, start_response)
+    if written:
+        body = _Chain(written, body)
+    return captured["status"], captured["headers"], body
+
+
+def _close_late(future: Any, release: Callable[[], None]) -> None:
+    """After a timeout, the abandoned call finished: free its resources and its slot."""
+    try:
+        if future.exception() is None:
+            body = future.result()[2]
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+    except Exception:
+        log.exception("closing a timed-out response failed")
+    finally:
+        release()
+
+
+class _Once:
+    def __init__(self, fn: Callable[[], None]):
+        self._fn: Callable[[], None] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+
+
+class _Closing:
+    """The app's response iterable; its end or ``close()`` (a client gone) frees the slot."""
+
+    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None]):
+        self._body = body
+        self._on_close = on_close
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._body
+        self._on_close()  # servers call close() too; some test clients only read
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._on_close()
+
+
+class _Chain:
+    def __init__(self, head: list[bytes], body: Iterable[bytes]):
+        self._head, self._body = head, body
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._head
+        yield from self._body
+
+    def close(self) -> None:
+        close = getattr(self._body, "close", None)
+        if close is not None:
+            close()
+
+
+def install(app: Any, settings: Any) -> LimitsMiddleware:
+    """Wrap ``app.wsgi_app`` (a Flask app) with the limits from ``settings``."""
+    middleware = LimitsMiddleware(
+        app.wsgi_app,
+        max_request_size=settings.max_request_size,
+        request_timeout=settings.request_timeout,
+        max_inflight=settings.max_inflight or settings.threads,
+        max_queue=settings.max_queue,
+    )
+    app.wsgi_app = middleware
+    app.extensions["servekit.limits"] = middleware
+    return middleware

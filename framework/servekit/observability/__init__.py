@@ -1,0 +1,132 @@
+"""Observability: Prometheus metrics, request ids in logs, and the request/prediction log.
+
+:func:`install` wires all of it into an app made by ``create_app``: the
+outermost WSGI layer (:class:`ObserveMiddleware`) gives every request its id,
+counts it and times it exactly as the client saw it, including the answers the
+limits give before Flask runs; Flask hooks carry the id into log lines and write
+the request log; the metrics and log routes are ordinary blueprints.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from logging import getLogger  # the name `logging` is our submodule here
+
+from flask import Flask, request
+
+from . import labels, metrics, request_log
+from .logging import REQUEST_ID_HEADER, current_request_id, request_id_from
+
+access_log = getLogger("servekit.access")
+
+
+class ObserveMiddleware:
+    """Request id, in-flight gauge, request counter and latency for every request."""
+
+    def __init__(self, app: Callable, dataplane: Any, *, log_access: bool = False):
+        self.app = app
+        self.dataplane = dataplane
+        self.log_access = log_access
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        started = time.perf_counter()
+        request_id = request_id_from(environ.get("HTTP_X_REQUEST_ID"))
+        environ["servekit.request_id"] = request_id
+        seen: dict[str, str] = {}
+
+        def start(status: str, headers: list, exc_info: Any = None):
+            seen["status"] = status
+            headers.append((REQUEST_ID_HEADER, request_id))
+            return start_response(status, headers, exc_info)
+
+        m = metrics.metrics()
+        m.in_flight.inc()
+        finish = _Once(lambda: self._finish(environ, seen, started))
+        try:
+            body = self.app(environ, start)
+        except BaseException:
+            seen.setdefault("status", "500")
+            finish()
+            raise
+        return _Finished(body, finish)
+
+    def _finish(self, environ: dict, seen: dict[str, str], started: float) -> None:
+        seconds = time.perf_counter() - started
+        m = metrics.metrics()
+        m.in_flight.dec()
+        path = environ.get("PATH_INFO", "")
+        protocol = labels.protocol_of(path)
+        model = environ.get("servekit.model") or labels.model_of(path, self.dataplane.repository.models)
+        status = int(seen.get("status", "500").split(" ", 1)[0])
+        metrics.observe_request(model, protocol, status, seconds)
+        if self.log_access:
+            access_log.info(
+                "%s %s %d %.1fms", environ.get("REQUEST_METHOD"), path, status, seconds * 1000,
+                extra={"request_id": environ["servekit.request_id"], "method": environ.get("REQUEST_METHOD"),
+                       "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
+                       "protocol": protocol, "model": model},
+            )
+
+
+class _Once:
+    def __init__(self, fn: Callable[[], None]):
+        self._fn: Callable[[], None] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+
+
+class _Finished:
+    """The response body; its ``close()`` (after the last byte, or a client gone) ends the request."""
+
+    def __init__(self, body: Iterable[bytes], finish: Callable[[], None]):
+        self._body, self._finish = body, finish
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._body
+        self._finish()  # servers call close() too; some test clients only read
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._finish()
+
+
+def _bind_request_id() -> None:
+    """Put the id the middleware chose into this thread's logging context."""
+    request.environ["servekit.request_id_token"] = current_request_id.set(
+        request.environ.get("servekit.request_id") or request_id_from(request.headers.get(REQUEST_ID_HEADER))
+    )
+
+
+def _unbind_request_id(exc: BaseException | None = None) -> None:
+    token = request.environ.pop("servekit.request_id_token", None)
+    if token is not None:
+        try:
+            current_request_id.reset(token)
+        except ValueError:  # reset from another context (streamed body closed elsewhere)
+            current_request_id.set("")
+
+
+def install(app: Flask, settings: Any) -> None:
+    """Add metrics, request ids and the request log to ``app`` (after the limits)."""
+    dp = app.extensions["servekit"]
+    app.before_request(_bind_request_id)
+    app.teardown_request(_unbind_request_id)
+    app.register_blueprint(metrics.bp)
+    pm = dp.repository.pm
+    if pm.get_plugin("servekit.metrics") is None:
+        pm.register(metrics.BatchSizePlugin(dp), name="servekit.metrics")
+    request_log.install(app, settings)
+    app.wsgi_app = ObserveMiddleware(app.wsgi_app, dp, log_access=settings.access_log)

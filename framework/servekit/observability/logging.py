@@ -1,0 +1,116 @@
+"""Log lines as text or JSON, each carrying the request id of the request it belongs to.
+
+The request id is the client's ``X-Request-Id`` when it sends a sensible one (so a
+trace crosses services under one id) and a fresh one otherwise; it is echoed in
+the response's ``X-Request-Id`` and stored with the request log.  It travels in a
+context variable, so any logger used while serving a request (plugins' too)
+prints it without being handed it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from gunicorn import glogging
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+
+#: The id of the request being served in this thread / context ("" outside one).
+current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("servekit_request_id", default="")
+
+# Attributes every LogRecord has; anything else was passed with ``extra=`` and is kept.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "request_id"}
+
+
+def request_id_from(header: str | None) -> str:
+    """The client's id when it is short and printable, else a new one (never log raw junk)."""
+    if header and _VALID_ID.match(header):
+        return header
+    return uuid.uuid4().hex
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``record.request_id`` so both formats (and user formats) can print it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = current_request_id.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, request_id, extras, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None) or current_request_id.get()
+        if request_id:
+            entry["request_id"] = request_id
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        request_id = getattr(record, "request_id", None) or current_request_id.get()
+        return f"{line} [request_id={request_id}]" if request_id else line
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    if log_format not in ("text", "json"):
+        raise ValueError(f"log format must be 'text' or 'json', found {log_format!r}")
+    return JsonFormatter() if log_format == "json" else TextFormatter()
+
+
+def configure(log_format: str = "text", level: str = "info") -> None:
+    """Point the root logger (and gunicorn's) at stderr in the chosen format.
+
+    Handlers that exist already (gunicorn's) keep their place and get the format.
+    """
+    fmt = formatter(log_format)
+    root = logging.getLogger()
+    root.setLevel(level.upper())
+    if not root.handlers:
+        root.addHandler(logging.StreamHandler())
+    for logger in (root, logging.getLogger("gunicorn.error")):
+        for handler in logger.handlers:
+            handler.setFormatter(fmt)
+            if not any(isinstance(f, RequestIdFilter) for f in handler.filters):
+                handler.addFilter(RequestIdFilter())
+
+
+class GunicornLogger(glogging.Logger):
+    """gunicorn's own logger, writing its lines (the master's too) as JSON."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in self.error_log.handlers:
+            handler.setFormatter(JsonFormatter())
+            handler.addFilter(RequestIdFilter())
+
+
+def gunicorn_logger_class(log_format: str) -> str | None:
+    """The ``logger_class`` gunicorn setting for a log format (``None``: gunicorn's own)."""
+    formatter(log_format)  # reject an unknown format before forking
+    return f"{__name__}.GunicornLogger" if log_format == "json" else None

@@ -1,0 +1,228 @@
+"""Prometheus metrics at ``GET /metrics``, summed over every gunicorn worker.
+
+Each worker is its own process, so counters live in prometheus_client's
+multiprocess mode: the server points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh
+folder before any worker starts (:func:`prepare_multiprocess_dir`), each worker
+writes its values there, and whichever worker answers a scrape sums them all.
+A worker that exits is marked dead (:func:`mark_process_dead`) so its in-flight
+gauge stops counting; its counters stay, so totals survive worker restarts.
+Without the variable (an in-process test app) the process's own registry is used.
+
+What is measured:
+
+- ``servekit_requests_total{model,protocol,status}`` and
+  ``servekit_request_duration_seconds{model,protocol,status}`` per request, as the
+  client saw it (413/429/504 answered by the limits included);
+- ``servekit_requests_in_flight``: requests being answered now;
+- ``servekit_batch_size{model}``: rows per call of the model's ``predict`` (the
+  merged batch when adaptive batching is on);
+- ``servekit_model_state{model,version,state}`` and
+  ``servekit_model_load_seconds{model,version}``, read from the answering
+  worker's repository at scrape time;
+- ``servekit_request_log_dropped_total``: request logs dropped by a full queue.
+
+``model`` is the served model a request addressed, or ``""`` when it names none
+that is served: a fuzzer's random names must not grow the label set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flask import Blueprint, Response, current_app
+
+import servekit
+
+if TYPE_CHECKING:
+    from ..dataplane import DataPlane
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+bp = Blueprint("metrics", __name__)
+
+
+# -- the multiprocess folder (server side) ------------------------------------------
+
+
+def prepare_multiprocess_dir() -> str:
+    """Set ``PROMETHEUS_MULTIPROC_DIR`` for this server before workers fork.
+
+    An operator's folder is emptied (values of a previous run must not add up);
+    otherwise a private temporary folder is made.  Must run before
+    ``prometheus_client`` is first imported, which reads the variable then.
+    """
+    given = os.environ.get(ENV)
+    if given:
+        folder = Path(given)
+        folder.mkdir(parents=True, exist_ok=True)
+        for entry in folder.glob("*.db"):
+            entry.unlink()
+        return str(folder)
+    folder = tempfile.mkdtemp(prefix="servekit-metrics-")
+    os.environ[ENV] = folder
+    os.environ["SERVEKIT_OWN_METRICS_DIR"] = "1"
+    return folder
+
+
+def remove_multiprocess_dir() -> None:
+    """At server exit, remove the folder if :func:`prepare_multiprocess_dir` made it."""
+    if os.environ.pop("SERVEKIT_OWN_METRICS_DIR", None) and os.environ.get(ENV):
+        shutil.rmtree(os.environ[ENV], ignore_errors=True)
+
+
+def mark_process_dead(pid: int) -> None:
+    """gunicorn ``child_exit``: drop a dead worker's live gauges."""
+    if os.environ.get(ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)
+
+
+# -- the metrics -------------------------------------------------------------------------
+
+
+class Metrics:
+    """The process's metric objects, made once on first use (after the fork)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        labels = ("model", "protocol", "status")
+        self.requests = Counter("servekit_requests", "HTTP requests answered", labels)
+        self.latency = Histogram(
+            "servekit_request_duration_seconds", "time to answer a request, streams to their end",
+            labels, buckets=LATENCY_BUCKETS,
+        )
+        self.in_flight = Gauge(
+            "servekit_requests_in_flight", "requests being answered", multiprocess_mode="livesum"
+        )
+        self.batch_size = Histogram(
+            "servekit_batch_size", "rows per call of a model's predict", ("model",), buckets=BATCH_BUCKETS
+        )
+        self.log_dropped = Counter(
+            "servekit_request_log_dropped", "request logs dropped because the log queue was full"
+        )
+
+
+_metrics: Metrics | None = None
+_lock = threading.Lock()
+
+
+def metrics() -> Metrics:
+    global _metrics
+    if _metrics is None:
+        with _lock:
+            if _metrics is None:
+                _metrics = Metrics()
+    return _metrics
+
+
+def observe_request(model: str, protocol: str, status: int, seconds: float) -> None:
+    m = metrics()
+    labels = (model, protocol, str(status))
+    m.requests.labels(*labels).inc()
+    m.latency.labels(*labels).observe(seconds)
+
+
+def observe_batch(model: str, rows: int) -> None:
+    """Record one model call of ``rows`` rows (also callable from a batcher)."""
+    metrics().batch_size.labels(model).observe(rows)
+
+
+# -- scraping ------------------------------------------------------------------------------
+
+
+class ModelStateCollector:
+    """Model versions' state and load time, read from this worker's repository."""
+
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from ..repository import State
+
+        state = GaugeMetricFamily(
+            "servekit_model_state", "1 for the state a model version is in, else 0",
+            labels=["model", "version", "state"],
+        )
+        load = GaugeMetricFamily(
+            "servekit_model_load_seconds", "seconds the last load of a model version took",
+            labels=["model", "version"],
+        )
+        for name, model in sorted(self.dataplane.repository.models.items()):
+            for version, mv in sorted(model.versions.items()):
+                for s in State:
+                    state.add_metric([name, str(version), s.value], 1.0 if mv.state is s else 0.0)
+                if mv.load_seconds:
+                    load.add_metric([name, str(version)], mv.load_seconds)
+        yield state
+        yield load
+
+
+def render(dataplane: DataPlane) -> tuple[bytes, str]:
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+    metrics()  # every family appears from the first scrape on, even at zero
+    registry = CollectorRegistry(auto_describe=False)
+    if os.environ.get(ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)
+        text = generate_latest(registry)
+    else:
+        text = generate_latest(REGISTRY)
+    live = CollectorRegistry(auto_describe=False)
+    live.register(ModelStateCollector(dataplane))
+    return text + generate_latest(live), CONTENT_TYPE_LATEST
+
+
+@bp.get("/metrics")
+def scrape():
+    body, content_type = render(current_app.extensions["servekit"])
+    return Response(body, status=200, content_type=content_type)
+
+
+# -- batch sizes, as a cross-cutting plugin ------------------------------------------------
+
+
+class BatchSizePlugin:
+    """Wraps every model's ``predict`` and records how many rows it was given."""
+
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    @servekit.hookimpl(wrapper=True)
+    def predict(self, inputs: Any, model: Any):
+        rows = _rows(inputs)
+        result = yield
+        if result is not None and rows:
+            observe_batch(self._name_of(model), rows)
+        return result
+
+    def _name_of(self, model: Any) -> str:
+        for name, m in self.dataplane.repository.models.items():
+            for mv in m.versions.values():
+                if mv.model is model:
+                    return name
+        return ""
+
+
+def _rows(inputs: Any) -> int:
+    first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else inputs
+    shape = getattr(first, "shape", None)
+    if shape:
+        return int(shape[0])
+    try:
+        return len(first)  # type: ignore[arg-type]
+    except TypeError:
+        return 1 if first is not None else 0

@@ -1,0 +1,121 @@
+"""``GET /``: a small status page, with a form to send a request to a model.
+
+It lists every model with its versions, states, load errors and times, labels
+and signatures, and pre-fills an example request (zeros of the right shape)
+for V1 ``:predict`` and V2 ``infer``.  The page is self-contained (inline CSS
+and JS, no CDN), so it works where nothing outside can be reached; every value
+is escaped by Jinja, and the example bodies travel through ``tojson``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, current_app, render_template_string
+
+from .. import __version__
+from ..repository import ModelVersion
+from ..types import Signature, TensorSpec
+from .http import dataplane
+
+bp = Blueprint("status_page", __name__)
+
+_TEMPLATE = Path(__file__).with_name("status_page.html")
+
+_ZERO = {"BOOL": False, "BYTES": ""}
+
+
+@bp.get("/")
+def status_page():
+    """Models, versions, states and metadata, with a form to send a request."""
+    dp = dataplane()
+    settings = current_app.extensions.get("servekit.settings")
+    models = [_model_view(name, model) for name, model in sorted(dp.repository.models.items())]
+    html = render_template_string(
+        _TEMPLATE.read_text(),
+        version=__version__,
+        ready=dp.ready,
+        draining=dp.draining,
+        models=models,
+        examples={m["name"]: m["examples"] for m in models},
+        needs_key=bool(settings and settings.api_key),
+    )
+    return current_app.response_class(html, mimetype="text/html")
+
+
+def _model_view(name: str, model: Any) -> dict[str, Any]:
+    versions = [_version_view(mv) for _, mv in sorted(model.versions.items(), reverse=True)]
+    serving = next((mv for mv in model.available()[::-1]), None)
+    return {
+        "name": name,
+        "versions": versions,
+        "labels": dict(model.config.labels),
+        "config_error": model.config_error,
+        "unloaded": model.unloaded,
+        "examples": _examples(name, serving) if serving else {},
+    }
+
+
+def _version_view(mv: ModelVersion) -> dict[str, Any]:
+    return {
+        "version": mv.version,
+        "state": mv.state.value,
+        "error": mv.error,
+        "load_seconds": round(mv.load_seconds, 3),
+        "platform": mv.metadata.platform,
+        "signatures": {
+            name: {"inputs": [_spec(t) for t in sig.inputs], "outputs": [_spec(t) for t in sig.outputs],
+                   "method": sig.method_name}
+            for name, sig in mv.metadata.signatures.items()
+        },
+    }
+
+
+def _spec(t: TensorSpec) -> str:
+    shape = "?" if t.shape is None else "[" + ", ".join(str(d) for d in t.shape) + "]"
+    return f"{t.name}: {t.datatype} {shape}"
+
+
+def _examples(name: str, mv: ModelVersion) -> dict[str, Any]:
+    """Example bodies for the form: one row of zeros shaped like the default signature."""
+    signature = mv.metadata.signature()
+    if signature is None or not signature.inputs:
+        return {
+            f"/v1/models/{name}:predict": {"instances": [[0.0]]},
+            f"/v2/models/{name}/infer": {"inputs": [{"name": "input_0", "shape": [1, 1],
+                                                     "datatype": "FP32", "data": [0.0]}]},
+        }
+    return {
+        f"/v1/models/{name}:predict": {"instances": [_v1_row(signature)]},
+        f"/v2/models/{name}/infer": {"inputs": [_v2_tensor(t) for t in signature.inputs]},
+    }
+
+
+def _row_shape(t: TensorSpec) -> list[int]:
+    dims = list(t.shape or [-1])[1:]
+    return [d if d > 0 else 1 for d in dims]
+
+
+def _zeros(shape: list[int], datatype: str) -> Any:
+    zero = _ZERO.get(datatype, 0.0 if datatype.startswith("FP") else 0)
+    value: Any = zero
+    for d in reversed(shape):
+        value = [value] * d
+    return value
+
+
+def _v1_row(signature: Signature) -> Any:
+    if len(signature.inputs) == 1:
+        t = signature.inputs[0]
+        return _zeros(_row_shape(t), t.datatype)
+    return {t.name: _zeros(_row_shape(t), t.datatype) for t in signature.inputs}
+
+
+def _v2_tensor(t: TensorSpec) -> dict[str, Any]:
+    shape = [1, *_row_shape(t)]
+    count = 1
+    for d in shape:
+        count *= d
+    zero = _ZERO.get(t.datatype, 0.0 if t.datatype.startswith("FP") else 0)
+    return {"name": t.name, "shape": shape, "datatype": t.datatype, "data": [zero] * count}
