@@ -328,3 +328,15 @@ def test_version_policies(tmp_path, servekit_app, policy, versions):
     status = client.get(f"/v1/models/{TWO}").get_json()
     assert [v["version"] for v in status["model_version_status"]] == versions
     assert all(v["state"] == "AVAILABLE" for v in status["model_version_status"])
+
+
+def test_tf_serving_image_environment(tf_repo):
+    """The document's `docker run -e MODEL_BASE_PATH=... -e MODEL_NAME=...`, with no path given."""
+    from servekit.testing import ServerProcess
+
+    env = {"MODEL_BASE_PATH": str(tf_repo), "MODEL_NAME": THREE}
+    with ServerProcess(env=env, workers=1) as server:
+        r = post(server, f"/v1/models/{THREE}:predict", {"instances": [1.0, 2.0, 5.0]})
+        assert r.json() == {"predictions": [3.5, 4.0, 5.5]}
+        models = requests.get(f"{server.url}/v1/models/{TWO}", timeout=10)
+        assert models.status_code == 404  # only MODEL_NAME is served

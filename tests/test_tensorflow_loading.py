@@ -154,3 +154,15 @@ def test_pbtxt_saved_model(tmp_path):
         assert out["y"].tolist() == [5.0]
     finally:
         plugin.unload(model=model)
+
+
+def test_an_input_with_a_default_may_be_left_out():
+    """TF2 signatures may give inputs defaults (here x = [0.0]); TF Serving then lets them be omitted."""
+    model = plugin.load(path=TF_DATA / "saved_model_half_plus_two_tf2_cpu" / "00000123", config=ModelConfig())
+    try:
+        out = plugin.predict(inputs={}, model=model, signature_name=None, output_names=None)
+        assert out["y"].tolist() == [2.0]
+        with pytest.raises(BadRequest, match="missing input"):
+            plugin.predict(inputs={}, model=model, signature_name="regress_x2_to_y3", output_names=None)
+    finally:
+        plugin.unload(model=model)
