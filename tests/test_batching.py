@@ -334,6 +334,19 @@ def test_batcher_for_honours_config_and_flags(servekit_app, tmp_path):
     assert batcher is not None and batcher.max_batch_size == 16 and batcher.max_wait == pytest.approx(0.003)
 
 
+def test_a_wrapper_around_predict_does_not_count_as_streaming(servekit_app, tmp_path):
+    from tests.conftest import fit_iris
+
+    fit_iris(tmp_path / "iris")
+    wrapper = tmp_path / "timing_plugin.py"
+    wrapper.write_text(
+        "import servekit\n\n\n@servekit.hookimpl(wrapper=True)\ndef predict(inputs):\n"
+        "    result = yield\n    return result\n"
+    )
+    dp = servekit_app(tmp_path / "iris", plugin=[str(wrapper)], max_batch_size=8).application.extensions["servekit"]
+    assert batching.batcher_for(dp.resolve("iris")) is not None
+
+
 def test_real_server_batches_concurrent_requests_from_v1_and_generic_routes(servekit_server, recorder_dir):
     server = servekit_server(recorder_dir, threads=16)
     marker = Path(

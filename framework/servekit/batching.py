@@ -344,7 +344,11 @@ def _streams(mv: Any) -> bool:
     hooks = getattr(mv, "hooks", None)
     if hooks is None:
         return False
-    return any(inspect.isgeneratorfunction(impl.function) for impl in hooks.predict.get_hookimpls())
+    return any(
+        inspect.isgeneratorfunction(impl.function)
+        for impl in hooks.predict.get_hookimpls()
+        if not (impl.wrapper or impl.hookwrapper)  # wrappers are generators by design
+    )
 
 
 def options_key(
