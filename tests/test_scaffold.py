@@ -1,0 +1,178 @@
+"""``servekit new`` end to end, for every framework choice.
+
+Each generated project is baked with the real CLI, its requirements are
+installed only if already satisfied (``pip --no-index``: nothing is downloaded),
+its own tests run in a subprocess, and it is served twice: by ``servekit serve``
+and by the image's start command (the Dockerfile's ``CMD``, run directly here
+because there is no Docker engine) with the ``SERVEKIT_*`` variables the image sets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from servekit.testing import ServerProcess, free_port
+
+HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+COMMON = {
+    ".dockerignore", ".gitignore", "Dockerfile", "README.md", "deploy/kserve.yaml", "deploy/kubernetes.yaml",
+    "gunicorn.conf.py", "model.py", "requests/v1-predict.json", "requests/v2-infer.json", "requirements.txt",
+    "servekit.yaml", "tests/conftest.py", "tests/test_model.py", "train.py",
+}
+EXTRA_FILES = {"huggingface": {"requests/openai-embeddings.json"}}
+#: What the first row of requests/v1-predict.json must come back as.
+FIRST_PREDICTION = {
+    "sklearn": lambda p: p["label"] == "setosa",
+    "torch": lambda p: p["class"] == 0,
+    "tensorflow": lambda p: abs(p - 2.5) < 1e-4,
+    "huggingface": lambda p: p["label"] == "positive",
+    "custom": lambda p: abs(p - 2.5) < 1e-4,
+}
+
+
+def bake(out: Path, *answers: str, plugin: bool = False) -> Path:
+    args = [sys.executable, "-m", "servekit", "new", "--no-input", "--output-dir", str(out)]
+    if plugin:
+        args.append("--plugin")
+    for answer in answers:
+        args += ["--set", answer]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return Path(result.stdout.strip().rsplit("created ", 1)[1])
+
+
+def files_in(folder: Path) -> set[str]:
+    return {
+        str(p.relative_to(folder)) for p in folder.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and ".pytest_cache" not in p.parts
+    }
+
+
+def start_command(project: Path) -> list[str]:
+    """The Dockerfile's CMD, with the image's /app paths pointed at the project."""
+    cmd_line = [line for line in (project / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")][-1]
+    command = json.loads(cmd_line[len("CMD "):])
+    assert command[:2] == ["/bin/sh", "-c"] and command[2].startswith("exec gunicorn ")
+    return [*command[:2], command[2].replace("/app/gunicorn.conf.py", str(project / "gunicorn.conf.py"))]
+
+
+def image_env(project: Path, port: int) -> dict[str, str]:
+    """The ENV the Dockerfile sets, with the model folder and ports of this machine."""
+    text = (project / "Dockerfile").read_text()
+    model_name = re.search(r"SERVEKIT_MODEL_NAME=(\S+)", text).group(1)
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONUNBUFFERED": "1",
+        "SERVEKIT_PATHS": str(project),
+        "SERVEKIT_MODEL_NAME": model_name,
+        "SERVEKIT_HOST": "127.0.0.1",
+        "SERVEKIT_HTTP_PORT": str(port),
+        "SERVEKIT_GRPC_PORT": "0",
+    }
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-5000:]
+        try:
+            if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(log.read_text()[-5000:])
+
+
+@pytest.mark.parametrize("framework", ["sklearn", "torch", "tensorflow", "huggingface", "custom"])
+def test_container_template(tmp_path, framework):
+    project = bake(tmp_path, f"project_name=Demo {framework}", f"framework={framework}")
+    assert project == tmp_path / f"demo-{framework}"
+    assert files_in(project) == COMMON | EXTRA_FILES.get(framework, set())
+    assert "_frameworks" not in os.listdir(project)
+    lint = subprocess.run([HADOLINT, "--no-color", str(project / "Dockerfile")], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+
+    # Install the project's requirements only if they are already satisfied (no download).
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-index", "-q", "-r", str(project / "requirements.txt")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+
+    # The project's own tests (they train version 1 into 1/ first).
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project, capture_output=True, text=True, timeout=600,
+    )
+    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
+    assert re.search(r"\d+ passed", tests.stdout) and " failed" not in tests.stdout
+    assert (project / "1").is_dir()
+
+    model = f"demo-{framework}"
+    v1_body = json.loads((project / "requests" / "v1-predict.json").read_text())
+    v2_body = json.loads((project / "requests" / "v2-infer.json").read_text())
+
+    # `servekit serve` answers V1 predict and V2 infer.
+    with ServerProcess(project, model_name=model, workers=1) as server:
+        answer = requests.post(f"{server.url}/v1/models/{model}:predict", json=v1_body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert FIRST_PREDICTION[framework](answer.json()["predictions"][0]), answer.json()
+        infer = requests.post(f"{server.url}/v2/models/{model}/infer", json=v2_body, timeout=60)
+        assert infer.status_code == 200, infer.text
+        assert {o["name"] for o in infer.json()["outputs"]}
+
+    # The image's start command, run directly with the image's variables.
+    port = free_port()
+    log = tmp_path / "gunicorn.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(start_command(project), env=image_env(project, port), cwd=tmp_path,
+                                stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, log)
+        answer = requests.post(f"{url}/v1/models/{model}:predict", json=v1_body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert FIRST_PREDICTION[framework](answer.json()["predictions"][0]), answer.json()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, log.read_text()[-5000:]  # gunicorn as PID 1 drains and exits cleanly on SIGTERM
+    assert "Booting worker" in log.read_text()  # its log went to stdout/stderr
+
+
+def test_gpu_project_gets_a_cuda_image(tmp_path):
+    project = bake(tmp_path, "project_name=Gpu Demo", "framework=torch", "gpu=yes")
+    dockerfile = (project / "Dockerfile").read_text()
+    assert "nvidia/cuda:" in dockerfile and "download.pytorch.org/whl/cu126" in dockerfile
+    assert "nvidia.com/gpu: 1" in (project / "deploy" / "kubernetes.yaml").read_text()
+    assert "device: cuda" in (project / "servekit.yaml").read_text()
+    lint = subprocess.run([HADOLINT, "--no-color", str(project / "Dockerfile")], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+
+
+def test_build_rerenders_a_generated_project(tmp_path):
+    project = bake(tmp_path, "project_name=Rebuild", "framework=custom")
+    before = (project / "Dockerfile").read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "servekit", "build", str(project), "--gpu", "--no-docker", "--tag", "rebuild:2"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    after = (project / "Dockerfile").read_text()
+    assert "python:${PYTHON_VERSION}-slim" in before and "nvidia/cuda" in after
+    assert "SERVEKIT_MODEL_NAME=rebuild" in after
+    assert "docker build --tag rebuild:2" in result.stdout
