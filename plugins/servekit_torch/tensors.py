@@ -151,6 +151,13 @@ def _cast(array: np.ndarray, target: np.dtype, name: str, datatype: str) -> np.n
         if np.any(np.isfinite(array) & ~np.isfinite(converted)):
             raise BadRequest(f"input {name!r}: values overflow {datatype}")
         return converted
+    if array.dtype.kind in "iu" and target.kind in "iu" and array.size:
+        # same-width signed/unsigned casts wrap around and back again: compare ranges
+        info = np.iinfo(target)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise BadRequest(f"input {name!r}: value {bad.item()!r} is out of the range of {datatype}")
     with np.errstate(all="ignore"):
         back = converted.astype(array.dtype)
     same = back == array
