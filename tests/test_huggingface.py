@@ -1,0 +1,215 @@
+"""The Hugging Face plugin in-process: recognising folders, generation (seeds,
+sampling, stop sequences, context limits, streaming that stops when closed,
+concurrency) and embeddings (pooling matching sentence-transformers, limits).
+
+CUDA is not exercised here (CPU-only machines); ``device: cuda`` without CUDA
+is checked to fail with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from generative_models import build_tiny_gpt2, minilm_folder
+
+from servekit.errors import BadRequest
+from servekit.generation import GenerationRequest
+from servekit.types import ModelConfig
+
+torch = pytest.importorskip("torch")
+from servekit_huggingface import loader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gpt_dir(tmp_path_factory) -> Path:
+    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt", n_positions=64)
+
+
+@pytest.fixture(scope="module")
+def gpt(gpt_dir):
+    return loader.load_folder(gpt_dir, ModelConfig())
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return loader.load_folder(minilm_folder(), ModelConfig())
+
+
+def request(prompt="hello world", **kw) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, **kw)
+
+
+def generator_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "servekit-hf-generate"]
+
+
+# -- recognising folders ---------------------------------------------------------------------
+
+
+def test_other_folders_are_left_to_other_plugins(tmp_path):
+    assert loader.load_folder(tmp_path, ModelConfig()) is None
+    (tmp_path / "config.json").write_text(json.dumps({"hidden": 3}))  # not a transformers config
+    assert loader.load_folder(tmp_path, ModelConfig()) is None
+    assert loader.load_folder(tmp_path, ModelConfig(plugin="sklearn")) is None
+    with pytest.raises(loader.LoadError, match="no config.json with a model_type"):
+        loader.load_folder(tmp_path, ModelConfig(plugin="huggingface"))
+
+
+def test_pickle_weights_and_missing_tokenizer_are_clear_errors(tmp_path, gpt_dir):
+    (tmp_path / "config.json").write_text((gpt_dir / "config.json").read_text())
+    (tmp_path / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(loader.LoadError, match="pytorch_model.bin: pickle weights are not loaded"):
+        loader.load_folder(tmp_path, ModelConfig())
+    shutil.copy(gpt_dir / "model.safetensors", tmp_path)
+    with pytest.raises(loader.LoadError, match="no tokenizer files"):
+        loader.load_folder(tmp_path, ModelConfig())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_cuda_without_cuda_fails_clearly(gpt_dir):
+    with pytest.raises(loader.LoadError, match="CUDA is not available"):
+        loader.load_folder(gpt_dir, ModelConfig(device="cuda"))
+
+
+def test_task_is_guessed_and_can_be_set(gpt, minilm, gpt_dir):
+    assert type(gpt).__name__ == "CausalLM" and gpt.device == "cpu" and gpt.context == 64
+    assert type(minilm).__name__ == "Encoder" and minilm.pooling == ["mean"] and minilm.max_length == 256
+    as_encoder = loader.load_folder(gpt_dir, ModelConfig(options={"task": "embed"}))
+    assert type(as_encoder).__name__ == "Encoder"
+    with pytest.raises(loader.LoadError, match="options.task"):
+        loader.load_folder(gpt_dir, ModelConfig(options={"task": "classify"}))
+
+
+# -- generation ------------------------------------------------------------------------------
+
+
+def test_greedy_result_counts_tokens(gpt):
+    result = gpt.complete(request(max_tokens=7, temperature=0))
+    assert result.prompt_tokens == len(gpt.tokenizer("hello world")["input_ids"])
+    assert result.completion_tokens <= 7
+    assert result.finish_reason in ("stop", "length")
+    again = gpt.complete(request(max_tokens=7, temperature=0))
+    assert again.text == result.text
+
+
+def test_seeded_sampling_is_reproducible_under_concurrency(gpt):
+    def sample(seed):
+        return gpt.complete(request(max_tokens=20, temperature=1.0, seed=seed)).text
+
+    with ThreadPoolExecutor(6) as pool:
+        texts = list(pool.map(sample, [5, 6, 5, 6, 5, 6]))
+    assert texts[0::2] == [texts[0]] * 3 and texts[1::2] == [texts[1]] * 3
+    assert texts[0] != texts[1]
+
+
+def test_tiny_top_p_is_greedy(gpt):
+    greedy = gpt.complete(request(max_tokens=10, temperature=0)).text
+    assert gpt.complete(request(max_tokens=10, temperature=1.0, top_p=1e-9, seed=3)).text == greedy
+    assert gpt.complete(request(max_tokens=10, temperature=1.5, seed=3, options={"top_k": 1})).text == greedy
+
+
+def test_stop_sequence_ends_generation_early(gpt):
+    full = gpt.complete(request(max_tokens=30, temperature=0))
+    if len(full.text) < 6:
+        pytest.skip("the random model ended too early")
+    stop = full.text[3:6]
+    cut = gpt.complete(request(max_tokens=30, temperature=0, stop=[stop]))
+    assert cut.completion_tokens < full.completion_tokens or full.completion_tokens <= 3
+    assert stop in cut.text  # the plugin stops; the framework cuts the text exactly
+
+
+def test_context_limits_and_unsupported_penalties(gpt):
+    with pytest.raises(BadRequest, match="context"):
+        gpt.complete(request(max_tokens=100))
+    with pytest.raises(BadRequest, match="context holds 64"):
+        gpt.complete(request(prompt="hello world " * 40))
+    with pytest.raises(BadRequest, match="repetition_penalty"):
+        gpt.complete(request(options={"presence_penalty": 0.5}))
+    # no max_tokens: the rest of the context
+    result = gpt.complete(request(prompt="hi", temperature=0, stop=[]))
+    assert result.prompt_tokens + result.completion_tokens <= 64
+
+
+def test_stream_matches_whole_text_and_reports_usage(gpt):
+    whole = gpt.complete(request(max_tokens=12, temperature=0))
+    chunks = list(gpt.complete(request(max_tokens=12, temperature=0, stream=True)))
+    assert "".join(c.text for c in chunks) == whole.text
+    assert chunks[-1].finish_reason == whole.finish_reason
+    assert chunks[-1].completion_tokens == whole.completion_tokens
+    assert not generator_threads()
+
+
+def test_closing_a_stream_stops_the_generate_thread(gpt):
+    stream = gpt.complete(request(prompt="a", max_tokens=60, temperature=1.0, seed=1, stream=True))
+    got = [next(stream), next(stream)]
+    assert len(generator_threads()) == 1
+    stream.close()  # what the server does when the client disconnects
+    assert not generator_threads()
+    assert all(c.text for c in got)
+
+
+def test_max_concurrent_generations_still_serves_everyone(gpt_dir):
+    limited = loader.load_folder(gpt_dir, ModelConfig(options={"max_concurrent_generations": 1}))
+    with ThreadPoolExecutor(4) as pool:
+        texts = list(pool.map(lambda _: limited.complete(request(max_tokens=5, temperature=0)).text, range(4)))
+    assert len(set(texts)) == 1
+    with pytest.raises(ValueError, match="max_concurrent_generations"):
+        loader.load_folder(gpt_dir, ModelConfig(options={"max_concurrent_generations": 0}))
+
+
+def test_attributions_cover_every_prompt_token(gpt):
+    out = gpt.attributions("hello world")
+    assert len(out["tokens"]) == len(out["attributions"]) == len(gpt.tokenizer("hello world")["input_ids"])
+    assert all(p.grad is None for p in gpt.model.parameters())  # no gradient left on the weights
+
+
+# -- embeddings ------------------------------------------------------------------------------
+
+
+def test_minilm_matches_sentence_transformers(minilm):
+    st = pytest.importorskip("sentence_transformers")
+    sentences = ["A man is eating food.", "The stock market fell today."]
+    expected = st.SentenceTransformer(str(minilm_folder()), device="cpu").encode(sentences)
+    got = minilm.embed(sentences)
+    assert got.shape == (2, 384)
+    assert np.allclose(got, expected, atol=1e-5)
+
+
+def test_too_long_input_is_refused_unless_truncation_is_on(minilm):
+    with pytest.raises(BadRequest, match="at most 256"):
+        minilm.embed(["word " * 400])
+    truncating = loader.load_folder(minilm_folder(), ModelConfig(options={"truncate": True}))
+    assert truncating.embed(["word " * 400]).shape == (1, 384)
+
+
+def test_batches_give_the_same_vectors(minilm):
+    texts = [f"sentence number {i}" for i in range(5)]
+    minilm.batch_size = 2
+    try:
+        batched = minilm.embed(texts)
+    finally:
+        minilm.batch_size = 32
+    assert np.allclose(batched, minilm.embed(texts), atol=1e-5)
+
+
+# -- through the app -------------------------------------------------------------------------
+
+
+def test_completion_with_explain_through_the_app(gpt_dir):
+    from servekit.server.app import create_app
+    from servekit.settings import Settings
+
+    app = create_app(Settings(paths=[str(gpt_dir)], poll_interval=0), start=False)
+    app.extensions["servekit"].repository.load_now()
+    r = app.test_client().post("/completions", json={"prompt": ["hello world"], "explain": True, "max_tokens": 3},
+                               buffered=True)
+    assert r.status_code == 200, r.json
+    (explanation,) = r.json["explanations"]
+    assert len(explanation["tokens"]) == len(explanation["attributions"])
+    assert isinstance(explanation["target"], str)
