@@ -43,6 +43,11 @@ def piece(state, model="echo", split=None, single=False, **tensors) -> predict_p
     return request
 
 
+def signature(request: predict_pb2.PredictRequest, name: str) -> predict_pb2.PredictRequest:
+    request.model_spec.signature_name = name
+    return request
+
+
 def run(stub, *requests) -> list[dict[str, np.ndarray]]:
     responses = stub.PredictStreamed(iter(requests), timeout=30)
     return [{n: tensor_proto.to_numpy(t) for n, t in r.outputs.items()} for r in responses]
@@ -142,6 +147,13 @@ def test_split_map_may_come_with_any_piece(stub):
     assert out["x"].tolist() == [1, 2]
 
 
+def test_later_pieces_may_leave_model_spec_out(stub):
+    second = piece(END_SPLIT, split={"x": 0}, x=[2])
+    second.ClearField("model_spec")
+    (out,) = run(stub, piece(SPLIT, split={"x": 0}, x=[1]), second)
+    assert out["x"].tolist() == [1, 2]
+
+
 def test_split_dimensions_are_ignored_for_none(stub):
     (out,) = run(stub, piece(NONE, split={"x": 5}, x=[1, 2]))
     assert out["x"].tolist() == [1, 2]
@@ -161,10 +173,12 @@ def test_split_dimensions_are_ignored_for_none(stub):
     [piece(SPLIT, split={"x": 0}, x=np.array([1], np.int32)), piece(END_SPLIT, split={"x": 0}, x=np.array([1.0]))],
     # pieces of one turn addressing different models
     [piece(SPLIT, split={"x": 0}, x=[1]), piece(END_SPLIT, model="iris", split={"x": 0}, x=[2])],
+    # or different signatures
+    [piece(SPLIT, split={"x": 0}, x=[1]), signature(piece(END_SPLIT, split={"x": 0}, x=[2]), "other")],
     # return_single_response changing within the stream
     [piece(END_SPLIT, x=[1]), piece(END_SPLIT, single=True, x=[2])],
 ], ids=["dim-past-rank", "negative-dim", "shape-mismatch", "missing-input", "dims-disagree", "dtype-mismatch",
-        "different-models", "single-response-changes"])
+        "different-models", "different-signatures", "single-response-changes"])
 def test_invalid_splits(stub, pieces):
     refused(stub, *pieces)
 
