@@ -100,6 +100,40 @@ def embed(texts):
     return [[float(len(t)), float(t.count("a")), 1.0] for t in texts]
 '''
 
+#: A model.py with its own tokenizer: tokens are "-"-separated parts, the chat
+#: template writes "[role]content" and refuses the developer role; the reply
+#: echoes the prompt it was given, without token counts.
+TOKENIZER_MODEL_PY = '''
+import servekit
+
+class DashTokenizer:
+    chat_template = "[role]content"
+
+    def encode(self, text, add_special_tokens=False):
+        return text.split("-")
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **kwargs):
+        if any(m["role"] == "developer" for m in messages):
+            raise ValueError("this template has no developer role")
+        text = "".join(f"[{m['role']}]{m['content']}" for m in messages)
+        return text + ("[assistant]" if add_generation_prompt else "") + kwargs.get("suffix", "")
+
+class Dashed:
+    tokenizer = DashTokenizer()
+
+@servekit.hookimpl
+def load():
+    return Dashed()
+
+@servekit.hookimpl
+def tokenizer(model):
+    return model.tokenizer
+
+@servekit.hookimpl
+def complete(request):
+    return request.prompt
+'''
+
 #: A streaming predict model.py.  ``parameters.mode``:
 #: "count" yields ``parameters.n`` items; "forever" yields until closed and writes
 #: its progress to PROGRESS_FILE; "barrier" waits until ``parameters.parties``

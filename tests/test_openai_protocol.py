@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import sseclient
 from conftest import fit_iris
-from generative_models import ECHO_MODEL_PY, write_model
+from generative_models import ECHO_MODEL_PY, TOKENIZER_MODEL_PY, write_model
 
 from servekit.generation import StopScanner, cut_at_stop
 
@@ -22,6 +22,7 @@ from servekit.generation import StopScanner, cut_at_stop
 def repo(tmp_path_factory):
     base = tmp_path_factory.mktemp("openai-repo")
     write_model(base / "echo", ECHO_MODEL_PY)
+    write_model(base / "dashed", TOKENIZER_MODEL_PY)
     fit_iris(base / "iris")
     return base
 
@@ -230,6 +231,20 @@ def test_chat_without_tokenizer_uses_the_documented_fallback_format(client):
     assert choice["finish_reason"] == "stop"
 
 
+def test_chat_uses_the_tokenizer_hook_for_template_and_usage(client):
+    messages = [{"role": "system", "content": "a-b"}, {"role": "user", "content": "c"}]
+    r = client.post("/v1/chat/completions", json={"model": "dashed", "messages": messages,
+                                                  "chat_template_kwargs": {"suffix": "-!"}})
+    assert r.status_code == 200, r.json
+    assert r.json["choices"][0]["message"]["content"] == "[system]a-b[user]c[assistant]-!"
+    # the model reported no counts: the tokenizer counts "-"-separated parts
+    assert r.json["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    r = client.post("/v1/chat/completions", json={"model": "dashed",
+                                                  "messages": [{"role": "developer", "content": "x"}]})
+    assert r.status_code == 400
+    assert "chat template rejected the messages: this template has no developer role" in r.json["error"]["message"]
+
+
 def test_chat_reasoning_content(client):
     r = client.post("/v1/chat/completions", json={"model": "echo", "messages": [{"role": "user", "content": "think"}]})
     assert r.json["choices"][0]["message"]["reasoning_content"] == "pondering"
@@ -360,7 +375,7 @@ def test_model_list_and_model_objects_under_every_prefix(client):
         r = client.get(f"{prefix}/models")
         assert r.status_code == 200
         assert r.json["object"] == "list"
-        assert [m["id"] for m in r.json["data"]] == ["echo", "iris"]
+        assert [m["id"] for m in r.json["data"]] == ["dashed", "echo", "iris"]
         assert all(m["object"] == "model" and m["owned_by"] == "servekit" for m in r.json["data"])
         r = client.get(f"{prefix}/models/echo")
         assert r.json["id"] == "echo" and r.json["object"] == "model"
