@@ -32,6 +32,15 @@ def test_numbers_are_a_clear_400(client):
     assert "expected strings" in response.get_json()["error"]
 
 
+def test_openai_embeddings(client):
+    body = json.loads((PROJECT / "requests" / "openai-embeddings.json").read_text())
+    response = client.post("/v1/embeddings", json=body)
+    assert response.status_code == 200, response.get_json()
+    data = response.get_json()["data"]
+    assert [d["index"] for d in data] == [0, 1]
+    assert len(data[0]["embedding"]) == 32 and data[0]["embedding"] != data[1]["embedding"]
+
+
 def test_served_by_gunicorn(server):
     request = urllib.request.Request(
         server.url + PREDICT, data=json.dumps(SAMPLE).encode(), headers={"Content-Type": "application/json"}
