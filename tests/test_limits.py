@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hardening_models import hardening_repo
-
 from servekit.limits import LimitsMiddleware
 from servekit.server.app import is_open_path
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
-
 from logging import getLogger  # the name `logging` is our submodule here
+from typing import Any
 
 from flask import Flask, request
 
