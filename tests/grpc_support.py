@@ -13,11 +13,10 @@ import shutil
 from pathlib import Path
 
 from conftest import TF_DATA, fit_iris, fit_regressor
-
 from servekit.testing import ServerProcess
 
 #: Returns its inputs unchanged: every dtype round-trips through the wire formats.
-ECHO_MODEL = '''
+ECHO_MODEL = """
 import servekit
 
 @servekit.hookimpl
@@ -27,10 +26,10 @@ def load(path):
 @servekit.hookimpl
 def predict(inputs):
     return dict(inputs) if isinstance(inputs, dict) else {"output_0": inputs}
-'''
+"""
 
 #: A streaming model: yields ``{"y": 2 * x[i:i+1]}`` for each row i of input ``x``.
-CHUNKS_MODEL = '''
+CHUNKS_MODEL = """
 import servekit
 
 @servekit.hookimpl
@@ -41,7 +40,7 @@ def load(path):
 def predict(inputs):
     x = inputs["x"]
     return ({"y": x[i:i + 1] * 2} for i in range(len(x)))
-'''
+"""
 
 TF_MODELS = ("saved_model_half_plus_two_2_versions", "saved_model_half_plus_three")
 HALF_PLUS_TWO = TF_MODELS[0]
@@ -56,7 +55,9 @@ def tf_plugin_installed() -> bool:
 def build_repo(base: Path) -> Path:
     fit_iris(base / "iris", 1)
     fit_iris(base / "iris", 2)
-    (base / "iris" / "servekit.yaml").write_text("version_policy: all\nlabels: {stable: 1, canary: 2}\n")
+    (base / "iris" / "servekit.yaml").write_text(
+        "version_policy: all\nlabels: {stable: 1, canary: 2}\n"
+    )
     fit_regressor(base / "linear")
     for name, source in (("echo", ECHO_MODEL), ("chunks", CHUNKS_MODEL)):
         (base / name / "1").mkdir(parents=True)

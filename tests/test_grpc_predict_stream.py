@@ -12,9 +12,11 @@ import grpc
 import numpy as np
 import pytest
 from grpc_support import shared_server
-
 from servekit.codecs import tensor_proto
-from servekit.protocols.grpc.protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from servekit.protocols.grpc.protos.tensorflow_serving.apis import (
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 
 States = predict_pb2.PredictStreamedOptions
 NONE, SPLIT, END_SPLIT, CANCEL = States.NONE, States.SPLIT, States.END_SPLIT, States.CANCEL
@@ -78,8 +80,12 @@ def test_example_2_lone_end_split(stub):
 
 def test_example_3_split_split_end_split(stub):
     split = {"x": 0}
-    (out,) = run(stub, piece(SPLIT, split=split, x=[[1, 2]]), piece(SPLIT, split=split, x=[[3, 4]]),
-                 piece(END_SPLIT, split=split, x=[[5, 6]]))
+    (out,) = run(
+        stub,
+        piece(SPLIT, split=split, x=[[1, 2]]),
+        piece(SPLIT, split=split, x=[[3, 4]]),
+        piece(END_SPLIT, split=split, x=[[5, 6]]),
+    )
     np.testing.assert_array_equal(out["x"], [[1, 2], [3, 4], [5, 6]])
 
 
@@ -92,8 +98,11 @@ def test_example_5_two_split_turns(stub):
     split = {"x": 0}
     first, second = run(
         stub,
-        piece(SPLIT, split=split, x=[1]), piece(END_SPLIT, split=split, x=[2]),
-        piece(SPLIT, split=split, x=[3]), piece(SPLIT, split=split, x=[4]), piece(END_SPLIT, split=split, x=[5]),
+        piece(SPLIT, split=split, x=[1]),
+        piece(END_SPLIT, split=split, x=[2]),
+        piece(SPLIT, split=split, x=[3]),
+        piece(SPLIT, split=split, x=[4]),
+        piece(END_SPLIT, split=split, x=[5]),
     )
     assert first["x"].tolist() == [1, 2]
     assert second["x"].tolist() == [3, 4, 5]
@@ -110,7 +119,9 @@ def test_incorrect_example_2_split_split_without_end_split(stub):
 
 
 def test_incorrect_example_3_none_inside_splits(stub):
-    refused(stub, piece(SPLIT, x=[1]), piece(NONE, x=[2]), piece(SPLIT, x=[3]), piece(END_SPLIT, x=[4]))
+    refused(
+        stub, piece(SPLIT, x=[1]), piece(NONE, x=[2]), piece(SPLIT, x=[3]), piece(END_SPLIT, x=[4])
+    )
 
 
 def test_incorrect_split_then_none(stub):
@@ -122,13 +133,17 @@ def test_incorrect_split_then_none(stub):
 
 def test_split_dimension_0(stub):
     # the proto's example; each piece keeps the tensor's rank
-    (out,) = run(stub, piece(SPLIT, split={"x": 0}, x=X[:1]), piece(END_SPLIT, split={"x": 0}, x=X[1:]))
+    (out,) = run(
+        stub, piece(SPLIT, split={"x": 0}, x=X[:1]), piece(END_SPLIT, split={"x": 0}, x=X[1:])
+    )
     np.testing.assert_array_equal(out["x"], X)
 
 
 def test_split_dimension_1(stub):
     # the proto's example: [[1, 2], [5, 6]] and [[3, 4], [7, 8]]
-    (out,) = run(stub, piece(SPLIT, split={"x": 1}, x=X[:, :2]), piece(END_SPLIT, split={"x": 1}, x=X[:, 2:]))
+    (out,) = run(
+        stub, piece(SPLIT, split={"x": 1}, x=X[:, :2]), piece(END_SPLIT, split={"x": 1}, x=X[:, 2:])
+    )
     np.testing.assert_array_equal(out["x"], X)
 
 
@@ -159,32 +174,56 @@ def test_split_dimensions_are_ignored_for_none(stub):
     assert out["x"].tolist() == [1, 2]
 
 
-@pytest.mark.parametrize("pieces", [
-    # dimension outside the rank
-    [piece(SPLIT, split={"x": 2}, x=X), piece(END_SPLIT, split={"x": 2}, x=X)],
-    [piece(SPLIT, split={"x": -1}, x=X), piece(END_SPLIT, split={"x": -1}, x=X)],
-    # shapes that do not agree off the split dimension
-    [piece(SPLIT, split={"x": 0}, x=[[1, 2]]), piece(END_SPLIT, split={"x": 0}, x=[[1, 2, 3]])],
-    # a split input missing from a piece
-    [piece(SPLIT, split={"x": 0}, x=[1]), piece(END_SPLIT, split={"x": 0}, y=[2])],
-    # pieces that disagree on the dimension
-    [piece(SPLIT, split={"x": 0}, x=X), piece(END_SPLIT, split={"x": 1}, x=X)],
-    # dtypes that differ between pieces
-    [piece(SPLIT, split={"x": 0}, x=np.array([1], np.int32)), piece(END_SPLIT, split={"x": 0}, x=np.array([1.0]))],
-    # pieces of one turn addressing different models
-    [piece(SPLIT, split={"x": 0}, x=[1]), piece(END_SPLIT, model="iris", split={"x": 0}, x=[2])],
-    # or different signatures
-    [piece(SPLIT, split={"x": 0}, x=[1]), signature(piece(END_SPLIT, split={"x": 0}, x=[2]), "other")],
-    # return_single_response changing within the stream
-    [piece(END_SPLIT, x=[1]), piece(END_SPLIT, single=True, x=[2])],
-], ids=["dim-past-rank", "negative-dim", "shape-mismatch", "missing-input", "dims-disagree", "dtype-mismatch",
-        "different-models", "different-signatures", "single-response-changes"])
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        # dimension outside the rank
+        [piece(SPLIT, split={"x": 2}, x=X), piece(END_SPLIT, split={"x": 2}, x=X)],
+        [piece(SPLIT, split={"x": -1}, x=X), piece(END_SPLIT, split={"x": -1}, x=X)],
+        # shapes that do not agree off the split dimension
+        [piece(SPLIT, split={"x": 0}, x=[[1, 2]]), piece(END_SPLIT, split={"x": 0}, x=[[1, 2, 3]])],
+        # a split input missing from a piece
+        [piece(SPLIT, split={"x": 0}, x=[1]), piece(END_SPLIT, split={"x": 0}, y=[2])],
+        # pieces that disagree on the dimension
+        [piece(SPLIT, split={"x": 0}, x=X), piece(END_SPLIT, split={"x": 1}, x=X)],
+        # dtypes that differ between pieces
+        [
+            piece(SPLIT, split={"x": 0}, x=np.array([1], np.int32)),
+            piece(END_SPLIT, split={"x": 0}, x=np.array([1.0])),
+        ],
+        # pieces of one turn addressing different models
+        [
+            piece(SPLIT, split={"x": 0}, x=[1]),
+            piece(END_SPLIT, model="iris", split={"x": 0}, x=[2]),
+        ],
+        # or different signatures
+        [
+            piece(SPLIT, split={"x": 0}, x=[1]),
+            signature(piece(END_SPLIT, split={"x": 0}, x=[2]), "other"),
+        ],
+        # return_single_response changing within the stream
+        [piece(END_SPLIT, x=[1]), piece(END_SPLIT, single=True, x=[2])],
+    ],
+    ids=[
+        "dim-past-rank",
+        "negative-dim",
+        "shape-mismatch",
+        "missing-input",
+        "dims-disagree",
+        "dtype-mismatch",
+        "different-models",
+        "different-signatures",
+        "single-response-changes",
+    ],
+)
 def test_invalid_splits(stub, pieces):
     refused(stub, *pieces)
 
 
 def test_error_after_a_turn_keeps_the_earlier_response(stub):
-    responses = stub.PredictStreamed(iter([piece(END_SPLIT, x=[1]), piece(NONE, x=[2])]), timeout=30)
+    responses = stub.PredictStreamed(
+        iter([piece(END_SPLIT, x=[1]), piece(NONE, x=[2])]), timeout=30
+    )
     first = next(responses)
     assert tensor_proto.to_numpy(first.outputs["x"]).tolist() == [1]
     with pytest.raises(grpc.RpcError) as info:
@@ -197,7 +236,13 @@ def test_error_after_a_turn_keeps_the_earlier_response(stub):
 
 def test_cancel_drops_held_pieces_and_ends_the_stream(stub):
     # nothing after CANCEL runs, not even a request that would be refused
-    out = run(stub, piece(SPLIT, split={"x": 0}, x=[1]), piece(CANCEL), piece(END_SPLIT, x=[2]), piece(NONE, x=[3]))
+    out = run(
+        stub,
+        piece(SPLIT, split={"x": 0}, x=[1]),
+        piece(CANCEL),
+        piece(END_SPLIT, x=[2]),
+        piece(NONE, x=[3]),
+    )
     assert out == []
 
 
@@ -224,8 +269,21 @@ def test_return_single_response_joins_the_items(stub):
 
 
 def test_responses_carry_the_effective_model_spec(stub):
-    (response,) = stub.PredictStreamed(iter([piece(NONE, model="iris", sepal_length=[5.1], sepal_width=[3.5],
-                                                   petal_length=[1.4], petal_width=[0.2])]), timeout=30)
+    (response,) = stub.PredictStreamed(
+        iter(
+            [
+                piece(
+                    NONE,
+                    model="iris",
+                    sepal_length=[5.1],
+                    sepal_width=[3.5],
+                    petal_length=[1.4],
+                    petal_width=[0.2],
+                )
+            ]
+        ),
+        timeout=30,
+    )
     assert response.model_spec.name == "iris"
     assert response.model_spec.version.value == 2
     assert response.model_spec.signature_name == "serving_default"

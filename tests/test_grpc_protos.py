@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2
 from servekit.protocols.grpc.protos.tensorflow.core.framework import types_pb2
 from servekit.protocols.grpc.protos.tensorflow.core.protobuf import meta_graph_pb2
@@ -25,13 +24,13 @@ from servekit.protocols.grpc.protos.tensorflow_serving.apis import (
 )
 
 tf_apis = pytest.importorskip("tensorflow_serving.apis")
-from tensorflow_serving.apis import get_model_metadata_pb2 as tf_metadata  # noqa: E402
-from tensorflow_serving.apis import get_model_status_pb2 as tf_status  # noqa: E402
-from tensorflow_serving.apis import inference_pb2 as tf_inference  # noqa: E402
-from tensorflow_serving.apis import model_service_pb2 as tf_model_service  # noqa: E402
-from tensorflow_serving.apis import predict_pb2 as tf_predict  # noqa: E402
-from tensorflow_serving.apis import prediction_service_pb2 as tf_prediction_service  # noqa: E402
-from tritonclient.grpc import service_pb2 as triton  # noqa: E402
+from tensorflow_serving.apis import get_model_metadata_pb2 as tf_metadata
+from tensorflow_serving.apis import get_model_status_pb2 as tf_status
+from tensorflow_serving.apis import inference_pb2 as tf_inference
+from tensorflow_serving.apis import model_service_pb2 as tf_model_service
+from tensorflow_serving.apis import predict_pb2 as tf_predict
+from tensorflow_serving.apis import prediction_service_pb2 as tf_prediction_service
+from tritonclient.grpc import service_pb2 as triton
 
 #: Public fields our protos do not declare (a client sending them keeps them as unknown fields).
 NEWER_OR_LEFT_OUT = {
@@ -43,7 +42,10 @@ NEWER_OR_LEFT_OUT = {
 
 PAIRS = [
     (predict_pb2, tf_predict),
-    (inference_pb2, tf_inference),  # imports classification, regression, input, model, example, feature
+    (
+        inference_pb2,
+        tf_inference,
+    ),  # imports classification, regression, input, model, example, feature
     (get_model_metadata_pb2, tf_metadata),  # SignatureDef, TensorInfo, TensorProto
     (get_model_status_pb2, tf_status),
 ]
@@ -81,9 +83,14 @@ def field_table(msg):
     if not hasattr(msg, "fields"):  # an enum
         return {v.name: v.number for v in msg.values}
     return {
-        f.name: (f.number, f.type, f.is_repeated, f.message_type.full_name if f.message_type else None,
-                 f.enum_type.full_name if f.enum_type else None,
-                 f.containing_oneof.name if f.containing_oneof else None)
+        f.name: (
+            f.number,
+            f.type,
+            f.is_repeated,
+            f.message_type.full_name if f.message_type else None,
+            f.enum_type.full_name if f.enum_type else None,
+            f.containing_oneof.name if f.containing_oneof else None,
+        )
         for f in msg.fields
     }
 
@@ -116,7 +123,10 @@ def test_services_match_tensorflow_serving():
     theirs = tf_prediction_service.DESCRIPTOR.services_by_name["PredictionService"]
     assert ours.full_name == theirs.full_name == "tensorflow.serving.PredictionService"
     mine = methods(ours)
-    assert mine.pop("PredictStreamed") == ("tensorflow.serving.PredictRequest", "tensorflow.serving.PredictResponse")
+    assert mine.pop("PredictStreamed") == (
+        "tensorflow.serving.PredictRequest",
+        "tensorflow.serving.PredictResponse",
+    )
     assert mine == methods(theirs)
     model_service = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
     reference = methods(tf_model_service.DESCRIPTOR.services_by_name["ModelService"])
@@ -167,7 +177,10 @@ def test_signature_def_map_any_unpacks_into_the_public_class():
 def test_generated_files_are_up_to_date():
     pytest.importorskip("grpc_tools")
     result = subprocess.run(
-        [sys.executable, "-m", "servekit.protocols.grpc.generate", "--check"], capture_output=True, text=True
+        [sys.executable, "-m", "servekit.protocols.grpc.generate", "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -179,7 +192,9 @@ def test_grpc_needs_no_tensorflow():
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_serving')); "
         "print(bad); sys.exit(1 if bad else 0)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -190,5 +205,7 @@ def test_tensorflow_first_then_ours_in_one_process():
         "import tritonclient.grpc.service_pb2; "
         "import servekit.protocols.grpc.tf_serving, servekit.protocols.grpc.v2; print('ok')"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]

@@ -8,11 +8,13 @@ import grpc
 import numpy as np
 import pytest
 from grpc_support import ECHO_MODEL
-
 from servekit.codecs import tensor_proto
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as v2
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2_grpc as v2_grpc
-from servekit.protocols.grpc.protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from servekit.protocols.grpc.protos.tensorflow_serving.apis import (
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 from servekit.protocols.grpc.server import build_server
 from servekit.server.app import build_dataplane
 from servekit.settings import Settings
@@ -76,13 +78,24 @@ def test_api_key_leaves_health_open(keyed):
     assert stub.ServerReady(v2.ServerReadyRequest(), timeout=30).ready
 
 
-@pytest.mark.parametrize("metadata", [None, [("authorization", "Bearer wrong")], [("authorization", "s3cret")]])
+@pytest.mark.parametrize(
+    "metadata", [None, [("authorization", "Bearer wrong")], [("authorization", "s3cret")]]
+)
 def test_api_key_refuses_inference_without_the_key(keyed, metadata):
     v2_stub = v2_grpc.GRPCInferenceServiceStub(keyed)
     tf_stub = prediction_service_pb2_grpc.PredictionServiceStub(keyed)
-    assert code_of(v2_stub.ModelInfer, infer_request(), metadata=metadata) == grpc.StatusCode.UNAUTHENTICATED
-    assert code_of(v2_stub.ModelMetadata, v2.ModelMetadataRequest(name="echo"), metadata=metadata) == grpc.StatusCode.UNAUTHENTICATED
-    assert code_of(tf_stub.Predict, predict_request(), metadata=metadata) == grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        code_of(v2_stub.ModelInfer, infer_request(), metadata=metadata)
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert (
+        code_of(v2_stub.ModelMetadata, v2.ModelMetadataRequest(name="echo"), metadata=metadata)
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert (
+        code_of(tf_stub.Predict, predict_request(), metadata=metadata)
+        == grpc.StatusCode.UNAUTHENTICATED
+    )
     with pytest.raises(grpc.RpcError) as info:
         list(tf_stub.PredictStreamed(iter([predict_request()]), metadata=metadata, timeout=30))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -91,7 +104,9 @@ def test_api_key_refuses_inference_without_the_key(keyed, metadata):
 def test_api_key_lets_the_key_through(keyed):
     metadata = [("authorization", "Bearer s3cret")]
     v2_stub = v2_grpc.GRPCInferenceServiceStub(keyed)
-    assert v2_stub.ModelInfer(infer_request(), metadata=metadata, timeout=30).raw_output_contents == [bytes(4)]
+    assert v2_stub.ModelInfer(
+        infer_request(), metadata=metadata, timeout=30
+    ).raw_output_contents == [bytes(4)]
     tf_stub = prediction_service_pb2_grpc.PredictionServiceStub(keyed)
     (response,) = tf_stub.PredictStreamed(iter([predict_request()]), metadata=metadata, timeout=30)
     assert tensor_proto.to_numpy(response.outputs["x"]).tolist() == [0, 1, 2]
@@ -125,7 +140,9 @@ def test_every_worker_serves_grpc_on_the_shared_port(echo_repo):
             with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
                 stub = v2_grpc.GRPCInferenceServiceStub(channel)
                 assert stub.ModelInfer(infer_request(), timeout=30).model_name == "echo"
-        listening = re.findall(r"gRPC listening on 127\.0\.0\.1:(\d+) \(worker (\d+)\)", server.output())
+        listening = re.findall(
+            r"gRPC listening on 127\.0\.0\.1:(\d+) \(worker (\d+)\)", server.output()
+        )
     assert len({pid for _, pid in listening}) == 2
     assert {int(port) for port, _ in listening} == {server.grpc_port}
 

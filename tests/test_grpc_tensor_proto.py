@@ -4,20 +4,37 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from servekit.codecs import tensor_proto
 from servekit.errors import BadRequest
 from servekit.protocols.grpc.protos.tensorflow.core.framework import tensor_pb2
 
 tf = pytest.importorskip("tensorflow")
 ml_dtypes = pytest.importorskip("ml_dtypes")
-from tensorflow.core.framework import tensor_pb2 as tf_tensor_pb2  # noqa: E402
+from tensorflow.core.framework import tensor_pb2 as tf_tensor_pb2
 
 DTYPES = [
-    np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,
-    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128,
-    ml_dtypes.bfloat16, ml_dtypes.float8_e5m2, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
-    ml_dtypes.float8_e4m3b11fnuz, ml_dtypes.float8_e5m2fnuz, ml_dtypes.int4, ml_dtypes.uint4,
+    np.float32,
+    np.float64,
+    np.float16,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.bool_,
+    np.complex64,
+    np.complex128,
+    ml_dtypes.bfloat16,
+    ml_dtypes.float8_e5m2,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e4m3fnuz,
+    ml_dtypes.float8_e4m3b11fnuz,
+    ml_dtypes.float8_e5m2fnuz,
+    ml_dtypes.int4,
+    ml_dtypes.uint4,
 ]
 
 #: ``tf.make_ndarray`` reads these from tensor_content only, not from float8_val.
@@ -68,7 +85,9 @@ def test_strings_both_ways():
     value = np.array([[b"a", "caf\u00e9"], [b"\x00\xff", ""]], dtype=object)
     message = tensor_proto.from_numpy(value, tensor_pb2.TensorProto())
     assert to_tf(message).tolist() == [[b"a", "caf\u00e9".encode()], [b"\x00\xff", b""]]
-    decoded = tensor_proto.to_numpy(tensor_pb2.TensorProto.FromString(tf.make_tensor_proto(["x", "yy"]).SerializeToString()))
+    decoded = tensor_proto.to_numpy(
+        tensor_pb2.TensorProto.FromString(tf.make_tensor_proto(["x", "yy"]).SerializeToString())
+    )
     assert decoded.dtype == object and decoded.tolist() == [b"x", b"yy"]
 
 
@@ -91,37 +110,57 @@ def typed(dtype_enum, shape, **fields) -> tensor_pb2.TensorProto:
     return message
 
 
-@pytest.mark.parametrize("message", [
-    typed(1, [2, 3], float_val=[7.0]),
-    typed(1, [2, 3], float_val=[1.0, 2.0]),
-    typed(3, [4], int_val=[]),
-    typed(7, [3], string_val=[b"a"]),
-    typed(8, [2], scomplex_val=[1.0, 2.0]),
-    typed(19, [3], half_val=[15360]),
-], ids=["one-value-fills", "last-value-fills", "empty-is-zeros", "string-fills", "complex-fills", "half-fills"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        typed(1, [2, 3], float_val=[7.0]),
+        typed(1, [2, 3], float_val=[1.0, 2.0]),
+        typed(3, [4], int_val=[]),
+        typed(7, [3], string_val=[b"a"]),
+        typed(8, [2], scomplex_val=[1.0, 2.0]),
+        typed(19, [3], half_val=[15360]),
+    ],
+    ids=[
+        "one-value-fills",
+        "last-value-fills",
+        "empty-is-zeros",
+        "string-fills",
+        "complex-fills",
+        "half-fills",
+    ],
+)
 def test_fewer_values_than_the_shape_fill_as_tensorflow_does(message):
     assert same(tensor_proto.to_numpy(message), to_tf(message))
 
 
-@pytest.mark.parametrize(("message", "fragment"), [
-    (typed(1, [2], float_val=[1.0, 2.0, 3.0]), "room for 2"),
-    (typed(1, [2], tensor_content=b"\x00" * 7), "needs 8"),
-    (typed(6, [1], int_val=[300]), "out of range"),
-    (typed(17, [1], int_val=[-1]), "out of range"),
-    (typed(19, [1], half_val=[70000]), "16-bit"),
-    (typed(8, [1], scomplex_val=[1.0, 2.0, 3.0]), "pairs"),
-    (typed(10, [2], tensor_content=b"\x00\x02"), "0 or 1"),
-    (typed(0, [1]), "DT_INVALID"),
-    (typed(11, [1], int_val=[1]), "DT_QINT8"),
-    (typed(20, [1]), "DT_RESOURCE"),
-    (typed(101, [1], float_val=[1.0]), "reference"),
-    (typed(1, [-1], float_val=[1.0]), "negative"),
-], ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        (typed(1, [2], float_val=[1.0, 2.0, 3.0]), "room for 2"),
+        (typed(1, [2], tensor_content=b"\x00" * 7), "needs 8"),
+        (typed(6, [1], int_val=[300]), "out of range"),
+        (typed(17, [1], int_val=[-1]), "out of range"),
+        (typed(19, [1], half_val=[70000]), "16-bit"),
+        (typed(8, [1], scomplex_val=[1.0, 2.0, 3.0]), "pairs"),
+        (typed(10, [2], tensor_content=b"\x00\x02"), "0 or 1"),
+        (typed(0, [1]), "DT_INVALID"),
+        (typed(11, [1], int_val=[1]), "DT_QINT8"),
+        (typed(20, [1]), "DT_RESOURCE"),
+        (typed(101, [1], float_val=[1.0]), "reference"),
+        (typed(1, [-1], float_val=[1.0]), "negative"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
 def test_bad_tensors_are_refused(message, fragment):
     with pytest.raises(BadRequest) as info:
         tensor_proto.to_numpy(message, "input 'x'")
     assert fragment in info.value.message
-    assert "input 'x'" in info.value.message or fragment in ("DT_INVALID", "DT_QINT8", "DT_RESOURCE", "reference")
+    assert "input 'x'" in info.value.message or fragment in (
+        "DT_INVALID",
+        "DT_QINT8",
+        "DT_RESOURCE",
+        "reference",
+    )
 
 
 def test_unknown_rank_is_refused():

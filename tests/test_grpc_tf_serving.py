@@ -12,8 +12,9 @@ from google.protobuf import json_format
 from grpc_support import shared_server, tf_plugin_installed
 
 tf = pytest.importorskip("tensorflow")
-from tensorflow.core.example import example_pb2, feature_pb2  # noqa: E402
-from tensorflow_serving.apis import (  # noqa: E402
+from conftest import TF_DATA
+from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -23,8 +24,6 @@ from tensorflow_serving.apis import (  # noqa: E402
     prediction_service_pb2_grpc,
     regression_pb2,
 )
-
-from conftest import TF_DATA  # noqa: E402
 
 IRIS_FEATURES = ("sepal_length", "sepal_width", "petal_length", "petal_width")
 SETOSA = [5.1, 3.5, 1.4, 0.2]
@@ -105,9 +104,15 @@ def test_predict_effective_model_spec_latest(predictions):
     assert response.model_spec.signature_name == "serving_default"
 
 
-@pytest.mark.parametrize(("spec", "version"), [
-    ({"version": 1}, 1), ({"version": 2}, 2), ({"version_label": "stable"}, 1), ({"version_label": "canary"}, 2),
-])
+@pytest.mark.parametrize(
+    ("spec", "version"),
+    [
+        ({"version": 1}, 1),
+        ({"version": 2}, 2),
+        ({"version_label": "stable"}, 1),
+        ({"version_label": "canary"}, 2),
+    ],
+)
 def test_predict_version_and_label(predictions, spec, version):
     response = predictions.Predict(iris_request(**spec), timeout=30)
     assert response.model_spec.version.value == version
@@ -153,8 +158,20 @@ def test_predict_bad_output_filter(predictions, wanted):
 
 
 ALL_DTYPES = [
-    np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,
-    np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128,
+    np.float32,
+    np.float64,
+    np.float16,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.bool_,
+    np.complex64,
+    np.complex128,
     tf.bfloat16.as_numpy_dtype,
 ]
 
@@ -174,18 +191,21 @@ def test_predict_strings(predictions):
     assert back.tolist() == value.tolist()
 
 
-@pytest.mark.parametrize(("field", "dtype", "values"), [
-    ("float_val", tf.float32, [1.5, -2.0]),
-    ("int_val", tf.int8, [-128, 127]),
-    ("int_val", tf.uint16, [0, 65535]),
-    ("int64_val", tf.int64, [-(2**63), 2**63 - 1]),
-    ("uint32_val", tf.uint32, [0, 2**32 - 1]),
-    ("uint64_val", tf.uint64, [0, 2**64 - 1]),
-    ("bool_val", tf.bool, [True, False]),
-    ("half_val", tf.float16, [np.float16(1.5).view(np.uint16), np.float16(-2).view(np.uint16)]),
-    ("scomplex_val", tf.complex64, [1.0, 2.0, 3.0, -4.0]),
-    ("dcomplex_val", tf.complex128, [1.0, 2.0, 3.0, -4.0]),
-])
+@pytest.mark.parametrize(
+    ("field", "dtype", "values"),
+    [
+        ("float_val", tf.float32, [1.5, -2.0]),
+        ("int_val", tf.int8, [-128, 127]),
+        ("int_val", tf.uint16, [0, 65535]),
+        ("int64_val", tf.int64, [-(2**63), 2**63 - 1]),
+        ("uint32_val", tf.uint32, [0, 2**32 - 1]),
+        ("uint64_val", tf.uint64, [0, 2**64 - 1]),
+        ("bool_val", tf.bool, [True, False]),
+        ("half_val", tf.float16, [np.float16(1.5).view(np.uint16), np.float16(-2).view(np.uint16)]),
+        ("scomplex_val", tf.complex64, [1.0, 2.0, 3.0, -4.0]),
+        ("dcomplex_val", tf.complex128, [1.0, 2.0, 3.0, -4.0]),
+    ],
+)
 def test_predict_typed_fields_by_dtype(predictions, field, dtype, values):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "echo"
@@ -215,10 +235,16 @@ def test_predict_streaming_model_answers_once_with_items_joined(predictions):
 
 
 def test_predict_with_request_state_none_or_lone_end_split(predictions):
-    for state in (predict_pb2.PredictStreamedOptions.NONE, predict_pb2.PredictStreamedOptions.END_SPLIT):
+    for state in (
+        predict_pb2.PredictStreamedOptions.NONE,
+        predict_pb2.PredictStreamedOptions.END_SPLIT,
+    ):
         request = iris_request()
         request.predict_streamed_options.request_state = state
-        assert outputs(predictions.Predict(request, timeout=30))["predict"].tolist() == [b"setosa", b"virginica"]
+        assert outputs(predictions.Predict(request, timeout=30))["predict"].tolist() == [
+            b"setosa",
+            b"virginica",
+        ]
 
 
 def test_predict_refuses_split_outside_a_stream(predictions):
@@ -229,18 +255,33 @@ def test_predict_refuses_split_outside_a_stream(predictions):
     assert "PredictStreamed" in err.details()
 
 
-@pytest.mark.parametrize(("change", "code"), [
-    (lambda r: setattr(r.model_spec, "name", "nope"), grpc.StatusCode.NOT_FOUND),
-    (lambda r: r.model_spec.version.__setattr__("value", 9), grpc.StatusCode.NOT_FOUND),
-    (lambda r: setattr(r.model_spec, "version_label", "nope"), grpc.StatusCode.NOT_FOUND),
-    (lambda r: r.ClearField("model_spec"), grpc.StatusCode.INVALID_ARGUMENT),
-    (lambda r: setattr(r.model_spec, "name", "broken"), grpc.StatusCode.UNAVAILABLE),
-    (lambda r: setattr(r.model_spec, "signature_name", "nope"), grpc.StatusCode.INVALID_ARGUMENT),
-    (lambda r: setattr(r.inputs["sepal_length"], "tensor_content", b"\x00" * 3), grpc.StatusCode.INVALID_ARGUMENT),
-    (lambda r: setattr(r.inputs["sepal_length"], "dtype", tf.qint8.as_datatype_enum), grpc.StatusCode.INVALID_ARGUMENT),
-    (lambda r: r.inputs["sepal_length"].tensor_shape.__setattr__("unknown_rank", True), grpc.StatusCode.INVALID_ARGUMENT),
-    (lambda r: r.inputs.__delitem__("sepal_length"), grpc.StatusCode.INVALID_ARGUMENT),
-])
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        (lambda r: setattr(r.model_spec, "name", "nope"), grpc.StatusCode.NOT_FOUND),
+        (lambda r: r.model_spec.version.__setattr__("value", 9), grpc.StatusCode.NOT_FOUND),
+        (lambda r: setattr(r.model_spec, "version_label", "nope"), grpc.StatusCode.NOT_FOUND),
+        (lambda r: r.ClearField("model_spec"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda r: setattr(r.model_spec, "name", "broken"), grpc.StatusCode.UNAVAILABLE),
+        (
+            lambda r: setattr(r.model_spec, "signature_name", "nope"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            lambda r: setattr(r.inputs["sepal_length"], "tensor_content", b"\x00" * 3),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            lambda r: setattr(r.inputs["sepal_length"], "dtype", tf.qint8.as_datatype_enum),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (
+            lambda r: r.inputs["sepal_length"].tensor_shape.__setattr__("unknown_rank", True),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        (lambda r: r.inputs.__delitem__("sepal_length"), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
 def test_predict_errors(predictions, change, code):
     request = iris_request()
     change(request)
@@ -291,7 +332,9 @@ def test_classify_with_context(predictions):
     with_context.context.CopyFrom(example(sepal_length=[5.1], sepal_width=[3.5]))
     with_context.examples.append(example(petal_length=[1.4], petal_width=[0.2]))
     # an example's own feature wins over the context's
-    with_context.examples.append(example(petal_length=[5.2], petal_width=[2.3], sepal_length=[6.7], sepal_width=[3.0]))
+    with_context.examples.append(
+        example(petal_length=[5.2], petal_width=[2.3], sepal_length=[6.7], sepal_width=[3.0])
+    )
     response = predictions.Classify(request, timeout=30)
     assert response.model_spec.version.value == 1
     best = [max(c.classes, key=lambda k: k.score).label for c in response.result.classifications]
@@ -338,19 +381,28 @@ REGRESS = "tensorflow/serving/regress"
 def test_multi_inference(predictions):
     request = multi_request(("iris", "", CLASSIFY), ("iris", "classification", CLASSIFY))
     response = predictions.MultiInference(request, timeout=30)
-    assert [r.model_spec.signature_name for r in response.results] == ["serving_default", "classification"]
+    assert [r.model_spec.signature_name for r in response.results] == [
+        "serving_default",
+        "classification",
+    ]
     for result in response.results:
         assert result.WhichOneof("result") == "classification_result"
-        best = [max(c.classes, key=lambda k: k.score).label for c in result.classification_result.classifications]
+        best = [
+            max(c.classes, key=lambda k: k.score).label
+            for c in result.classification_result.classifications
+        ]
         assert best == ["setosa", "virginica"]
 
 
-@pytest.mark.parametrize("tasks", [
-    [],
-    [("iris", "", CLASSIFY), ("linear", "x", REGRESS)],
-    [("iris", "", CLASSIFY), ("iris", "serving_default", CLASSIFY)],
-    [("iris", "", "tensorflow/serving/predict")],
-])
+@pytest.mark.parametrize(
+    "tasks",
+    [
+        [],
+        [("iris", "", CLASSIFY), ("linear", "x", REGRESS)],
+        [("iris", "", CLASSIFY), ("iris", "serving_default", CLASSIFY)],
+        [("iris", "", "tensorflow/serving/predict")],
+    ],
+)
 def test_multi_inference_invalid(predictions, tasks):
     err = rpc_error(predictions.MultiInference, multi_request(*tasks))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
@@ -401,16 +453,25 @@ def test_metadata_packs_a_signature_def_map(predictions, grpc_server):
     assert as_json(response) == rest
 
 
-@pytest.mark.parametrize(("fields", "code"), [
-    ((), grpc.StatusCode.INVALID_ARGUMENT),
-    (("signature_def", "nope"), grpc.StatusCode.INVALID_ARGUMENT),
-])
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ((), grpc.StatusCode.INVALID_ARGUMENT),
+        (("signature_def", "nope"), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+)
 def test_metadata_fields(predictions, fields, code):
-    assert rpc_error(predictions.GetModelMetadata, metadata_request("iris", fields=fields)).code() == code
+    assert (
+        rpc_error(predictions.GetModelMetadata, metadata_request("iris", fields=fields)).code()
+        == code
+    )
 
 
 def test_metadata_unknown_model(predictions):
-    assert rpc_error(predictions.GetModelMetadata, metadata_request("nope")).code() == grpc.StatusCode.NOT_FOUND
+    assert (
+        rpc_error(predictions.GetModelMetadata, metadata_request("nope")).code()
+        == grpc.StatusCode.NOT_FOUND
+    )
 
 
 # -- GetModelStatus ------------------------------------------------------------------------
@@ -428,13 +489,22 @@ def status_request(name, version=None, label=None):
 
 def test_model_status_all_versions(models):
     response = models.GetModelStatus(status_request("iris"), timeout=30)
-    got = [(s.version, get_model_status_pb2.ModelVersionStatus.State.Name(s.state), s.status.error_code)
-           for s in response.model_version_status]
+    got = [
+        (
+            s.version,
+            get_model_status_pb2.ModelVersionStatus.State.Name(s.state),
+            s.status.error_code,
+        )
+        for s in response.model_version_status
+    ]
     assert got == [(2, "AVAILABLE", 0), (1, "AVAILABLE", 0)]
 
 
 def test_model_status_by_version_and_label(models):
-    assert [s.version for s in models.GetModelStatus(status_request("iris", 1), timeout=30).model_version_status] == [1]
+    assert [
+        s.version
+        for s in models.GetModelStatus(status_request("iris", 1), timeout=30).model_version_status
+    ] == [1]
     response = models.GetModelStatus(status_request("iris", label="canary"), timeout=30)
     assert [s.version for s in response.model_version_status] == [2]
 
@@ -445,7 +515,9 @@ def test_model_status_of_a_failed_load(models):
     assert status.status.error_code != 0 and status.status.error_message
 
 
-@pytest.mark.parametrize("request_", [status_request("nope"), status_request("iris", 9), status_request("")])
+@pytest.mark.parametrize(
+    "request_", [status_request("nope"), status_request("iris", 9), status_request("")]
+)
 def test_model_status_errors(models, request_):
     code = rpc_error(models.GetModelStatus, request_).code()
     assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
@@ -455,19 +527,25 @@ def test_model_status_errors(models, request_):
 def test_reload_config_is_unimplemented(channel):
     from tensorflow_serving.apis import model_management_pb2
 
-    err = rpc_error(model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest,
-                    model_management_pb2.ReloadConfigRequest())
+    err = rpc_error(
+        model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest,
+        model_management_pb2.ReloadConfigRequest(),
+    )
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 # -- TensorFlow SavedModels (TF Serving's own test models) ---------------------------------
 
-needs_tf_plugin = pytest.mark.skipif(not tf_plugin_installed(), reason="the servekit_tensorflow plugin is not installed")
+needs_tf_plugin = pytest.mark.skipif(
+    not tf_plugin_installed(), reason="the servekit_tensorflow plugin is not installed"
+)
 HALF_PLUS_TWO = "saved_model_half_plus_two_2_versions"
 
 
 @needs_tf_plugin
-@pytest.mark.parametrize(("spec", "version"), [({}, 124), ({"version": 123}, 123), ({"version_label": "stable"}, 123)])
+@pytest.mark.parametrize(
+    ("spec", "version"), [({}, 124), ({"version": 123}, 123), ({"version_label": "stable"}, 123)]
+)
 def test_tf_predict(predictions, spec, version):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = HALF_PLUS_TWO
@@ -488,13 +566,17 @@ def test_tf_predict_half_plus_three(predictions):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "saved_model_half_plus_three"
     request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.0, 2.0, 5.0], np.float32)))
-    np.testing.assert_allclose(outputs(predictions.Predict(request, timeout=60))["y"], [3.5, 4.0, 5.5])
+    np.testing.assert_allclose(
+        outputs(predictions.Predict(request, timeout=60))["y"], [3.5, 4.0, 5.5]
+    )
 
 
 @needs_tf_plugin
 def test_tf_metadata_matches_tf_serving(predictions):
     response = predictions.GetModelMetadata(metadata_request(HALF_PLUS_TWO, 123), timeout=60)
-    expected = json.loads((TF_DATA / "saved_model_half_plus_two_2_versions_metadata.json").read_text())
+    expected = json.loads(
+        (TF_DATA / "saved_model_half_plus_two_2_versions_metadata.json").read_text()
+    )
     for signature in expected["metadata"]["signature_def"]["signature_def"].values():
         if not signature.get("defaults"):
             signature.pop("defaults", None)
@@ -511,7 +593,10 @@ def test_tf_classify_and_regress(predictions):
     classify.model_spec.name = HALF_PLUS_TWO
     classify.model_spec.signature_name = "classify_x_to_y"
     with_x(classify.input)
-    scores = [c.classes[0].score for c in predictions.Classify(classify, timeout=60).result.classifications]
+    scores = [
+        c.classes[0].score
+        for c in predictions.Classify(classify, timeout=60).result.classifications
+    ]
     assert scores == pytest.approx([2.5, 3.0])
 
     regress = regression_pb2.RegressionRequest()

@@ -10,11 +10,15 @@ import pytest
 from grpc_support import HALF_PLUS_TWO, shared_server, tf_plugin_installed
 
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
-from tritonclient.grpc import InferenceServerClient, InferInput, InferRequestedOutput  # noqa: E402
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from servekit import __version__  # noqa: E402
+from servekit import __version__
+from tritonclient.grpc import (
+    InferenceServerClient,
+    InferInput,
+    InferRequestedOutput,
+    service_pb2,
+    service_pb2_grpc,
+)
+from tritonclient.utils import InferenceServerException
 
 IRIS = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]])
 IRIS_FEATURES = ("sepal_length", "sepal_width", "petal_length", "petal_width")
@@ -38,7 +42,9 @@ def tensor(name: str, value: np.ndarray, datatype: str) -> InferInput:
 
 
 def iris_inputs(rows=IRIS):
-    return [tensor(n, np.ascontiguousarray(rows[:, i]), "FP64") for i, n in enumerate(IRIS_FEATURES)]
+    return [
+        tensor(n, np.ascontiguousarray(rows[:, i]), "FP64") for i, n in enumerate(IRIS_FEATURES)
+    ]
 
 
 # -- health and metadata ---------------------------------------------------------------------
@@ -73,7 +79,9 @@ def test_model_metadata(client):
     assert meta.name == "iris"
     assert list(meta.versions) == ["1", "2"]
     assert meta.platform == "sklearn"
-    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [(n, "FP64", [-1]) for n in IRIS_FEATURES]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
+        (n, "FP64", [-1]) for n in IRIS_FEATURES
+    ]
     assert [(t.name, t.datatype) for t in meta.outputs] == [("predict", "BYTES")]
 
 
@@ -101,7 +109,9 @@ def test_infer_version_and_request_id(client):
 
 def test_infer_signature_parameter_and_requested_output(client):
     result = client.infer(
-        "iris", iris_inputs(), parameters={"signature_name": "predict_proba"},
+        "iris",
+        iris_inputs(),
+        parameters={"signature_name": "predict_proba"},
         outputs=[InferRequestedOutput("predict_proba")],
     )
     proba = result.as_numpy("predict_proba")
@@ -109,9 +119,18 @@ def test_infer_signature_parameter_and_requested_output(client):
 
 
 V2_DTYPES = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
 }
 
 
@@ -133,8 +152,11 @@ def test_infer_raw_bytes(client):
 
 def test_infer_requested_outputs_filter(client):
     a, b = np.arange(3, dtype=np.int32), np.ones(2, np.float32)
-    result = client.infer("echo", [tensor("a", a, "INT32"), tensor("b", b, "FP32")],
-                          outputs=[InferRequestedOutput("b")])
+    result = client.infer(
+        "echo",
+        [tensor("a", a, "INT32"), tensor("b", b, "FP32")],
+        outputs=[InferRequestedOutput("b")],
+    )
     assert [o.name for o in result.get_response().outputs] == ["b"]
     assert result.as_numpy("a") is None
 
@@ -191,16 +213,30 @@ def test_infer_typed_fp16_answers_raw(raw_stub):
     assert np.frombuffer(response.raw_output_contents[1], np.float16).tolist() == [3.0]
 
 
-@pytest.mark.parametrize(("mutate", "fragment"), [
-    (lambda r: r.inputs[0].contents.int_contents.append(1), "values"),
-    (lambda r: setattr(r.inputs[0], "datatype", "FP16"), "raw_input_contents"),
-    (lambda r: setattr(r.inputs[0], "datatype", "INT8") or r.inputs[0].contents.int_contents.__setitem__(0, 999), "range"),
-    (lambda r: setattr(r.inputs[0], "datatype", "COMPLEX"), "datatype"),
-    (lambda r: r.raw_input_contents.append(b"\x00" * 3), "raw_input_contents"),
-    (lambda r: r.inputs[0].parameters["shared_memory_region"].__setattr__("string_param", "r"), "shared_memory_region"),
-    (lambda r: r.ClearField("inputs"), "no inputs"),
-    (lambda r: setattr(r, "model_version", "9"), "9"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda r: r.inputs[0].contents.int_contents.append(1), "values"),
+        (lambda r: setattr(r.inputs[0], "datatype", "FP16"), "raw_input_contents"),
+        (
+            lambda r: (
+                setattr(r.inputs[0], "datatype", "INT8")
+                or r.inputs[0].contents.int_contents.__setitem__(0, 999)
+            ),
+            "range",
+        ),
+        (lambda r: setattr(r.inputs[0], "datatype", "COMPLEX"), "datatype"),
+        (lambda r: r.raw_input_contents.append(b"\x00" * 3), "raw_input_contents"),
+        (
+            lambda r: (
+                r.inputs[0].parameters["shared_memory_region"].__setattr__("string_param", "r")
+            ),
+            "shared_memory_region",
+        ),
+        (lambda r: r.ClearField("inputs"), "no inputs"),
+        (lambda r: setattr(r, "model_version", "9"), "9"),
+    ],
+)
 def test_infer_invalid(raw_stub, mutate, fragment):
     request = typed_request("INT32", "int_contents", [1, 2])
     mutate(request)
@@ -254,11 +290,15 @@ def stream(client, calls, expect: int):
 
 def test_stream_infer_in_order_with_errors(client):
     x = np.array([1.5, 2.5], np.float32)
-    out = stream(client, [
-        {"model_name": "echo", "inputs": [tensor("x", x, "FP32")], "request_id": "a"},
-        {"model_name": "nope", "inputs": [tensor("x", x, "FP32")], "request_id": "b"},
-        {"model_name": "iris", "inputs": iris_inputs(), "request_id": "c"},
-    ], expect=3)
+    out = stream(
+        client,
+        [
+            {"model_name": "echo", "inputs": [tensor("x", x, "FP32")], "request_id": "a"},
+            {"model_name": "nope", "inputs": [tensor("x", x, "FP32")], "request_id": "b"},
+            {"model_name": "iris", "inputs": iris_inputs(), "request_id": "c"},
+        ],
+        expect=3,
+    )
     (first, e1), (_, e2), (third, e3) = out
     assert e1 is None and e3 is None
     np.testing.assert_array_equal(first.as_numpy("x"), x)
@@ -270,10 +310,17 @@ def test_stream_infer_in_order_with_errors(client):
 
 def test_stream_infer_decoupled_model_answers_per_item(client):
     value = np.arange(3, dtype=np.int64).reshape(3, 1)
-    out = stream(client, [{
-        "model_name": "chunks", "inputs": [tensor("x", value, "INT64")],
-        "enable_empty_final_response": True,
-    }], expect=4)
+    out = stream(
+        client,
+        [
+            {
+                "model_name": "chunks",
+                "inputs": [tensor("x", value, "INT64")],
+                "enable_empty_final_response": True,
+            }
+        ],
+        expect=4,
+    )
     results = [r for r, e in out if e is None]
     assert len(results) == 4 and all(e is None for _, e in out)
     finals = [r.get_response().parameters["triton_final_response"].bool_param for r in results]
@@ -285,7 +332,9 @@ def test_stream_infer_decoupled_model_answers_per_item(client):
 # -- TensorFlow SavedModels ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not tf_plugin_installed(), reason="the servekit_tensorflow plugin is not installed")
+@pytest.mark.skipif(
+    not tf_plugin_installed(), reason="the servekit_tensorflow plugin is not installed"
+)
 def test_infer_tensorflow_model(client):
     x = np.array([[1.0], [2.0], [5.0]], np.float32)  # the signature's shape is [-1, 1]
     result = client.infer(HALF_PLUS_TWO, [tensor("x", x, "FP32")], model_version="123")

@@ -67,10 +67,30 @@ def _table() -> list[DType]:
         rows += [
             DType("DT_BFLOAT16", 14, np.dtype(ml_dtypes.bfloat16), "half_val", "bits16"),
             DType("DT_FLOAT8_E5M2", 24, np.dtype(ml_dtypes.float8_e5m2), "float8_val", "bytes8"),
-            DType("DT_FLOAT8_E4M3FN", 25, np.dtype(ml_dtypes.float8_e4m3fn), "float8_val", "bytes8"),
-            DType("DT_FLOAT8_E4M3FNUZ", 26, np.dtype(ml_dtypes.float8_e4m3fnuz), "float8_val", "bytes8"),
-            DType("DT_FLOAT8_E4M3B11FNUZ", 27, np.dtype(ml_dtypes.float8_e4m3b11fnuz), "float8_val", "bytes8"),
-            DType("DT_FLOAT8_E5M2FNUZ", 28, np.dtype(ml_dtypes.float8_e5m2fnuz), "float8_val", "bytes8"),
+            DType(
+                "DT_FLOAT8_E4M3FN", 25, np.dtype(ml_dtypes.float8_e4m3fn), "float8_val", "bytes8"
+            ),
+            DType(
+                "DT_FLOAT8_E4M3FNUZ",
+                26,
+                np.dtype(ml_dtypes.float8_e4m3fnuz),
+                "float8_val",
+                "bytes8",
+            ),
+            DType(
+                "DT_FLOAT8_E4M3B11FNUZ",
+                27,
+                np.dtype(ml_dtypes.float8_e4m3b11fnuz),
+                "float8_val",
+                "bytes8",
+            ),
+            DType(
+                "DT_FLOAT8_E5M2FNUZ",
+                28,
+                np.dtype(ml_dtypes.float8_e5m2fnuz),
+                "float8_val",
+                "bytes8",
+            ),
             DType("DT_INT4", 29, np.dtype(ml_dtypes.int4), "int_val"),
             DType("DT_UINT4", 30, np.dtype(ml_dtypes.uint4), "int_val"),
         ]
@@ -84,8 +104,16 @@ _BY_NUMPY: dict[np.dtype, DType] = {d.numpy: d for d in _DTYPES}
 
 #: TensorFlow dtypes a client may send that no numpy dtype stands for.
 _REFUSED = {
-    11: "DT_QINT8", 12: "DT_QUINT8", 13: "DT_QINT32", 15: "DT_QINT16", 16: "DT_QUINT16",
-    20: "DT_RESOURCE", 21: "DT_VARIANT", 31: "DT_INT2", 32: "DT_UINT2", 33: "DT_FLOAT4_E2M1FN",
+    11: "DT_QINT8",
+    12: "DT_QUINT8",
+    13: "DT_QINT32",
+    15: "DT_QINT16",
+    16: "DT_QUINT16",
+    20: "DT_RESOURCE",
+    21: "DT_VARIANT",
+    31: "DT_INT2",
+    32: "DT_UINT2",
+    33: "DT_FLOAT4_E2M1FN",
 }
 
 
@@ -94,7 +122,9 @@ def dtype_for_number(number: int) -> DType:
     if found is not None:
         return found
     if number in _REFUSED:
-        raise BadRequest(f"tensor dtype {_REFUSED[number]} is not supported; send a numeric, bool or string tensor")
+        raise BadRequest(
+            f"tensor dtype {_REFUSED[number]} is not supported; send a numeric, bool or string tensor"
+        )
     if number in (14, 24, 25, 26, 27, 28, 29, 30):
         raise BadRequest(f"tensor dtype {number} needs the ml_dtypes package on the server")
     if number == 0:
@@ -120,7 +150,9 @@ def dtype_for_numpy(dtype: np.dtype) -> DType:
 def shape_of(proto: Any, where: str = "tensor") -> tuple[int, ...]:
     shape = proto.tensor_shape
     if shape.unknown_rank:
-        raise BadRequest(f"{where}: tensor_shape has unknown_rank; a request tensor needs a known shape")
+        raise BadRequest(
+            f"{where}: tensor_shape has unknown_rank; a request tensor needs a known shape"
+        )
     dims = tuple(int(d.size) for d in shape.dim)
     if any(d < 0 for d in dims):
         raise BadRequest(f"{where}: tensor_shape {list(dims)} has a negative dimension")
@@ -142,7 +174,9 @@ def to_numpy(proto: Any, where: str = "tensor") -> np.ndarray:
     return _from_field(proto, dt, shape, count, where)
 
 
-def _from_content(content: bytes, dt: DType, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+def _from_content(
+    content: bytes, dt: DType, shape: tuple[int, ...], count: int, where: str
+) -> np.ndarray:
     little = dt.numpy.newbyteorder("<")
     expected = count * little.itemsize
     if len(content) != expected:
@@ -156,7 +190,9 @@ def _from_content(content: bytes, dt: DType, shape: tuple[int, ...], count: int,
     return np.frombuffer(content, dtype=little).astype(dt.numpy).reshape(shape)
 
 
-def _from_field(proto: Any, dt: DType, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+def _from_field(
+    proto: Any, dt: DType, shape: tuple[int, ...], count: int, where: str
+) -> np.ndarray:
     if dt.kind == "bytes8":
         values = np.frombuffer(proto.float8_val, dtype=np.uint8).view(dt.numpy)
     elif dt.kind == "bits16":
@@ -167,7 +203,9 @@ def _from_field(proto: Any, dt: DType, shape: tuple[int, ...], count: int, where
     elif dt.kind == "complex":
         pairs = np.asarray(getattr(proto, dt.field), dtype=dt.numpy.type(0).real.dtype)
         if pairs.size % 2:
-            raise BadRequest(f"{where}: {dt.field} needs real and imaginary parts in pairs, found {pairs.size} values")
+            raise BadRequest(
+                f"{where}: {dt.field} needs real and imaginary parts in pairs, found {pairs.size} values"
+            )
         values = pairs.view(dt.numpy)
     else:
         values = _checked_ints(getattr(proto, dt.field), dt, where)
@@ -183,13 +221,17 @@ def _checked_ints(raw: Any, dt: DType, where: str) -> np.ndarray:
         return np.asarray(raw, dtype=dt.numpy)
     wide = np.asarray(raw, dtype=np.int64)
     if wide.size:
-        info = ml_dtypes.iinfo(dt.numpy) if dt.name in ("DT_INT4", "DT_UINT4") else np.iinfo(dt.numpy)
+        info = (
+            ml_dtypes.iinfo(dt.numpy) if dt.name in ("DT_INT4", "DT_UINT4") else np.iinfo(dt.numpy)
+        )
         if wide.min() < int(info.min) or wide.max() > int(info.max):
             raise BadRequest(f"{where}: a value in {dt.field} is out of range for {dt.name}")
     return wide.astype(dt.numpy)
 
 
-def _fill(values: np.ndarray, dt: DType, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+def _fill(
+    values: np.ndarray, dt: DType, shape: tuple[int, ...], count: int, where: str
+) -> np.ndarray:
     given = values.size
     if given == count:
         return values.reshape(shape).copy()
@@ -208,11 +250,13 @@ def _fill(values: np.ndarray, dt: DType, shape: tuple[int, ...], count: int, whe
 
 def _strings(values: list[bytes], shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
     if len(values) > count:
-        raise BadRequest(f"{where}: string_val holds {len(values)} values; shape {list(shape)} has room for {count}")
+        raise BadRequest(
+            f"{where}: string_val holds {len(values)} values; shape {list(shape)} has room for {count}"
+        )
     out = np.empty(count, dtype=object)
     if values:
         out[: len(values)] = values
-        out[len(values):] = values[-1]
+        out[len(values) :] = values[-1]
     else:
         out[:] = b""
     return out.reshape(shape)
@@ -223,7 +267,9 @@ def _strings(values: list[bytes], shape: tuple[int, ...], count: int, where: str
 # ---------------------------------------------------------------------------
 
 
-def from_numpy(array: Any, into: Any, *, use_tensor_content: bool = True, name: str = "output") -> Any:
+def from_numpy(
+    array: Any, into: Any, *, use_tensor_content: bool = True, name: str = "output"
+) -> Any:
     """Write ``array`` into the ``TensorProto`` message ``into`` (e.g. ``response.outputs[name]``).
 
     :param use_tensor_content: numbers as raw bytes (``True``) or in the dtype's
@@ -253,7 +299,9 @@ def _object_dtype(arr: np.ndarray, name: str) -> DType:
         return BY_NAME["DT_STRING"]
     numeric = np.asarray(flat.tolist())
     if numeric.dtype.kind == "O":
-        raise ModelFailure(f"output {name!r} mixes strings and other values; no TensorFlow dtype holds it")
+        raise ModelFailure(
+            f"output {name!r} mixes strings and other values; no TensorFlow dtype holds it"
+        )
     return dtype_for_numpy(numeric.dtype)
 
 

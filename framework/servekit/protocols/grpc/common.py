@@ -39,7 +39,7 @@ def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except Exception as exc:  # context.abort raises; nothing below runs
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status; context.abort raises
             _abort(context, exc, method.__qualname__)
 
     return wrapper
@@ -52,7 +52,7 @@ def streaming_rpc(method: Callable[..., Iterator[Any]]) -> Callable[..., Iterato
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
             yield from method(self, request, context)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status; context.abort raises
             _abort(context, exc, method.__qualname__)
 
     return wrapper
@@ -82,4 +82,6 @@ def join_items(items: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     try:
         return {n: np.concatenate(chunks, axis=0) for n, chunks in parts.items()}
     except ValueError as exc:
-        raise ModelFailure(f"cannot join the model's streamed items along their first axis: {exc}") from None
+        raise ModelFailure(
+            f"cannot join the model's streamed items along their first axis: {exc}"
+        ) from None

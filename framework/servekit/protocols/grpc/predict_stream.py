@@ -132,7 +132,9 @@ class PredictStream:
         dims = self._split_dimensions(pieces)
         decoded = [self._decode_piece(p, i) for i, p in enumerate(pieces)]
         first = decoded[0]
-        names = list(first) + [n for d in decoded[1:] for n in d if n not in first and n not in dims]
+        names = list(first) + [
+            n for d in decoded[1:] for n in d if n not in first and n not in dims
+        ]
         inputs: dict[str, np.ndarray] = {}
         for name in dict.fromkeys(names):
             if name not in dims:
@@ -159,20 +161,26 @@ class PredictStream:
         for piece in pieces:
             for name, dim in piece.predict_streamed_options.split_dimensions.items():
                 if dims.setdefault(name, dim) != dim:
-                    raise BadRequest(f"split_dimensions of input {name!r} differ between pieces ({dims[name]} and {dim})")
+                    raise BadRequest(
+                        f"split_dimensions of input {name!r} differ between pieces ({dims[name]} and {dim})"
+                    )
         return dims
 
 
 def _concatenate(name: str, dim: int, parts: list[np.ndarray | None]) -> np.ndarray:
     missing = [i + 1 for i, p in enumerate(parts) if p is None]
     if missing:
-        raise BadRequest(f"split input {name!r} is missing from piece(s) {', '.join(map(str, missing))}")
+        raise BadRequest(
+            f"split input {name!r} is missing from piece(s) {', '.join(map(str, missing))}"
+        )
     arrays = [p for p in parts if p is not None]
     rank = arrays[0].ndim
     if dim < 0 or dim >= rank:
         raise BadRequest(f"split dimension {dim} of input {name!r} is outside its rank {rank}")
     if len({a.dtype for a in arrays}) > 1:
-        raise BadRequest(f"the pieces of input {name!r} have different dtypes: {', '.join(str(a.dtype) for a in arrays)}")
+        raise BadRequest(
+            f"the pieces of input {name!r} have different dtypes: {', '.join(str(a.dtype) for a in arrays)}"
+        )
     try:
         return np.concatenate(arrays, axis=dim)
     except ValueError:

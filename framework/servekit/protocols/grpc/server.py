@@ -27,10 +27,12 @@ from . import tf_serving, v2
 log = logging.getLogger("servekit.grpc")
 
 #: Health RPCs that stay open when an API key is set (as ``/v2/health/*`` over HTTP).
-OPEN_METHODS = frozenset({
-    "/inference.GRPCInferenceService/ServerLive",
-    "/inference.GRPCInferenceService/ServerReady",
-})
+OPEN_METHODS = frozenset(
+    {
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+    }
+)
 
 
 def server_options(settings: Settings) -> list[tuple[str, Any]]:
@@ -50,7 +52,9 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
     """
     interceptors = [ApiKeyInterceptor(settings.api_key)] if settings.api_key else []
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"),
+        futures.ThreadPoolExecutor(
+            max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"
+        ),
         options=server_options(settings),
         interceptors=interceptors,
     )
@@ -86,9 +90,15 @@ class ApiKeyInterceptor(grpc.ServerInterceptor):
 
 def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     def deny(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key; send metadata 'authorization: Bearer <key>'")
+        context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or wrong API key; send metadata 'authorization: Bearer <key>'",
+        )
 
-    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny, **kwargs)
     if handler.request_streaming:

@@ -85,7 +85,9 @@ def output_filter(request: predict_pb2.PredictRequest) -> list[str] | None:
     return names or None
 
 
-def predict_responses(dp: DataPlane, turn: Turn, *, single: bool = True) -> Iterator[predict_pb2.PredictResponse]:
+def predict_responses(
+    dp: DataPlane, turn: Turn, *, single: bool = True
+) -> Iterator[predict_pb2.PredictResponse]:
     """Run one logical Predict; a streaming model yields one response per item unless ``single``."""
     mv = resolve(dp, turn.model_spec)
     signature = turn.model_spec.signature_name or None
@@ -101,7 +103,9 @@ def predict_responses(dp: DataPlane, turn: Turn, *, single: bool = True) -> Iter
     yield _response(mv, signature, named_outputs(mv, result, signature), turn.output_filter)
 
 
-def _response(mv: ModelVersion, signature: str | None, outputs: dict[str, Any], wanted: list[str] | None):
+def _response(
+    mv: ModelVersion, signature: str | None, outputs: dict[str, Any], wanted: list[str] | None
+):
     response = predict_pb2.PredictResponse()
     effective_spec(response.model_spec, mv, signature or "")
     for name, value in filter_outputs(outputs, wanted).items():
@@ -170,9 +174,13 @@ def signature_def(signature: Signature, out: meta_graph_pb2.SignatureDef, where:
     for name, value in (signature.defaults or {}).items():
         try:
             tensor_proto.from_numpy(np.asarray(value), out.defaults[name], name=name)
-        except Exception:  # a plugin's default no tensor can hold: describe the rest
+        except Exception:  # noqa: BLE001 - a plugin's default no tensor can hold: describe the rest
             del out.defaults[name]
-            log.warning("%s: default %r of a signature is not a tensor; left out of the metadata", where, name)
+            log.warning(
+                "%s: default %r of a signature is not a tensor; left out of the metadata",
+                where,
+                name,
+            )
 
 
 # -- services ---------------------------------------------------------------------------
@@ -188,7 +196,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         state = request.predict_streamed_options.request_state
         if state not in (PredictStream.NONE, PredictStream.END_SPLIT):
             name = predict_pb2.PredictStreamedOptions.RequestState.Name(state)
-            raise BadRequest(f"request_state {name} needs the streaming RPC PredictionService/PredictStreamed")
+            raise BadRequest(
+                f"request_state {name} needs the streaming RPC PredictionService/PredictStreamed"
+            )
         turn = Turn(request.model_spec, decode_inputs(request), output_filter(request))
         return next(predict_responses(self.dp, turn))
 
@@ -204,7 +214,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         stream.finish()
 
     @rpc
-    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext):
+    def Classify(
+        self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext
+    ):
         mv = resolve(self.dp, request.model_spec)
         signature = request.model_spec.signature_name or None
         results = self.dp.classify(mv, examples_of(request.input), signature_name=signature)
@@ -224,7 +236,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @rpc
-    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext):
+    def MultiInference(
+        self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext
+    ):
         if not request.tasks:
             raise BadRequest("MultiInferenceRequest has no tasks")
         names = {task.model_spec.name for task in request.tasks}
@@ -233,7 +247,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         versions = [resolve(self.dp, task.model_spec) for task in request.tasks]
         if len({mv.version for mv in versions}) > 1:
             raise BadRequest("all tasks must address the same model version")
-        signatures = [task.model_spec.signature_name or versions[0].metadata.default_signature for task in request.tasks]
+        signatures = [
+            task.model_spec.signature_name or versions[0].metadata.default_signature
+            for task in request.tasks
+        ]
         repeated = sorted({s for s in signatures if signatures.count(s) > 1})
         if repeated:
             raise BadRequest(f"Duplicate evaluation of signature: {', '.join(repeated)}")
@@ -259,16 +276,22 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest, context):
         fields = list(request.metadata_field)
         if not fields:
-            raise BadRequest(f"GetModelMetadataRequest must name a metadata_field ({SIGNATURE_DEF!r})")
+            raise BadRequest(
+                f"GetModelMetadataRequest must name a metadata_field ({SIGNATURE_DEF!r})"
+            )
         unknown = [f for f in fields if f != SIGNATURE_DEF]
         if unknown:
-            raise BadRequest(f"Metadata field {unknown[0]} is not supported; the one field is {SIGNATURE_DEF!r}")
+            raise BadRequest(
+                f"Metadata field {unknown[0]} is not supported; the one field is {SIGNATURE_DEF!r}"
+            )
         mv = resolve(self.dp, request.model_spec)
         response = get_model_metadata_pb2.GetModelMetadataResponse()
         effective_spec(response.model_spec, mv, None)
         signatures = get_model_metadata_pb2.SignatureDefMap()
         for name, signature in self.dp.metadata(mv).signatures.items():
-            signature_def(signature, signatures.signature_def[name], f"{mv.name} version {mv.version}")
+            signature_def(
+                signature, signatures.signature_def[name], f"{mv.name} version {mv.version}"
+            )
         response.metadata[SIGNATURE_DEF].Pack(signatures)
         return response
 
@@ -288,12 +311,16 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         response = get_model_status_pb2.GetModelStatusResponse()
         state_enum = get_model_status_pb2.ModelVersionStatus.State
         for mv in self.dp.repository.statuses(spec.name, version, label):
-            status = response.model_version_status.add(version=mv.version, state=state_enum.Value(mv.state.value))
+            status = response.model_version_status.add(
+                version=mv.version, state=state_enum.Value(mv.state.value)
+            )
             status.status.error_code = error_codes_pb2.UNKNOWN if mv.error else error_codes_pb2.OK
             status.status.error_message = mv.error
         return response
 
 
 def add_to_server(server: grpc.Server, dataplane: DataPlane) -> None:
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionServicer(dataplane), server)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        PredictionServicer(dataplane), server
+    )
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(dataplane), server)

@@ -36,16 +36,26 @@ EXTENSIONS = ["parameters"]
 #: The typed ``InferTensorContents`` field of each datatype; FP16 has none.
 CONTENTS_FIELD = {
     "BOOL": "bool_contents",
-    "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
     "INT64": "int64_contents",
-    "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
     "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
 
 #: Tensor parameters of Triton extensions servekit does not implement.
-_REFUSED_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset", "classification")
+_REFUSED_PARAMETERS = (
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+    "classification",
+)
 
 #: Triton's decoupled-model parameters for ModelStreamInfer.
 _EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -77,7 +87,9 @@ def set_parameter(params: Any, key: str, value: Any) -> None:
 def _refuse_unsupported(params: dict[str, Any], where: str) -> None:
     for key in _REFUSED_PARAMETERS:
         if params.get(key) not in (None, False, 0, ""):
-            raise BadRequest(f"{where}: parameter {key!r} needs a Triton extension servekit does not implement")
+            raise BadRequest(
+                f"{where}: parameter {key!r} needs a Triton extension servekit does not implement"
+            )
 
 
 # -- tensors --------------------------------------------------------------------------------
@@ -106,7 +118,9 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
             raise BadRequest(f"{where}: shape {shape} has a negative dimension")
         if raw:
             if tensor.HasField("contents"):
-                raise BadRequest(f"{where}: has typed contents while the request uses raw_input_contents")
+                raise BadRequest(
+                    f"{where}: has typed contents while the request uses raw_input_contents"
+                )
             try:
                 inputs[tensor.name] = codec.tensor_from_bytes(tensor.datatype, shape, raw[i])
             except BadRequest as exc:
@@ -120,11 +134,15 @@ def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
     datatype = tensor.datatype
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
-        raise BadRequest(f"{where}: {datatype} has no typed contents field; send it in raw_input_contents")
+        raise BadRequest(
+            f"{where}: {datatype} has no typed contents field; send it in raw_input_contents"
+        )
     values = getattr(tensor.contents, field)
     count = math.prod(shape)
     if len(values) != count:
-        raise BadRequest(f"{where}: {field} holds {len(values)} values; shape {shape} needs {count}")
+        raise BadRequest(
+            f"{where}: {field} holds {len(values)} values; shape {shape} needs {count}"
+        )
     if datatype == "BYTES":
         arr = np.empty(count, dtype=object)
         arr[:] = list(values)
@@ -138,7 +156,9 @@ def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
     return np.asarray(values, dtype=dtype).reshape(shape)
 
 
-def encode_outputs(response: pb.ModelInferResponse, outputs: dict[str, np.ndarray], raw: bool) -> None:
+def encode_outputs(
+    response: pb.ModelInferResponse, outputs: dict[str, np.ndarray], raw: bool
+) -> None:
     arrays = {name: codec.as_v2_array(value, name) for name, value in outputs.items()}
     datatypes = {name: codec.datatype_of(arr) for name, arr in arrays.items()}
     raw = raw or any(dt not in CONTENTS_FIELD for dt in datatypes.values())
@@ -158,7 +178,9 @@ def _bytes(arr: np.ndarray, name: str) -> list[bytes]:
         if isinstance(value, str):
             value = value.encode("utf-8")
         elif not isinstance(value, bytes):
-            raise ModelFailure(f"BYTES output {name!r} holds a {type(value).__name__}; expected str or bytes")
+            raise ModelFailure(
+                f"BYTES output {name!r} holds a {type(value).__name__}; expected str or bytes"
+            )
         out.append(value)
     return out
 
@@ -189,14 +211,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     def ModelReady(self, request, context):
         try:
-            self.dp.resolve(request.name, request.version or None)
+            # the repository, not the data plane: a probe must not wait for a load to finish
+            self.dp.repository.resolve(request.name, request.version or None)
         except NotReady:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
     @rpc
     def ServerMetadata(self, request, context):
-        return pb.ServerMetadataResponse(name="servekit", version=__version__, extensions=EXTENSIONS)
+        return pb.ServerMetadataResponse(
+            name="servekit", version=__version__, extensions=EXTENSIONS
+        )
 
     @rpc
     def ModelMetadata(self, request, context):
@@ -205,7 +230,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         signature = meta.signature()
         response = pb.ModelMetadataResponse(
             name=request.name,
-            versions=[str(v.version) for v in self.dp.repository.get_model(request.name).available()],
+            versions=[
+                str(v.version) for v in self.dp.repository.get_model(request.name).available()
+            ],
             platform=meta.platform,
         )
         for spec in signature.inputs if signature else []:
@@ -236,7 +263,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 set_parameter(final.parameters, _FINAL, True)
                 yield pb.ModelStreamInferResponse(infer_response=final)
 
-    def _infer(self, request: pb.ModelInferRequest, *, stream: bool) -> Iterator[pb.ModelInferResponse]:
+    def _infer(
+        self, request: pb.ModelInferRequest, *, stream: bool
+    ) -> Iterator[pb.ModelInferResponse]:
         """Run one request; a streaming model gives one response per item when ``stream``."""
         mv = self.dp.resolve(request.model_name, request.model_version or None)
         parameters = parameters_of(request.parameters)
@@ -263,8 +292,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             yield self._response(request, mv, item, wanted, raw)
 
     @staticmethod
-    def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any], wanted: list[str], raw: bool):
-        response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(mv.version), id=request.id)
+    def _response(
+        request: Any, mv: ModelVersion, outputs: dict[str, Any], wanted: list[str], raw: bool
+    ):
+        response = pb.ModelInferResponse(
+            model_name=request.model_name, model_version=str(mv.version), id=request.id
+        )
         encode_outputs(response, filter_outputs(outputs, wanted or None), raw)
         return response
 
