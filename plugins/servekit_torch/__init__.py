@@ -6,6 +6,10 @@ positions (``output_0``...); ``servekit.yaml``'s ``device`` picks the device
 
 torch is imported only once a folder holds a torch artifact: importing this
 plugin, as every ``servekit`` process does, costs nothing for other models.
+
+No submodule is named after a hook: importing ``servekit_torch.explain`` would
+replace this module's ``explain`` function with the submodule, and plugin
+managers built afterwards would miss the hook.
 """
 
 from __future__ import annotations
@@ -75,6 +79,6 @@ def predict(inputs: Any, model: Any) -> Any:
 def explain(inputs: Any, parameters: dict[str, Any], model: Any) -> Any:
     if not isinstance(model, TorchModel):
         return None
-    from .explain import integrated_gradients
+    from .attributions import integrated_gradients
 
     return integrated_gradients(model, inputs, parameters)
