@@ -300,10 +300,14 @@ def _predictions(body: bytes, given: list[str]) -> list[PredictionLog]:
 
 
 def _emit(app: Flask, record: RequestLog) -> None:
-    try:
-        app.extensions["servekit"].repository.pm.hook.log_request(record=record)
-    except Exception:  # a log store must never fail the request it logs
-        log.exception("a log_request hook failed")
+    """Call every ``log_request`` implementation; one that fails neither fails the
+    request nor keeps the record from the others."""
+    hook = app.extensions["servekit"].repository.pm.hook.log_request
+    for impl in reversed(hook.get_hookimpls()):  # pluggy's order: last registered first
+        try:
+            impl.function(*[{"record": record}[name] for name in impl.argnames])
+        except Exception:
+            log.exception("log_request of plugin %s failed", impl.plugin_name)
 
 
 class _StreamLog:
