@@ -1,0 +1,79 @@
+"""Fit the benchmark's models once and lay them out for every server.
+
+Run with servekit's Python (it has scikit-learn); the peers' virtualenvs pin
+the same scikit-learn version, so all servers load the very same joblib files.
+
+    python bench/models.py OUT_DIR
+
+Writes ``OUT_DIR/models/{iris,rf}/1/model.joblib`` (TF Serving layout, also
+read by the KServe peer), ``OUT_DIR/models/echo/model.py`` (the 1M-element
+tensor round trip), ``OUT_DIR/mlserver[-batch]/...`` model settings, and the request
+bodies under ``OUT_DIR/bodies``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import joblib
+import numpy as np
+from sklearn.datasets import load_iris
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import LogisticRegression
+
+ECHO_MODEL_PY = '''"""Returns its input unchanged: a transport benchmark."""
+import servekit
+
+
+@servekit.hookimpl
+def load():
+    return "echo"
+
+
+@servekit.hookimpl
+def predict(inputs):
+    return inputs
+'''
+
+
+def fit(out: Path) -> dict[str, np.ndarray]:
+    X, y = load_iris(return_X_y=True)
+    iris = LogisticRegression(max_iter=1000).fit(X, y)
+    rng = np.random.default_rng(0)
+    Xr = rng.normal(size=(2000, 20))
+    yr = (Xr[:, :5].sum(axis=1) > 0).astype(int) + (Xr[:, 5] > 1).astype(int)
+    rf = RandomForestClassifier(n_estimators=100, random_state=0).fit(Xr, yr)
+    for name, model in (("iris", iris), ("rf", rf)):
+        path = out / "models" / name / "1" / "model.joblib"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        joblib.dump(model, path)
+        settings = {"name": name, "implementation": "mlserver_sklearn.SKLearnModel",
+                    "parameters": {"uri": str(path), "version": "1"}}
+        batched = {**settings, "max_batch_size": 32, "max_batch_time": 0.002}  # MLServer's adaptive batching
+        for folder, doc in (("mlserver", settings), ("mlserver-batch", batched)):
+            (out / folder / name).mkdir(parents=True, exist_ok=True)
+            (out / folder / name / "model-settings.json").write_text(json.dumps(doc))
+    echo = out / "models" / "echo"
+    echo.mkdir(parents=True, exist_ok=True)
+    (echo / "model.py").write_text(ECHO_MODEL_PY)
+    return {"iris": X, "rf": Xr}
+
+
+def bodies(out: Path, data: dict[str, np.ndarray]) -> None:
+    """V2 and V1 JSON request bodies, 1 and 100 rows, for each model."""
+    folder = out / "bodies"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, X in data.items():
+        for rows in (1, 100):
+            sample = X[:rows].round(4)
+            v2 = {"inputs": [{"name": "input", "shape": list(sample.shape), "datatype": "FP64",
+                              "data": sample.ravel().tolist()}]}
+            (folder / f"{name}-{rows}-v2.json").write_text(json.dumps(v2))
+            (folder / f"{name}-{rows}-v1.json").write_text(json.dumps({"instances": sample.tolist()}))
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1])
+    bodies(target, fit(target))
