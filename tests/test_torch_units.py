@@ -326,3 +326,16 @@ def test_every_hook_survives_importing_the_submodules():
         importlib.import_module(f"servekit_torch.{name}")
     for hook in ("load", "unload", "metadata", "predict", "explain"):
         assert inspect.isfunction(getattr(servekit_torch, hook)), hook
+
+
+def test_named_tuples_name_their_outputs():
+    from collections import namedtuple
+
+    from servekit_torch.inference import named_outputs
+    from servekit_torch.served import TorchModel
+
+    Result = namedtuple("Result", ["logits", "mean"])
+    model = TorchModel(module=None, form="state_dict", device=CPU, inputs=[], output_kind="tuple", outputs=[])
+    outputs = named_outputs(model, Result(torch.ones(2, 3), torch.zeros(2)))
+    assert list(outputs) == ["logits", "mean"]
+    assert list(named_outputs(model, (torch.ones(1), torch.ones(1)))) == ["output_0", "output_1"]
