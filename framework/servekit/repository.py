@@ -145,6 +145,8 @@ class ModelRepository:
             versioned = any(_version_of(e) is not None for e in folder.iterdir())
             self.models[name] = Model(name, folder, versioned)
         self._lock = threading.RLock()
+        # one sync at a time: the polling thread and the repository API
+        self._sync_lock = threading.Lock()
         self._first_load_done = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -189,9 +191,10 @@ class ModelRepository:
     # -- polling -----------------------------------------------------------
 
     def sync(self) -> None:
-        for model in list(self.models.values()):
-            if not model.unloaded:
-                self._sync_model(model)
+        with self._sync_lock:
+            for model in list(self.models.values()):
+                if not model.unloaded:
+                    self._sync_model(model)
 
     def _on_disk(self, model: Model) -> dict[int, Path]:
         if not model.base_path.is_dir():
@@ -290,15 +293,17 @@ class ModelRepository:
 
     def load_model(self, name: str) -> Model:
         model = self.get_model(name)
-        model.unloaded = False
-        self._sync_model(model)
+        with self._sync_lock:
+            model.unloaded = False
+            self._sync_model(model)
         return model
 
     def unload_model(self, name: str) -> Model:
         model = self.get_model(name)
-        model.unloaded = True
-        for mv in list(model.versions.values()):
-            self._unload_version(model, mv)
+        with self._sync_lock:
+            model.unloaded = True
+            for mv in list(model.versions.values()):
+                self._unload_version(model, mv)
         return model
 
     # -- lookups -------------------------------------------------------------

@@ -189,8 +189,9 @@ def _feature(value: Any, where: str) -> list[Any]:
         elif isinstance(item, str):
             out.append(item.encode())
             kinds.add("bytes")
-        elif isinstance(item, bool):
-            raise BadRequest(f"{where}: booleans are not a tf.Example feature type")
+        elif isinstance(item, bool):  # TF Serving stores booleans as int64 0/1
+            out.append(int(item))
+            kinds.add("int")
         elif isinstance(item, int):
             out.append(item)
             kinds.add("int")
