@@ -255,7 +255,7 @@ def test_export_archives_with_pickled_sample_inputs_run_no_code(servekit_app, tm
     payload = io.BytesIO()
     torch.save(((Boom(),), {}), payload)
     rewrite(archive, lambda name, data: payload.getvalue() if name.startswith("data/sample_inputs/") else data)
-    status, body = call(servekit_app(tmp_path / "ep"), "GET", "/v1/models/ep")
+    _, body = call(servekit_app(tmp_path / "ep"), "GET", "/v1/models/ep")
     assert "sample inputs that are not plain tensors" in body["model_version_status"][0]["status"]["error_message"]
     assert not Boom.marker.exists()
 
@@ -309,7 +309,7 @@ def test_a_sklearn_only_flow_imports_no_torch(tmp_path):
         response.close()
         print("torch" in sys.modules, "servekit_torch" in sys.modules)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     # the torch plugin is registered (imported), but torch itself never is
     assert done.stdout.split()[-2:] == ["False", "True"]

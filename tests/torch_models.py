@@ -115,8 +115,8 @@ def build(base: Path) -> dict[str, Any]:
     for name, module, options in [
         ("sd_heads", heads, "{class: TwoHeads}"),
         ("sd_pair", pair, "{class: Pair, outputs: [logits, mean]}"),
-        ("sd_embed", embed, "{class: Embedder, inputs: {ids: {datatype: INT64, shape: [-1, 5]}, "
-                            "weights: {datatype: FP32, shape: [-1, 5]}}}"),
+        ("sd_embed", embed, ("{class: Embedder, inputs: {ids: {datatype: INT64, shape: [-1, 5]}, "
+                             "weights: {datatype: FP32, shape: [-1, 5]}}}")),
     ]:
         if name != "sd_heads":
             import_source(base / name, ALL_CLASSES)

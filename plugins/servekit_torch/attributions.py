@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from servekit.errors import BadRequest, ModelFailure, NotImplementedByModel, ServekitError
 
 from .inference import call_error, match_inputs, to_call_arguments

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from servekit.errors import BadRequest, ModelFailure, ServekitError
 
 from .served import InputSpec, OutputSpec, TorchModel
@@ -201,7 +200,7 @@ def probe_outputs(model: TorchModel) -> list[OutputSpec] | None:
     with torch.inference_mode():
         try:
             result = model.module(*args, **kwargs)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's forward fails the load
             raise ValueError(
                 f"forward() failed on zeros of the shapes declared in options.inputs: {type(exc).__name__}: {exc}"
             ) from None

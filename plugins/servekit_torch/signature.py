@@ -18,7 +18,6 @@ import typing
 from typing import Any
 
 import torch
-
 from servekit.types import DEFAULT_SIGNATURE, ModelMetadata, Signature, TensorSpec
 
 from .served import InputSpec, OutputSpec, TorchModel
@@ -44,7 +43,7 @@ def module_outputs(module: torch.nn.Module) -> tuple[str, int]:
     """The output kind from ``forward``'s return annotation, with the tuple length (0 if unknown)."""
     try:
         annotation = typing.get_type_hints(module.forward).get("return")
-    except Exception:  # annotations naming things the module cannot resolve: not an error
+    except Exception:  # noqa: BLE001 - annotations naming things the module cannot resolve: not an error
         return "unknown", 0
     return _kind_of_annotation(annotation)
 
@@ -145,7 +144,7 @@ def apply_input_options(inputs: list[InputSpec], declared: Any) -> list[InputSpe
     if declared is None:
         return inputs
     if not isinstance(declared, dict):
-        raise ValueError("options.inputs must map input names to a datatype or {datatype, shape}")
+        raise ValueError("options.inputs must map input names to a datatype or {datatype, shape}")  # noqa: TRY004
     known = {spec.name: spec for spec in inputs}
     if not known:  # forward(*args): the declaration names the inputs, in order
         inputs = [InputSpec(str(name)) for name in declared]

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from servekit.errors import BadRequest, ModelFailure
 
 #: torch dtype name -> (torch dtype, numpy dtype on the wire, V2 datatype on the wire)
