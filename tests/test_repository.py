@@ -118,3 +118,16 @@ def test_repository_api_unloads_and_reloads(tmp_path):
         repo.resolve("iris")
     repo.load_model("iris")
     assert repo.resolve("iris").ready
+
+
+def test_servekit_yaml_plugin_key_picks_the_loading_plugin(tmp_path):
+    fit_iris(tmp_path / "iris", 1)
+    (tmp_path / "iris" / "servekit.yaml").write_text("plugin: sklearn\n")
+    assert make_repo(tmp_path / "iris").resolve("iris").ready
+    (tmp_path / "iris" / "servekit.yaml").write_text("plugin: tensorflow\n")
+    (status,) = make_repo(tmp_path / "iris").statuses("iris")
+    # the TensorFlow plugin finds no SavedModel, and sklearn may not step in
+    assert status.state is State.END and "no plugin could load" in status.error
+    (tmp_path / "iris" / "servekit.yaml").write_text("plugin: onnx\n")
+    (status,) = make_repo(tmp_path / "iris").statuses("iris")
+    assert "'onnx', which is not installed" in status.error

@@ -12,7 +12,7 @@ from sklearn.svm import SVC
 from conftest import fit_iris
 from servekit.errors import BadRequest
 from servekit_sklearn.estimator import load_estimator
-from servekit_sklearn.explain import attributions
+from servekit_sklearn.attributions import attributions
 
 ROW = [[5.1, 3.5, 1.4, 0.2]]
 

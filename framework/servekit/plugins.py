@@ -29,6 +29,7 @@ from . import hookspecs
 log = logging.getLogger("servekit.plugins")
 
 ENTRY_POINT_GROUP = "servekit"
+MODEL_PY_PREFIX = "model.py:"
 _load_lock = threading.Lock()
 
 
@@ -174,8 +175,28 @@ def model_manager(base: pluggy.PluginManager, model_py: Path | None) -> pluggy.P
         if plugin is not None:
             pm.register(plugin, name=name)
     module = import_file(model_py)
-    _register(pm, module, f"model.py:{model_py.parent.name}", str(model_py))
+    _register(pm, module, f"{MODEL_PY_PREFIX}{model_py.parent.name}", str(model_py))
     return pm
+
+
+def load_caller(pm: pluggy.PluginManager, plugin: str | None) -> Any:
+    """The ``load`` hook, limited to one plugin when ``servekit.yaml`` names it.
+
+    ``plugin: tensorflow`` keeps other plugins' ``load`` out of the way; the
+    model's own ``model.py`` and wrappers (metrics, logs) still take part.
+    """
+    if not plugin:
+        return pm.hook.load
+    impls = pm.hook.load.get_hookimpls()
+    if not any(i.plugin_name == plugin for i in impls):
+        known = sorted({i.plugin_name for i in impls if not i.plugin_name.startswith(MODEL_PY_PREFIX)})
+        raise PluginError(f"servekit.yaml names plugin {plugin!r}, which is not installed; installed: {', '.join(known)}")
+    others = [
+        i.plugin for i in impls
+        if i.plugin_name != plugin and not i.plugin_name.startswith(MODEL_PY_PREFIX)
+        and not (i.wrapper or i.hookwrapper)
+    ]
+    return pm.subset_hook_caller("load", remove_plugins=others)
 
 
 def describe(pm: pluggy.PluginManager) -> list[PluginInfo]:

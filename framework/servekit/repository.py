@@ -239,8 +239,10 @@ class ModelRepository:
         else:
             started = time.perf_counter()
             try:
-                mv.hooks = self._manager_for(model, path).hook
-                loaded = mv.hooks.load(path=path, config=model.config, name=model.name, version=version)
+                pm = self._manager_for(model, path)
+                mv.hooks = pm.hook
+                load = plugins.load_caller(pm, model.config.plugin)
+                loaded = load(path=path, config=model.config, name=model.name, version=version)
                 if loaded is None:
                     raise RuntimeError(_no_plugin_message(path))
                 mv.model = loaded

@@ -4,7 +4,7 @@ Signatures: ``serving_default`` (``predict``), plus ``predict_proba`` and
 ``decision_function`` where the estimator has them; ``:classify`` answers
 ``[label, probability]`` pairs from ``predict_proba`` and ``classes_``;
 ``:regress`` answers ``predict`` of a regressor; ``:explain`` answers per-feature
-attributions (see :mod:`servekit_sklearn.explain`).
+attributions (see :mod:`servekit_sklearn.attributions`).
 
 Pickle-based files (joblib, pkl) run code when loaded: serve only files you
 trust.  ``model.skops`` is the safe format; its types are checked on load.
@@ -60,6 +60,6 @@ def regress(examples: list[dict[str, list[Any]]], model: Any) -> Any:
 def explain(inputs: Any, model: Any) -> Any:
     if not isinstance(model, SklearnModel):
         return None
-    from .explain import attributions
+    from .attributions import attributions
 
     return attributions(model, model.matrix(inputs))
