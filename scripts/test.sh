@@ -4,4 +4,9 @@
 # TF Serving's client package depends on the full `tensorflow`; we run it beside
 # tensorflow-cpu, so it goes in without its dependencies.
 python -c "import tensorflow_serving" 2>/dev/null || python -m pip install --quiet --no-deps "tensorflow-serving-api>=2.15"
+# The status-page test drives headless Chromium; as root on Debian, install it when missing
+# (without it that test skips with the reason).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium; its test will skip"
+fi
 exec python -m pytest "$@"

@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from hardening_models import hardening_repo
-
 import servekit
+from hardening_models import hardening_repo
 from servekit.observability.request_log import RequestLog, split_predictions
 from servekit.testing import ServerProcess
 
