@@ -11,7 +11,7 @@ from collections.abc import Container
 
 OPENAI_PATHS = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
-    "/completions", "/chat/completions", "/embeddings",
+    "/completions", "/chat/completions", "/embeddings", "/models",
 })
 
 #: Protocols whose POST requests are inference requests (logged with their predictions).
@@ -23,7 +23,7 @@ def protocol_of(path: str) -> str:
         return "health"
     if path == "/v2" or path.startswith("/v2/"):
         return "v2"
-    if path in OPENAI_PATHS or path.startswith("/openai/"):
+    if path in OPENAI_PATHS or path.startswith(("/openai/", "/models/")):
         return "openai"
     if path.startswith("/v1/models/"):
         return "v1"

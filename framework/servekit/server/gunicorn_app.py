@@ -22,6 +22,7 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
@@ -128,16 +129,34 @@ def install_drain(worker: Any, settings: Settings) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def run(settings: Settings) -> None:
-    """Serve until SIGTERM; the metrics folder and default request log live as long as the server."""
-    metrics.prepare_multiprocess_dir()  # before anything imports prometheus_client
+def prepare_server(settings: Settings) -> Callable[[], None]:
+    """Set up what every worker shares, in the master before it forks; returns the cleanup.
+
+    The Prometheus multiprocess folder (before anything imports
+    prometheus_client) and, unless ``--request-log-url`` names one, a SQLite
+    request log in a temporary folder.  A gunicorn config file of a container
+    calls this at its top too (``SERVEKIT_REQUEST_LOG_URL`` carries the choice to
+    ``servekit.server.wsgi``).
+    """
+    metrics.prepare_multiprocess_dir()
     own_logs = None
     if not settings.request_log_url:
         own_logs = tempfile.mkdtemp(prefix="servekit-logs-")
         settings.request_log_url = "sqlite:///" + os.path.join(own_logs, "requests.db")
-    try:
-        ServekitApplication(settings).run()
-    finally:
+        os.environ["SERVEKIT_REQUEST_LOG_URL"] = settings.request_log_url
+
+    def cleanup() -> None:
         metrics.remove_multiprocess_dir()
         if own_logs:
             shutil.rmtree(own_logs, ignore_errors=True)
+
+    return cleanup
+
+
+def run(settings: Settings) -> None:
+    """Serve until SIGTERM; the shared folders live as long as the server."""
+    cleanup = prepare_server(settings)
+    try:
+        ServekitApplication(settings).run()
+    finally:
+        cleanup()
