@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,7 @@ class DataPlane:
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         outputs = run(inputs) if options is None else batcher.submit(inputs, run, options)
         if inspect.isgenerator(outputs):
-            return outputs
+            return _guarded(mv, outputs)
         return self._postprocess(mv, outputs, parameters)
 
     def explain(
@@ -157,6 +158,17 @@ class DataPlane:
             raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
 
 
+def _guarded(mv: ModelVersion, items: Iterator[Any]) -> Iterator[Any]:
+    """A streaming model's generator, its failures reported like any hook's (closing is passed on)."""
+    try:
+        yield from items
+    except ServekitError:
+        raise
+    except Exception as exc:
+        log.warning("model %s raised while streaming: %s", mv.name, exc)
+        raise ModelFailure(f"model {mv.name!r} failed in predict: {type(exc).__name__}: {exc}") from exc
+
+
 def named_outputs(mv: ModelVersion, outputs: Any, signature_name: str | None = None) -> dict[str, np.ndarray]:
     """Outputs as named arrays, for protocols that always name tensors (V2, gRPC).
 
@@ -190,3 +202,32 @@ def filter_outputs(outputs: dict[str, Any], requested: list[str] | None) -> dict
             f"unknown output(s) {', '.join(missing)}; the model returns {', '.join(outputs) or 'none'}"
         )
     return {n: outputs[n] for n in requested}
+
+
+def join_stream(items: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """A streaming model's items as one answer: each output concatenated along its first axis.
+
+    Used where the protocol has room for one response only (unary ``Predict`` and
+    ``ModelInfer``, or ``return_single_response``).  Scalar items are stacked.
+    Every item must carry the same outputs.
+    """
+    parts: dict[str, list[np.ndarray]] = {}
+    names: list[str] | None = None
+    for item in items:
+        if names is None:
+            names = list(item)
+            parts = {n: [] for n in names}
+        elif sorted(item) != sorted(names):
+            raise ModelFailure(
+                f"a streamed item has outputs {sorted(item)}, the first had {sorted(names)}; cannot join them"
+            )
+        for n in names:
+            parts[n].append(np.atleast_1d(item[n]))
+    if names is None:
+        raise ModelFailure("the model's stream produced no items")
+    try:
+        return {n: np.concatenate(chunks, axis=0) for n, chunks in parts.items()}
+    except ValueError as exc:
+        raise ModelFailure(
+            f"cannot join the model's streamed items along their first axis: {exc}"
+        ) from None

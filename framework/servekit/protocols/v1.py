@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 from flask import Blueprint
 
 from ..codecs import tf_json
 from ..codecs.dtypes import V2_TO_TF
-from ..errors import BadRequest, NotFound
+from ..dataplane import join_stream
+from ..errors import BadRequest, ModelFailure, NotFound
 from ..repository import ModelVersion
 from ..types import ModelMetadata, Signature, TensorSpec
 from .http import dataplane, json_object, json_response, parameters_of, stream_requested
@@ -139,9 +141,21 @@ def predict_response(outputs: Any, row_format: bool, stream: bool):
     if stream:
         return sse_predict(outputs, row_format)
     if not isinstance(outputs, (dict, list)) and hasattr(outputs, "__next__"):
-        outputs = list(outputs)  # a streaming model asked for a plain answer
+        outputs = _joined(list(outputs))  # a streaming model asked for a plain answer
     ids = log_headers(request_log_id(), [prediction_log_id()])
     return json_response(tf_json.encode_predict_response(outputs, row_format), headers=ids)
+
+
+def _joined(items: list[Any]) -> Any:
+    """Tensor items joined along the first axis, as V2 and gRPC answer; anything else as a list."""
+    if items and all(isinstance(i, dict) for i in items):
+        try:
+            return join_stream(items)
+        except ModelFailure:
+            return items
+    if items and all(isinstance(i, (np.ndarray, np.generic, int, float)) for i in items):
+        return np.concatenate([np.atleast_1d(i) for i in items])
+    return items
 
 
 def signature_name(body: dict[str, Any]) -> str | None:

@@ -25,7 +25,7 @@ from flask import Blueprint, Response, request
 from .. import __version__
 from ..codecs import json as jsonc
 from ..codecs import v2 as codec
-from ..dataplane import filter_outputs, named_outputs
+from ..dataplane import filter_outputs, join_stream, named_outputs
 from ..errors import BadRequest, NotReady
 from ..repository import Model, ModelVersion, State
 from .http import dataplane, json_response
@@ -109,8 +109,10 @@ def _run(name: str, version: str | None, *, explain: bool) -> Response:
             mv, req.inputs, parameters=req.parameters, signature_name=signature, output_names=req.output_names
         )
         if inspect.isgenerator(result):
-            result = list(result)  # V2 over HTTP does not stream: answer with every item
-        outputs = named_outputs(mv, result, signature)
+            # V2 over HTTP does not stream: one answer joining every item
+            outputs = join_stream(named_outputs(mv, item, signature) for item in result)
+        else:
+            outputs = named_outputs(mv, result, signature)
     outputs = filter_outputs(outputs, req.output_names)
     arrays = {n: codec.as_v2_array(v, n) for n, v in outputs.items()}
     requested = {o.name: o.binary for o in req.outputs or []}

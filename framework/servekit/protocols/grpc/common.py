@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-import numpy as np
 
-from ...errors import ModelFailure, ServekitError
+from ...errors import ServekitError
 
 log = logging.getLogger("servekit.grpc")
 
@@ -56,32 +55,3 @@ def streaming_rpc(method: Callable[..., Iterator[Any]]) -> Callable[..., Iterato
             _abort(context, exc, method.__qualname__)
 
     return wrapper
-
-
-def join_items(items: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """A streaming model's items as one answer: each output concatenated along its first axis.
-
-    Used where the protocol has room for one response only (unary ``Predict`` and
-    ``ModelInfer``, or ``return_single_response``).  Scalar items are stacked.
-    Every item must carry the same outputs.
-    """
-    parts: dict[str, list[np.ndarray]] = {}
-    names: list[str] | None = None
-    for item in items:
-        if names is None:
-            names = list(item)
-            parts = {n: [] for n in names}
-        elif sorted(item) != sorted(names):
-            raise ModelFailure(
-                f"a streamed item has outputs {sorted(item)}, the first had {sorted(names)}; cannot join them"
-            )
-        for n in names:
-            parts[n].append(np.atleast_1d(item[n]))
-    if names is None:
-        raise ModelFailure("the model's stream produced no items")
-    try:
-        return {n: np.concatenate(chunks, axis=0) for n, chunks in parts.items()}
-    except ValueError as exc:
-        raise ModelFailure(
-            f"cannot join the model's streamed items along their first axis: {exc}"
-        ) from None

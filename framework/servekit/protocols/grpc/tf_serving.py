@@ -20,11 +20,11 @@ import numpy as np
 
 from ...codecs import tensor_proto
 from ...codecs.dtypes import V2_TO_TF
-from ...dataplane import DataPlane, filter_outputs, named_outputs
+from ...dataplane import DataPlane, filter_outputs, join_stream, named_outputs
 from ...errors import BadRequest
 from ...repository import ModelVersion
 from ...types import CLASSIFY_METHOD, REGRESS_METHOD, Signature, TensorSpec
-from .common import join_items, rpc, streaming_rpc
+from .common import rpc, streaming_rpc
 from .predict_stream import PredictStream, Turn
 from .protos.tensorflow.core.framework import types_pb2
 from .protos.tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
@@ -95,7 +95,7 @@ def predict_responses(
     if inspect.isgenerator(result):
         items = (named_outputs(mv, item, signature) for item in result)
         if single:
-            yield _response(mv, signature, join_items(items), turn.output_filter)
+            yield _response(mv, signature, join_stream(items), turn.output_filter)
         else:
             for item in items:
                 yield _response(mv, signature, item, turn.output_filter)

@@ -22,11 +22,11 @@ import numpy as np
 
 from ... import __version__
 from ...codecs import v2 as codec
-from ...dataplane import DataPlane, filter_outputs, named_outputs
+from ...dataplane import DataPlane, filter_outputs, join_stream, named_outputs
 from ...errors import BadRequest, ModelFailure, NotReady, ServekitError
 from ...repository import ModelVersion
 from .. import v2 as http_v2
-from .common import join_items, rpc, streaming_rpc
+from .common import rpc, streaming_rpc
 from .protos.inference import grpc_service_pb2 as pb
 from .protos.inference import grpc_service_pb2_grpc as pb_grpc
 
@@ -286,7 +286,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             return
         items = (named_outputs(mv, item, signature) for item in result)
         if not stream:
-            yield self._response(request, mv, join_items(items), wanted, raw)
+            yield self._response(request, mv, join_stream(items), wanted, raw)
             return
         for item in items:
             yield self._response(request, mv, item, wanted, raw)
