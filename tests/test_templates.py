@@ -187,22 +187,33 @@ def test_kserve_check_catches_mistakes():
 
 def test_gunicorn_conf_matches_servekit_serve(monkeypatch):
     """The image's gunicorn config makes the same choices as ``servekit serve`` for the same variables."""
+    from gunicorn.config import Config
+
     from servekit.server.gunicorn_app import ServekitApplication
     from servekit.settings import resolve
 
     env = {"SERVEKIT_HTTP_PORT": "9123", "SERVEKIT_HOST": "127.0.0.1", "SERVEKIT_WORKERS": "3",
            "SERVEKIT_THREADS": "5", "SERVEKIT_REQUEST_TIMEOUT": "90", "SERVEKIT_PRELOAD": "true",
-           "SERVEKIT_LOG_LEVEL": "warning"}
+           "SERVEKIT_LOG_LEVEL": "warning", "SERVEKIT_REQUEST_LOG_URL": "sqlite:///:memory:"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
     spec = importlib.util.spec_from_file_location("image_gunicorn_conf", scaffold.DOCKER_TEMPLATES / "gunicorn.conf.py")
     conf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conf)
+    # gunicorn reads a config file the same way: every setting named at module level
+    loaded = Config()
+    for name, value in vars(conf).items():
+        if name in loaded.settings:
+            loaded.set(name, value)
     cfg = ServekitApplication(resolve(environ=env)).cfg
     for key in ("bind", "workers", "worker_class", "threads", "timeout", "graceful_timeout", "keepalive",
-                "loglevel", "preload_app", "proc_name"):
-        assert getattr(conf, key) == cfg.settings[key].value, key
-    assert conf.bind == ["127.0.0.1:9123"] and conf.workers == 3 and conf.timeout == 180
+                "loglevel", "preload_app", "proc_name", "errorlog", "accesslog"):
+        assert loaded.settings[key].value == cfg.settings[key].value, key
+    assert loaded.bind == ["127.0.0.1:9123"] and loaded.workers == 3 and loaded.threads == 5
+    assert loaded.timeout == 180 and loaded.preload_app is True and loaded.worker_class_str == "gthread"
+    for hook in ("post_worker_init", "worker_exit", "child_exit"):
+        assert callable(getattr(conf, hook)), hook
 
 
 # -- servekit build ----------------------------------------------------------------------

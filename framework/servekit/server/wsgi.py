@@ -9,18 +9,14 @@ config's ``post_worker_init`` then starts every worker's polling.
 
 from __future__ import annotations
 
-import logging
-
+from ..observability import logging as log_setup
 from ..settings import resolve
 from .app import create_app
 
 settings = resolve()
 if not settings.paths:
     raise RuntimeError("no model path: set SERVEKIT_PATHS (comma-separated) or MODEL_BASE_PATH")
-logging.basicConfig(
-    level=settings.log_level.upper(),
-    format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-)
+log_setup.configure(settings.log_format, settings.log_level)
 app = create_app(settings, start=not settings.preload)
 if settings.preload:
     app.extensions["servekit"].repository.load_now()

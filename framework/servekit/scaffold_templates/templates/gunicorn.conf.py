@@ -1,41 +1,27 @@
 """gunicorn settings for a servekit image: ``exec gunicorn -c gunicorn.conf.py servekit.server.wsgi:app``.
 
-The choices ``servekit serve`` makes (``servekit.server.gunicorn_app``), read from the
-same ``SERVEKIT_*`` variables through ``servekit.settings.resolve()``, so one set of
-variables configures the container whichever way it starts.  ``GUNICORN_CMD_ARGS``
-still overrides anything here.
+Every option is taken from ``servekit serve``'s own gunicorn application
+(``servekit.server.gunicorn_app.ServekitApplication``) built from the same
+``SERVEKIT_*`` variables, so the image and the CLI cannot drift apart: gthread
+workers, threads, timeouts, draining on SIGTERM, gRPC beside HTTP, log format.
+``GUNICORN_CMD_ARGS`` still overrides anything here.
 """
 
+from gunicorn.config import Config
+
+from servekit.server.gunicorn_app import ServekitApplication, prepare_server
 from servekit.settings import resolve
 
 _settings = resolve()
-
-bind = [f"{_settings.host}:{_settings.http_port}"]
-workers = _settings.workers
-# gthread: slow requests and SSE streams hold a thread, not a whole process.
-worker_class = "gthread"
-threads = _settings.threads
-# gunicorn's timeout kills a silent worker; requests have their own limit.
-timeout = max(120, int(_settings.request_timeout * 2))
-graceful_timeout = 30
-keepalive = 5
-accesslog = None
-errorlog = "-"
-loglevel = _settings.log_level
-preload_app = _settings.preload
-proc_name = "servekit"
+prepare_server(_settings)  # shared folders (metrics, request log) before the workers fork
+_servekit = ServekitApplication(_settings)
+_defaults = Config()
+for _name, _setting in _servekit.cfg.settings.items():
+    if _setting.value != _defaults.settings[_name].value:
+        globals()[_name] = _setting.value
 
 
 def post_worker_init(worker):
-    """Each worker polls the model folders itself (also with preload) and serves gRPC beside HTTP."""
+    """Each worker polls the model folders itself (also with preload), then servekit's own setup."""
     worker.wsgi.extensions["servekit"].repository.start()
-    if _settings.grpc_port:
-        from servekit.protocols import grpc
-
-        grpc.start_in_worker(worker, _settings)
-
-
-def worker_exit(server, worker):
-    from servekit.protocols import grpc
-
-    grpc.stop_in_worker(worker)
+    _servekit._post_worker_init(worker)
