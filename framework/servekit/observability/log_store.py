@@ -17,6 +17,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from typing import Any
 
 import servekit
@@ -26,6 +27,8 @@ from .request_log import PredictionLog, RequestLog
 log = logging.getLogger("servekit.request_log")
 
 QUEUE_SIZE = 10_000
+BATCH_SIZE = 500
+BATCH_SECONDS = 0.05
 
 
 _SCHEMA = (
@@ -226,9 +229,12 @@ class SqlRequestLog:
     def _write_loop(self) -> None:
         while True:
             batch = [self._queue.get()]
-            while len(batch) < 500:
+            # gather for a moment: one transaction per batch, not per request;
+            # a flush (an Event) ends the wait at once
+            deadline = time.monotonic() + BATCH_SECONDS
+            while len(batch) < BATCH_SIZE and not isinstance(batch[-1], threading.Event):
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             records = [r for r in batch if isinstance(r, RequestLog)]

@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from flask import Blueprint, Flask, Response, current_app, g, request
 
 from ..errors import NotFound
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("servekit.request_log")
 
 MAX_BODY = 64 * 1024
-MAX_PARSED = 8 * 1024 * 1024  # larger answers get one prediction id, unparsed
+MAX_PARSED = 1024 * 1024  # larger answers are not split (one id, no outputs): parsing costs
 MAX_ID_HEADER = 100  # more predictions than this: ids only through the log API
 
 
@@ -283,14 +284,16 @@ def _body_model(body: bytes, served: Any) -> str:
 def _predictions(body: bytes, given: list[str]) -> list[PredictionLog]:
     """The answer's predictions under the ids the client got (``given``), or new ids."""
     items: list[Any] = []
+    document: Any = None
     if len(body) <= MAX_PARSED:
         try:
-            items = split_predictions(json.loads(body))
-        except ValueError:
+            document = orjson.loads(body)
+            items = split_predictions(document)
+        except orjson.JSONDecodeError:  # binary V2 answers, NaN tokens: stored unsplit
             items = []
     if given and len(given) != len(items):
         # the protocol numbered the answer differently (one id for a whole batch)
-        items = [json.loads(body)] if len(given) == 1 and len(body) <= MAX_BODY else []
+        items = [document] if len(given) == 1 and document is not None and len(body) <= MAX_BODY else []
     ids = given or [new_prediction_log_id() for _ in items or [None]]
     keep = len(body) <= MAX_BODY
     return [
