@@ -251,7 +251,7 @@ class ModelRepository:
                 mv.state = State.AVAILABLE
                 log.info("loaded %s version %d in %.2fs", model.name, version, mv.load_seconds)
             except Exception as exc:
-                self._fail(mv, _clean(str(exc) or type(exc).__name__, model.base_path))
+                self._fail(mv, _clean(_describe_error(exc), model.base_path))
         with self._lock:
             model.versions[version] = mv
 
@@ -381,6 +381,14 @@ def _no_plugin_message(path: Path) -> str:
         + "); expected e.g. model.joblib, model.skops, model.pt, saved_model.pb, config.json "
         "or a model.py with a load hook; see `servekit plugins`"
     )
+
+
+def _describe_error(exc: Exception) -> str:
+    """A load error as a reader needs it: messages like ``'32'`` (a KeyError) say nothing alone."""
+    message = str(exc)
+    if isinstance(exc, (RuntimeError, ValueError)) and message:
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _clean(message: str, base: Path) -> str:

@@ -121,6 +121,23 @@ def servekit_server():
         server.stop()
 
 
+def _buffered_client_class():
+    from flask.testing import FlaskClient
+
+    class BufferedClient(FlaskClient):
+        """Reads every response whole and closes it, as a real server does.
+
+        An unread streamed response would otherwise hold its request slot; pass
+        ``buffered=False`` to read a stream yourself (and close it).
+        """
+
+        def open(self, *args: Any, **kwargs: Any):
+            kwargs.setdefault("buffered", True)
+            return super().open(*args, **kwargs)
+
+    return BufferedClient
+
+
 @pytest.fixture
 def servekit_app():
     """Factory: ``servekit_app(model_dir, plugin=[...])`` -> a Flask test client, models loaded."""
@@ -133,6 +150,7 @@ def servekit_app():
         config = Settings(paths=[str(p) for p in paths], poll_interval=0, **settings)
         app = create_app(config, start=False)
         app.extensions["servekit"].repository.load_now()
+        app.test_client_class = _buffered_client_class()
         apps.append(app)
         return app.test_client()
 
