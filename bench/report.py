@@ -93,7 +93,7 @@ def targets(results: dict, runs: dict) -> list[tuple[str, bool | None, str]]:
     def check(name: str, test: Callable[[], tuple[bool, str] | None]) -> None:
         try:
             got = test()
-        except (KeyError, TypeError, ZeroDivisionError):
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
             got = None
         out.append((name, None, "not measured") if got is None else (name, got[0], got[1]))
 

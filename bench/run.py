@@ -338,6 +338,8 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated server names to run")
     parser.add_argument("--skip-install", action="store_true", help="use bench/.venvs as they are")
     parser.add_argument("--port", type=int, default=18600)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other servers' numbers from the last results.json (with --only)")
     args = parser.parse_args()
 
     sk = servekit_python()
@@ -347,14 +349,18 @@ def main() -> None:
     if args.skip_install:
         mls, ks, tools = (str(VENVS / n / "bin" / "python") for n in ("mlserver", "kserve", "tools"))
     else:
-        mls = ensure_venv("mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin])
+        # uvloop 0.22 made get_event_loop() raise outside a running loop, which kills
+        # MLServer 1.7.1's inference-pool workers at start: pin the one it was built against
+        mls = ensure_venv("mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin,
+                                       "uvloop<0.22"])
         ks = ensure_venv("kserve", [f"kserve=={KSERVE_VERSION}", pin, "joblib"])
-        tools = ensure_venv("tools", ["matplotlib"])
+        tools = ensure_venv("tools", ["matplotlib", "py-spy"])  # py-spy: for profiling by hand
 
-    if WORK.exists():
-        shutil.rmtree(WORK)
-    WORK.mkdir(parents=True)
-    subprocess.run([sk, str(HERE / "models.py"), str(WORK)], check=True)
+    if not args.merge:
+        if WORK.exists():
+            shutil.rmtree(WORK)
+        WORK.mkdir(parents=True)
+        subprocess.run([sk, str(HERE / "models.py"), str(WORK)], check=True)
 
     servers = lineup(sk, mls, ks, args.port)
     if args.only:
@@ -384,7 +390,14 @@ def main() -> None:
             finally:
                 running.stop()
 
-    (RESULTS / "results.json").write_text(json.dumps(results, indent=2))
+    previous = RESULTS / "results.json"
+    if args.merge and previous.exists():
+        old = json.loads(previous.read_text())
+        fresh = {s["server"] for s in results["servers"]}
+        results["servers"] = [s for s in old["servers"] if s["server"] not in fresh] + results["servers"]
+        results.setdefault("big_tensor", old.get("big_tensor"))
+        results["started"] = old["started"] + f" (re-run {results['started']}: {', '.join(sorted(fresh))})"
+    previous.write_text(json.dumps(results, indent=2))
     subprocess.run([sk, str(HERE / "report.py"), str(RESULTS / "results.json")], check=True)
     if Path(tools).exists():
         subprocess.run([tools, str(HERE / "chart.py"), str(RESULTS / "results.json")], check=False)
