@@ -40,7 +40,8 @@ def repo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(repo):
-    with ServerProcess(repo, workers=2, threads=4, log_format="json", access_log=True) as s:
+    with ServerProcess(repo, workers=2, threads=4, log_format="json", access_log=True,
+                       request_log_url="sqlite") as s:
         yield s
 
 

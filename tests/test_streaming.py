@@ -148,13 +148,13 @@ def test_eight_streams_progress_at_once_with_default_settings(server):
 
 def test_ordinary_calls_complete_while_eight_streams_are_open(model_dir, tmp_path):
     """Eight streams held open (they end only once the test opens the gate, after the
-    predict calls returned) while ordinary calls go through.  This needs more threads
-    than streams: with the default 8 threads a ninth request waits for a free thread."""
+    predict calls returned) while ordinary calls go through, with the default worker
+    settings (16 threads per worker: more threads than streams)."""
     from servekit.testing import ServerProcess
 
     gate = model_dir / "gate"
     gate.unlink(missing_ok=True)
-    with ServerProcess(model_dir, threads=16, poll_interval=0) as srv:
+    with ServerProcess(model_dir, poll_interval=0) as srv:  # default workers and threads
         streams = [requests.post(predict_url(srv) + "?stream=true", json=body("gate"), stream=True, timeout=120)
                    for _ in range(8)]
         data_lines = [(line for line in r.iter_lines() if line.startswith(b"data:")) for r in streams]

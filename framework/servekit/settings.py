@@ -30,7 +30,7 @@ class Settings:
     grpc_port: int = _opt(8081, "gRPC port (TF Serving and V2 services); 0 disables gRPC")
     grpc_max_message_size: int = _opt(64 * 1024 * 1024, "largest gRPC message in bytes, either way (RESOURCE_EXHAUSTED above)")
     workers: int = _opt(1, "gunicorn worker processes (each loads every model)")
-    threads: int = _opt(8, "threads per worker (concurrent requests and streams per worker)")
+    threads: int = _opt(16, "threads per worker (concurrent requests and streams per worker)")
     plugin: list[str] = field(default_factory=list, metadata={"help": "plugin module or .py file (repeatable)", "repeat": True})
     config: str | None = _opt(None, "YAML file with any of these settings")
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on inference routes")
@@ -47,7 +47,7 @@ class Settings:
     max_queue: int = _opt(16, "requests one worker keeps waiting for a free slot; more are answered 429")
     drain_seconds: float = _opt(30.0, "after SIGTERM, seconds in-flight requests and streams get to finish")
     shutdown_delay: float = _opt(0.0, "after SIGTERM, seconds to keep accepting while readiness answers 503")
-    request_log_url: str | None = _opt(None, "request/prediction log store: sqlite:///FILE, a SQLAlchemy URL, or 'off' (default: SQLite in a temporary folder)")
+    request_log_url: str = _opt("off", "request/prediction log store: 'sqlite' (a file in a temporary folder), sqlite:///FILE, a SQLAlchemy URL, or 'off'")
     log_format: str = _opt("text", "log lines as 'text' or 'json'")
     access_log: bool = _opt(False, "log one line per request", flag=True)
 

@@ -366,16 +366,20 @@ class _StreamLog:
 
 
 def install(app: Flask, settings: Any) -> SqlRequestLog | None:
-    """Register the built-in store (unless ``--request-log-url off``) and the logging hooks."""
+    """Register the built-in store (when ``--request-log-url`` names one) and the logging hooks.
+
+    Off by default: keeping every request and response costs about a third of a
+    small model's throughput (docs/performance.md).
+    """
     from .log_store import SqlRequestLog
 
     app.register_blueprint(bp)
     app.before_request(_before)
     app.after_request(_after)
     url = settings.request_log_url
-    if url and url.lower() in ("off", "none", "false", "0"):
+    if not url or url.lower() in ("off", "none", "false", "0"):
         return None
-    if not url:
+    if url.lower() == "sqlite":
         import tempfile
 
         url = "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="servekit-logs-"), "requests.db")

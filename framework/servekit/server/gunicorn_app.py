@@ -133,14 +133,14 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
     """Set up what every worker shares, in the master before it forks; returns the cleanup.
 
     The Prometheus multiprocess folder (before anything imports
-    prometheus_client) and, unless ``--request-log-url`` names one, a SQLite
-    request log in a temporary folder.  A gunicorn config file of a container
+    prometheus_client) and, for ``--request-log-url sqlite``, a SQLite request
+    log in a temporary folder shared by the workers.  A gunicorn config file of a container
     calls this at its top too (``SERVEKIT_REQUEST_LOG_URL`` carries the choice to
     ``servekit.server.wsgi``).
     """
     metrics.prepare_multiprocess_dir()
     own_logs = None
-    if not settings.request_log_url:
+    if (settings.request_log_url or "").lower() == "sqlite":
         own_logs = tempfile.mkdtemp(prefix="servekit-logs-")
         settings.request_log_url = "sqlite:///" + os.path.join(own_logs, "requests.db")
         os.environ["SERVEKIT_REQUEST_LOG_URL"] = settings.request_log_url
