@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +23,32 @@ class SklearnModel:
     estimator: Any
     options: dict[str, Any]
 
-    @property
+    # A fitted estimator does not change: these are read once, not per request.
+
+    @cached_property
     def is_classifier(self) -> bool:
         return hasattr(self.estimator, "classes_")
 
-    @property
+    @cached_property
     def feature_names(self) -> list[str] | None:
         names = getattr(self.estimator, "feature_names_in_", None)
         return [str(n) for n in names] if names is not None else None
 
-    @property
+    @cached_property
     def n_features(self) -> int | None:
         return getattr(self.estimator, "n_features_in_", None)
 
-    def methods(self) -> dict[str, str]:
-        """Signature name -> estimator method."""
+    @cached_property
+    def _methods(self) -> dict[str, str]:
         found = {"serving_default": "predict"}
         for method in EXTRA_METHODS:
             if _has_method(self.estimator, method):
                 found[method] = method
         return found
+
+    def methods(self) -> dict[str, str]:
+        """Signature name -> estimator method."""
+        return self._methods
 
     # -- describing --------------------------------------------------------------
 

@@ -227,6 +227,8 @@ class _TeeInput:
 
 
 def _before() -> None:
+    if not _hook_impls(current_app):
+        return  # nobody keeps records (the default): no bookkeeping on the hot path
     if request.method == "POST" and labels.protocol_of(request.path) in labels.INFERENCE:
         g.servekit_log_started = time.perf_counter()
         g.servekit_log_tee = request.environ["wsgi.input"] = _TeeInput(request.environ["wsgi.input"])
@@ -300,6 +302,10 @@ def _predictions(body: bytes, given: list[str]) -> list[PredictionLog]:
         PredictionLog(pid, i, json.dumps(items[i]) if keep and i < len(items) else "")
         for i, pid in enumerate(ids)
     ]
+
+
+def _hook_impls(app: Flask) -> list[Any]:
+    return app.extensions["servekit"].repository.pm.hook.log_request.get_hookimpls()
 
 
 def _emit(app: Flask, record: RequestLog) -> None:

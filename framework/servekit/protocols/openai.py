@@ -118,7 +118,9 @@ def resolve_model(body: dict[str, Any]) -> ModelVersion:
         name = names[0]
     if not isinstance(name, str):
         raise BadRequest(f"'model' must be a string, found {type(name).__name__}", param="model")
-    return dp.resolve(name)
+    mv = dp.resolve(name)
+    request.environ["servekit.model"] = name  # the metrics' model label (it is not in the path)
+    return mv
 
 
 def tokenizer_of(mv: ModelVersion) -> Any | None:
