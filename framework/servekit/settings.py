@@ -35,7 +35,7 @@ class Settings:
     config: str | None = _opt(None, "YAML file with any of these settings")
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on inference routes")
     max_request_size: int = _opt(64 * 1024 * 1024, "largest request body in bytes (413 above)")
-    request_timeout: float = _opt(60.0, "seconds a request may take before it is answered 504")
+    request_timeout: float = _opt(0.0, "seconds a request may take before it is answered 504; 0 (default) sets no limit")
     poll_interval: float = _opt(1.0, "seconds between file-system polls for new model versions; 0 disables")
     max_batch_size: int = _opt(0, "default adaptive batch size per model; 0 disables batching")
     max_batch_time_ms: float = _opt(2.0, "default longest wait to fill a batch, in milliseconds")
