@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import grpc
 import numpy as np
@@ -140,9 +141,15 @@ def test_every_worker_serves_grpc_on_the_shared_port(echo_repo):
             with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
                 stub = v2_grpc.GRPCInferenceServiceStub(channel)
                 assert stub.ModelInfer(infer_request(), timeout=30).model_name == "echo"
-        listening = re.findall(
-            r"gRPC listening on 127\.0\.0\.1:(\d+) \(worker (\d+)\)", server.output()
-        )
+        # readiness comes from whichever worker answered first: give the other its moment
+        deadline = time.monotonic() + 30
+        while True:
+            listening = re.findall(
+                r"gRPC listening on 127\.0\.0\.1:(\d+) \(worker (\d+)\)", server.output()
+            )
+            if len({pid for _, pid in listening}) == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     assert len({pid for _, pid in listening}) == 2
     assert {int(port) for port, _ in listening} == {server.grpc_port}
 
