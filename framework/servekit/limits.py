@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from .wsgi_body import ClosingBody, Once
+
 log = logging.getLogger("servekit.limits")
 
 #: Paths never queued or timed out: orchestrators must reach them under load.
@@ -182,10 +184,10 @@ class LimitsMiddleware:
     def _run(self, environ: dict, start_response: Callable, deadline: float | None) -> Iterable[bytes]:
         with self._lock:
             self.running += 1
-        release = _Once(self._release)
+        release = Once(self._release)
         if deadline is None:
             try:
-                return _Closing(self.app(environ, start_response), release)
+                return ClosingBody(self.app(environ, start_response), release)
             except BaseException:
                 release()
                 raise
@@ -205,7 +207,7 @@ class LimitsMiddleware:
             release()
             raise
         start_response(status, headers)
-        return _Closing(body, release)
+        return ClosingBody(body, release)
 
     def _release(self) -> None:
         with self._lock:
@@ -279,38 +281,6 @@ def _close_late(future: Any, release: Callable[[], None]) -> None:
         log.exception("closing a timed-out response failed")
     finally:
         release()
-
-
-class _Once:
-    def __init__(self, fn: Callable[[], None]):
-        self._fn: Callable[[], None] | None = fn
-        self._lock = threading.Lock()
-
-    def __call__(self) -> None:
-        with self._lock:
-            fn, self._fn = self._fn, None
-        if fn is not None:
-            fn()
-
-
-class _Closing:
-    """The app's response iterable; its end or ``close()`` (a client gone) frees the slot."""
-
-    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None]):
-        self._body = body
-        self._on_close = on_close
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._body
-        self._on_close()  # servers call close() too; some test clients only read
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._on_close()
 
 
 class _Chain:

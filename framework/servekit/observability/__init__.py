@@ -9,14 +9,14 @@ the request log; the metrics and log routes are ordinary blueprints.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from logging import getLogger  # the name `logging` is our submodule here
 from typing import Any
 
 from flask import Flask, request
 
+from ..wsgi_body import ClosingBody, Once
 from . import labels, metrics, request_log
 from .logging import REQUEST_ID_HEADER, current_request_id, request_id_from
 
@@ -44,14 +44,14 @@ class ObserveMiddleware:
 
         m = metrics.metrics()
         m.in_flight.inc()
-        finish = _Once(lambda: self._finish(environ, seen, started))
+        finish = Once(lambda: self._finish(environ, seen, started))
         try:
             body = self.app(environ, start)
         except BaseException:
             seen.setdefault("status", "500")
             finish()
             raise
-        return _Finished(body, finish)
+        return ClosingBody(body, finish)
 
     def _finish(self, environ: dict, seen: dict[str, str], started: float) -> None:
         seconds = time.perf_counter() - started
@@ -69,37 +69,6 @@ class ObserveMiddleware:
                        "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
                        "protocol": protocol, "model": model},
             )
-
-
-class _Once:
-    def __init__(self, fn: Callable[[], None]):
-        self._fn: Callable[[], None] | None = fn
-        self._lock = threading.Lock()
-
-    def __call__(self) -> None:
-        with self._lock:
-            fn, self._fn = self._fn, None
-        if fn is not None:
-            fn()
-
-
-class _Finished:
-    """The response body; its ``close()`` (after the last byte, or a client gone) ends the request."""
-
-    def __init__(self, body: Iterable[bytes], finish: Callable[[], None]):
-        self._body, self._finish = body, finish
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._body
-        self._finish()  # servers call close() too; some test clients only read
-
-    def close(self) -> None:
-        try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._finish()
 
 
 def _bind_request_id() -> None:
