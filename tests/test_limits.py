@@ -86,6 +86,15 @@ def test_broken_gzip_is_400(client, body):
     assert "gzip" in _error(r)
 
 
+def test_deflate_bodies_are_inflated_and_checked(client):
+    r = client.post("/v1/models/linear:predict", data=zlib.compress(b'{"instances": [[1.0, 2.0]]}'),
+                    headers={"Content-Encoding": "deflate", "Content-Type": "application/json"})
+    assert r.status_code == 200, r.get_json()
+    r = client.post("/v1/models/linear:predict", data=b"not deflate",
+                    headers={"Content-Encoding": "deflate", "Content-Type": "application/json"})
+    assert r.status_code == 400 and "deflate" in _error(r)
+
+
 def test_unknown_content_encoding_is_415(client):
     r = client.post("/v1/models/linear:predict", data=zlib.compress(b"{}"),
                     headers={"Content-Encoding": "br", "Content-Type": "application/json"})

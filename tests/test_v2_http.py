@@ -293,8 +293,9 @@ def test_large_tensor_goes_through_binary(client):
     np.testing.assert_array_equal(result.as_numpy("big"), big)
 
 
-def test_gzip_requests_are_inflated(client):
-    result = client.infer("linear", [tensor("input", LINEAR_ROWS, True)], request_compression_algorithm="gzip")
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_inflated(client, algorithm):
+    result = client.infer("linear", [tensor("input", LINEAR_ROWS, True)], request_compression_algorithm=algorithm)
     np.testing.assert_allclose(result.as_numpy("predict"), 2 * LINEAR_ROWS[:, 0] + 3 * LINEAR_ROWS[:, 1] + 1)
 
 

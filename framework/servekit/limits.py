@@ -1,11 +1,11 @@
-"""Request limits as WSGI middleware: body size, gzip bodies, timeouts, backpressure.
+"""Request limits as WSGI middleware: body size, compressed bodies, timeouts, backpressure.
 
 Everything here answers before Flask sees the request, with the same
 ``{"error": message}`` body every other error has:
 
 - a body larger than ``--max-request-size`` is a 413 as soon as its
   ``Content-Length`` is read (nothing is buffered first);
-- ``Content-Encoding: gzip`` bodies are inflated here, and the *inflated* size is
+- ``Content-Encoding: gzip`` and ``deflate`` bodies are inflated here, and the *inflated* size is
   capped by the same limit (413), so a small zip bomb cannot fill memory;
 - each worker runs at most ``--max-inflight`` requests at once and keeps at most
   ``--max-queue`` more waiting for a slot: above that a request is answered 429
@@ -41,7 +41,7 @@ UNQUEUED_PATHS = ("/v2/health/", "/metrics")
 
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
-_GZIP = ("gzip", "x-gzip")
+_ENCODINGS = {"gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate"}
 _READ_CHUNK = 64 * 1024
 
 
@@ -91,12 +91,12 @@ class LimitsMiddleware:
         try:
             self._check_size(environ)
             encoding = environ.get("HTTP_CONTENT_ENCODING", "").strip().lower()
-            if encoding in _GZIP:
-                self._inflate(environ)
+            if encoding in _ENCODINGS:
+                self._inflate(environ, _ENCODINGS[encoding])
             elif encoding not in ("", "identity"):
                 raise RequestRejected(
                     "415 Unsupported Media Type",
-                    f"Content-Encoding {encoding!r} is not supported; send gzip or an unencoded body",
+                    f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or an unencoded body",
                 )
             if environ.get("PATH_INFO", "").startswith(UNQUEUED_PATHS):
                 return self.app(environ, start_response)
@@ -126,13 +126,13 @@ class LimitsMiddleware:
                 f"request body too large: {size} bytes; the limit is {self.max_request_size} bytes",
             )
 
-    def _inflate(self, environ: dict) -> None:
-        """Replace a gzip body with its inflated bytes, never holding more than the limit."""
+    def _inflate(self, environ: dict, encoding: str) -> None:
+        """Replace a gzip or deflate body with its inflated bytes, never holding more than the limit."""
         limit = self.max_request_size
         stream = environ["wsgi.input"]
         length = environ.get("CONTENT_LENGTH")
         remaining = int(length) if length else None
-        inflater = _GzipInflater(limit)
+        inflater = _Inflater(limit, encoding)
         read = 0
         while remaining is None or remaining > 0:
             chunk = stream.read(_READ_CHUNK if remaining is None else min(_READ_CHUNK, remaining))
@@ -151,7 +151,7 @@ class LimitsMiddleware:
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         environ.pop("HTTP_CONTENT_ENCODING", None)
-        environ["servekit.content_encoding"] = "gzip"
+        environ["servekit.content_encoding"] = encoding
         environ["wsgi.input_terminated"] = True
 
     # -- admission --------------------------------------------------------------------
@@ -222,23 +222,29 @@ class LimitsMiddleware:
         return self._pool
 
 
-class _GzipInflater:
-    """Inflates gzip members (concatenated members are one stream, RFC 1952 2.2) up to a cap."""
+class _Inflater:
+    """Inflates a gzip body (concatenated members are one stream, RFC 1952 2.2) or a
+    deflate (zlib, RFC 1950) body, up to a cap."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, encoding: str = "gzip"):
         self.limit = limit
+        self.encoding = encoding
+        self._wbits = zlib.MAX_WBITS if encoding == "deflate" else 16 + zlib.MAX_WBITS
         self.out = io.BytesIO()
-        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._inflater = zlib.decompressobj(self._wbits)
 
     def feed(self, data: bytes) -> None:
         while data:
             if self._inflater.eof:
-                self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                if self.encoding == "deflate":
+                    raise RequestRejected("400 Bad Request", "request body has data after its deflate stream")
+                self._inflater = zlib.decompressobj(self._wbits)
             try:
                 piece = self._inflater.decompress(data, self.limit + 1 - self.out.tell())
             except zlib.error:
                 raise RequestRejected(
-                    "400 Bad Request", "request body is not valid gzip data (Content-Encoding: gzip)"
+                    "400 Bad Request",
+                    f"request body is not valid {self.encoding} data (Content-Encoding: {self.encoding})",
                 ) from None
             self.out.write(piece)
             if self.out.tell() > self.limit:
@@ -250,7 +256,10 @@ class _GzipInflater:
 
     def result(self) -> bytes:
         if not self._inflater.eof:
-            raise RequestRejected("400 Bad Request", "request body is not complete gzip data (Content-Encoding: gzip)")
+            raise RequestRejected(
+                "400 Bad Request",
+                f"request body is not complete {self.encoding} data (Content-Encoding: {self.encoding})",
+            )
         return self.out.getvalue()
 
 
