@@ -380,3 +380,16 @@ def test_model_list_and_model_objects_under_every_prefix(client):
         r = client.get(f"{prefix}/models/echo")
         assert r.json["id"] == "echo" and r.json["object"] == "model"
         assert r.json["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+def test_wrong_method_on_an_openai_route_answers_in_openais_shape(tmp_path, servekit_app):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.py").write_text("import servekit\n\n@servekit.hookimpl\ndef load(path):\n    return 1\n")
+    client = servekit_app(tmp_path)
+    for path in ("/v1/completions", "/openai/v1/chat/completions", "/embeddings"):
+        r = client.get(path)
+        assert r.status_code == 405
+        error = r.get_json()["error"]
+        assert error["code"] == 405 and error["type"] == "invalid_request_error" and error["message"]
+    r = client.get("/v1/models/m:predict")  # a V1 path keeps TF Serving's shape
+    assert isinstance(r.get_json()["error"], str)

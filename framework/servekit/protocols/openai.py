@@ -58,6 +58,14 @@ def route(rule: str, methods: list[str]) -> Callable:
 
 # -- errors -----------------------------------------------------------------------------
 
+_ROUTES = ("/completions", "/chat/completions", "/embeddings", "/models")
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether ``path`` is one of this blueprint's routes (whose errors take OpenAI's shape)."""
+    return any(path.startswith(prefix) and path[len(prefix):] in _ROUTES for prefix in PREFIXES)
+
+
 
 def error_body(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ServekitError):

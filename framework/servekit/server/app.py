@@ -82,6 +82,8 @@ def _install_error_handlers(app: Flask) -> None:
             message = f"method {request.method} not allowed on {request.path}"
         else:
             message = exc.description or exc.name
+        if openai.is_openai_path(request.path):  # routing errors skip the blueprint's handler
+            return json_response(openai.error_body(exc), status)
         return json_response({"error": message}, status)
 
     @app.errorhandler(Exception)
