@@ -69,7 +69,7 @@ def test_in_effect_on_a_served_model(plugin_install, tmp_path):
         bad = requests.post(server.url + "/v1/models/iris:predict", json={"instances": [["x"]]}, timeout=30)
         assert bad.status_code == 400
         counts = requests.get(server.url + "/-/request_counter", timeout=30).json()
-    assert counts == {"predictions": {"SklearnModel": 1}, "failures": {"SklearnModel": 1}}
+    assert counts == {"predictions": {"iris": 1}, "failures": {"iris": 1}}
 
 
 def test_without_the_install_it_is_absent(tmp_path):

@@ -127,7 +127,7 @@ class DataPlane:
         if not caller.get_hookimpls():
             raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")
         try:
-            result = caller(model=mv.model, **kwargs)
+            result = caller(model=mv.model, name=mv.name, version=mv.version, **kwargs)
         except ServekitError:
             raise
         except Exception as exc:
@@ -151,7 +151,7 @@ class DataPlane:
 
     def _optional(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
         try:
-            return getattr(mv.hooks, hook)(model=mv.model, **kwargs)
+            return getattr(mv.hooks, hook)(model=mv.model, name=mv.name, version=mv.version, **kwargs)
         except ServekitError:
             raise
         except Exception as exc:

@@ -12,6 +12,10 @@ implementation that returns something other than ``None``: a framework plugin
 returns ``None`` for a model it did not load, and a ``model.py`` overrides a
 framework plugin for its own model only.
 
+Every inference hook (``predict``, ``explain``, ``classify``, ``regress``,
+``complete``, ``embed``, ``preprocess``, ``postprocess``) may also take ``name``
+(the served model name) and ``version`` (its version number).
+
 Cross-cutting plugins (metrics, request logs, auth) wrap any hook with
 ``@servekit.hookimpl(wrapper=True)`` and see every model's calls.
 
@@ -95,6 +99,8 @@ def predict(
     model: Any,
     signature_name: str | None,
     output_names: list[str] | None,
+    name: str,
+    version: int,
 ) -> Any | None:
     """Run the model on decoded inputs.
 
@@ -110,6 +116,7 @@ def predict(
         ``None`` for the default.
     :param output_names: the outputs the client asked for, ``None`` for all; the
         framework filters afterwards, so honouring this is only an optimisation.
+    :param name: the served model name; ``version``: its version number.
     :returns: a ``numpy.ndarray`` (one unnamed output), a ``dict`` of named
         outputs, any JSON-serialisable value, or a generator, which streams one
         item per event over SSE.  ``None`` lets the next plugin try.
@@ -122,6 +129,8 @@ def explain(
     parameters: dict[str, Any],
     model: Any,
     signature_name: str | None,
+    name: str,
+    version: int,
 ) -> Any | None:
     """Explain a prediction: attributions per input feature, or whatever the model offers.
 
@@ -140,6 +149,8 @@ def classify(
     parameters: dict[str, Any],
     model: Any,
     signature_name: str | None,
+    name: str,
+    version: int,
 ) -> list[list[tuple[str, float]]] | None:
     """Classify ``tf.Example``-like records (V1 ``:classify``, gRPC ``Classify``).
 
@@ -156,6 +167,8 @@ def regress(
     parameters: dict[str, Any],
     model: Any,
     signature_name: str | None,
+    name: str,
+    version: int,
 ) -> list[float] | None:
     """Regress ``tf.Example``-like records (V1 ``:regress``, gRPC ``Regress``).
 
@@ -170,7 +183,7 @@ def regress(
 
 
 @hookspec(firstresult=True)
-def complete(request: Any, parameters: dict[str, Any], model: Any) -> Any | None:
+def complete(request: Any, parameters: dict[str, Any], model: Any, name: str, version: int) -> Any | None:
     """Generate one text for a completions or chat request (OpenAI API).
 
     The framework validates the OpenAI request, formats chat messages (through
@@ -204,7 +217,7 @@ def tokenizer(model: Any) -> Any | None:
 
 
 @hookspec(firstresult=True)
-def embed(texts: list[str], parameters: dict[str, Any], model: Any) -> Any | None:
+def embed(texts: list[str], parameters: dict[str, Any], model: Any, name: str, version: int) -> Any | None:
     """Embed texts (OpenAI ``/v1/embeddings``).
 
     The framework truncates to the request's ``dimensions`` (renormalising
@@ -223,7 +236,7 @@ def embed(texts: list[str], parameters: dict[str, Any], model: Any) -> Any | Non
 
 
 @hookspec(firstresult=True)
-def preprocess(inputs: Tensors, parameters: dict[str, Any], model: Any) -> Tensors | None:
+def preprocess(inputs: Tensors, parameters: dict[str, Any], model: Any, name: str, version: int) -> Tensors | None:
     """Map decoded inputs before :func:`predict` and :func:`explain` (custom input mapping).
 
     :returns: the inputs to use instead, or ``None`` to keep them (first result wins).
@@ -231,7 +244,7 @@ def preprocess(inputs: Tensors, parameters: dict[str, Any], model: Any) -> Tenso
 
 
 @hookspec(firstresult=True)
-def postprocess(outputs: Any, parameters: dict[str, Any], model: Any) -> Any | None:
+def postprocess(outputs: Any, parameters: dict[str, Any], model: Any, name: str, version: int) -> Any | None:
     """Map a prediction's outputs before they are encoded for the client.
 
     Not called for streaming (generator) predictions.

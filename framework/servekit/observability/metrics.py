@@ -202,19 +202,12 @@ class BatchSizePlugin:
         self.dataplane = dataplane
 
     @servekit.hookimpl(wrapper=True)
-    def predict(self, inputs: Any, model: Any):
+    def predict(self, inputs: Any, name: str):
         rows = _rows(inputs)
         result = yield
         if result is not None and rows:
-            observe_batch(self._name_of(model), rows)
+            observe_batch(name, rows)
         return result
-
-    def _name_of(self, model: Any) -> str:
-        for name, m in self.dataplane.repository.models.items():
-            for mv in m.versions.values():
-                if mv.model is model:
-                    return name
-        return ""
 
 
 def _rows(inputs: Any) -> int:

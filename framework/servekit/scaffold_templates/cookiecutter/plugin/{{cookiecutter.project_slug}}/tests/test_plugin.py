@@ -14,7 +14,7 @@ import servekit
 
 
 class Doubler:
-    """The loaded model; the plugin counts by this class name."""
+    """The loaded model."""
 
 
 @servekit.hookimpl
@@ -43,11 +43,11 @@ def test_registered_as_a_servekit_plugin():
 
 def test_counts_predictions(servekit_app, model_dir):
     client = servekit_app(model_dir)
-    before = client.get("/-/{{ cookiecutter.entry_point }}").get_json()["predictions"].get("Doubler", 0)
+    before = client.get("/-/{{ cookiecutter.entry_point }}").get_json()["predictions"].get("doubler", 0)
     response = client.post("/v1/models/doubler:predict", json={"instances": [[1.0, 2.0]]})
     assert response.status_code == 200, response.get_json()
     assert response.get_json()["predictions"] == [[2.0, 4.0]]
-    after = client.get("/-/{{ cookiecutter.entry_point }}").get_json()["predictions"]["Doubler"]
+    after = client.get("/-/{{ cookiecutter.entry_point }}").get_json()["predictions"]["doubler"]
     assert after == before + 1
 
 
@@ -60,4 +60,4 @@ def test_works_in_the_real_server(servekit_server, model_dir):
     with urllib.request.urlopen(request, timeout=30) as response:
         assert json.load(response)["predictions"] == [[6.0]]
     with urllib.request.urlopen(server.url + "/-/{{ cookiecutter.entry_point }}", timeout=30) as response:
-        assert json.load(response)["predictions"] == {"Doubler": 1}
+        assert json.load(response)["predictions"] == {"doubler": 1}

@@ -22,10 +22,9 @@ failures: Counter[str] = Counter()
 
 
 @servekit.hookimpl(wrapper=True)
-def predict(model: Any) -> Any:
-    """Called around each predict; ``yield`` runs the inner implementations and returns their result."""
-    # Hooks receive the loaded model, not its name: count by the model's class.
-    name = type(model).__name__
+def predict(name: str) -> Any:
+    """Called around each predict of the model served as ``name``; ``yield`` runs the
+    inner implementations and returns their result."""
     try:
         result = yield
     except Exception:
