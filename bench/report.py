@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
 
 PEERS = ("mlserver", "kserve")
 

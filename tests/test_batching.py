@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 import requests
-
 from servekit import batching
 from servekit.batching import Batcher, Unsplittable, batch_key, split, stack
-from servekit.errors import BadRequest
 
 WAIT = 30.0  # generous upper bound for a step that should happen at once
 

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-
 from servekit.codecs import json as jsonc
 from servekit.codecs import tf_json
 from servekit.errors import BadRequest

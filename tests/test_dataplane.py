@@ -6,7 +6,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from servekit.dataplane import filter_outputs, join_stream
 from servekit.errors import BadRequest, ModelFailure
 

@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from servekit import hookspecs, plugins
 
 ROOT = Path(__file__).parent.parent

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from generative_models import build_tiny_gpt2, minilm_folder
-
 from servekit.errors import BadRequest
 from servekit.generation import GenerationRequest
 from servekit.types import ModelConfig

@@ -14,7 +14,6 @@ import pytest
 import sseclient
 from conftest import fit_iris
 from generative_models import ECHO_MODEL_PY, TOKENIZER_MODEL_PY, write_model
-
 from servekit.generation import StopScanner, cut_at_stop
 
 

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import fit_iris
 from servekit import plugins
 

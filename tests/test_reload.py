@@ -7,7 +7,6 @@ import threading
 import time
 
 import requests
-
 from conftest import fit_iris
 
 ROWS = {"instances": [[5.1, 3.5, 1.4, 0.2]]}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import fit_iris
 from servekit import plugins
 from servekit.config import ConfigError, parse_model_config, select_versions

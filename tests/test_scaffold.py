@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from servekit.testing import ServerProcess, free_port
 
 HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))

@@ -12,14 +12,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import requests
-
-from servekit.testing import ServerProcess
-
 from conftest import fit_iris
+from servekit.testing import ServerProcess
 from test_scaffold import bake, files_in
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
 from servekit import settings as s
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import joblib
 import numpy as np
 import pytest
+from conftest import fit_iris
+from servekit.errors import BadRequest
+from servekit_sklearn.attributions import attributions
+from servekit_sklearn.estimator import load_estimator
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.linear_model import LogisticRegression
 from sklearn.svm import SVC
-
-from conftest import fit_iris
-from servekit.errors import BadRequest
-from servekit_sklearn.estimator import load_estimator
-from servekit_sklearn.attributions import attributions
 
 ROW = [[5.1, 3.5, 1.4, 0.2]]
 

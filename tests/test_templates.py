@@ -21,7 +21,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-
 from servekit import scaffold
 from servekit.cli import main as cli
 
@@ -188,7 +187,6 @@ def test_kserve_check_catches_mistakes():
 def test_gunicorn_conf_matches_servekit_serve(monkeypatch):
     """The image's gunicorn config makes the same choices as ``servekit serve`` for the same variables."""
     from gunicorn.config import Config
-
     from servekit.server.gunicorn_app import ServekitApplication
     from servekit.settings import resolve
 
@@ -245,7 +243,7 @@ def test_build_without_docker_writes_files_and_says_how(model_folder, capsys, mo
 def test_build_keeps_an_edited_dockerfile(model_folder, capsys):
     assert cli(["build", str(model_folder), "--no-docker"]) == 0
     dockerfile = model_folder / "Dockerfile"
-    edited = "\n".join(l for l in dockerfile.read_text().splitlines() if scaffold.MARKER not in l) + "\n# mine\n"
+    edited = "\n".join(line for line in dockerfile.read_text().splitlines() if scaffold.MARKER not in line) + "\n# mine\n"
     dockerfile.write_text(edited)
     assert cli(["build", str(model_folder), "--no-docker", "--gpu"]) == 0
     assert dockerfile.read_text() == edited

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TF_DATA, fit_regressor
-
 import servekit_tensorflow as plugin
+from conftest import TF_DATA, fit_regressor
 from servekit.errors import BadRequest
 from servekit.types import ModelConfig
 
@@ -100,7 +99,6 @@ def test_metadata_hook(three):
 
 def test_device_cpu_hides_gpus():
     import tensorflow as tf
-
     from servekit_tensorflow.savedmodel import _session_config
 
     config, pin = _session_config(tf, "cpu", {"intra_op_parallelism_threads": 1})

@@ -6,10 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor
-
 from servekit.codecs import v2
 from servekit.errors import BadRequest, ModelFailure
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor
 
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
 
@@ -51,7 +50,7 @@ def test_binary_shares_a_writable_buffer():
 
 
 def test_bytes_binary_is_tritonclients_length_prefixed_layout():
-    arr = np.array([[b"ab", b""], [b"\xff\x00z", "text".encode()]], dtype=object)
+    arr = np.array([[b"ab", b""], [b"\xff\x00z", b"text"]], dtype=object)
     raw = v2.tensor_to_bytes(arr)
     assert raw == serialize_byte_tensor(arr).item()
     back = v2.tensor_from_bytes("BYTES", [2, 2], raw)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Dict, Union
 
 import joblib
 from kserve import InferRequest, InferResponse, Model, ModelServer, model_server
@@ -29,8 +28,8 @@ class SKLearnModel(Model):
         return self.ready
 
     def predict(
-        self, payload: Union[Dict, InferRequest], headers: Dict[str, str] = None
-    ) -> Union[Dict, InferResponse]:
+        self, payload: dict | InferRequest, headers: dict[str, str] = None
+    ) -> dict | InferResponse:
         instances = get_predict_input(payload)
         result = self.model.predict(instances)
         return get_predict_response(payload, result, self.name)

@@ -35,8 +35,9 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 import numpy as np
 import orjson

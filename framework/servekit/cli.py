@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__, plugins, settings as settings_mod
+from . import __version__, plugins
+from . import settings as settings_mod
 
 
 def main(argv: list[str] | None = None) -> int:

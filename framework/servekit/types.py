@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 #: Decoded request tensors: named (``dict``) or one unnamed array.
-Tensors = Union[dict[str, np.ndarray], np.ndarray]
+Tensors = dict[str, np.ndarray] | np.ndarray
 
 DEFAULT_SIGNATURE = "serving_default"
 PREDICT_METHOD = "tensorflow/serving/predict"

@@ -21,12 +21,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from transformers import (
-    LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer,
-)
-
 from servekit.errors import BadRequest
 from servekit.generation import GenerationChunk, GenerationRequest, GenerationResult
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TextIteratorStreamer,
+)
 
 #: ``max_tokens`` when a chat request sets none and the model has no known context length
 DEFAULT_MAX_NEW_TOKENS = 512

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from servekit.errors import BadRequest
 
 #: sentence-transformers' pooling keys, in the order it concatenates them

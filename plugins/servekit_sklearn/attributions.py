@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from servekit.errors import BadRequest, NotImplementedByModel
 
 from .estimator import SklearnModel

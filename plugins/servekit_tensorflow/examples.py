@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from servekit.errors import BadRequest
 
 from .metadata import tf_dtype_name

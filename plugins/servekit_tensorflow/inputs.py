@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from servekit.codecs.dtypes import V2_TO_NUMPY
 from servekit.errors import BadRequest
 

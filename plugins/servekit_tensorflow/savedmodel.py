@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from servekit.errors import BadRequest, ModelFailure
 from servekit.types import ModelConfig
 

@@ -31,8 +31,15 @@ from ..repository import ModelVersion
 from . import openai_requests as req
 from .http import dataplane, json_object, json_response
 from .streaming import (
-    REQUEST_LOG_HEADER, error_message, event, first_item, log_headers, metadata_comment,
-    prediction_log_id, request_log_id, sse_response,
+    REQUEST_LOG_HEADER,
+    error_message,
+    event,
+    first_item,
+    log_headers,
+    metadata_comment,
+    prediction_log_id,
+    request_log_id,
+    sse_response,
 )
 from .v1 import model_status
 

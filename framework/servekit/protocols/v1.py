@@ -125,7 +125,7 @@ def infer(target: str):
         examples = tf_json.decode_examples(body)
         if verb == "classify":
             results = dp.classify(mv, examples, parameters=parameters, signature_name=signature)
-            return json_response({"results": [[[str(l), float(s)] for l, s in r] for r in results]})
+            return json_response({"results": [[[str(label), float(score)] for label, score in r] for r in results]})
         results = dp.regress(mv, examples, parameters=parameters, signature_name=signature)
         return json_response({"results": [float(v) for v in results]})
     inputs, row_format = tf_json.decode_predict_request(body)

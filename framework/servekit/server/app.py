@@ -112,8 +112,8 @@ def _install_api_key(app: Flask, key: str, open_paths: list[str] | tuple[str, ..
     @app.before_request
     def check_api_key():
         if is_open_path(request.path, open_paths):
-            return None
+            return
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, expected):
             raise Unauthorized("missing or wrong API key; send 'Authorization: Bearer <key>'")
-        return None
+        return
