@@ -319,12 +319,8 @@ class ModelRepository:
     def resolve(self, name: str, version: int | str | None = None, label: str | None = None) -> ModelVersion:
         """The version a request addresses: a number, a label, or the latest available."""
         model = self.get_model(name)
-        if label is not None:
-            if label not in model.config.labels:
-                raise NotFound(f"Unrecognized servable version label: {label}")
-            version = model.config.labels[label]
-        if version is not None:
-            number = _parse_version(version)
+        number = _addressed_version(model, version, label)
+        if number is not None:
             mv = model.versions.get(number)
             if mv is None:
                 raise NotFound(f"Servable not found for request: Specific({name}, {number})")
@@ -345,18 +341,23 @@ class ModelRepository:
 
     def statuses(self, name: str, version: int | str | None = None, label: str | None = None) -> list[ModelVersion]:
         model = self.get_model(name)
-        if label is not None:
-            if label not in model.config.labels:
-                raise NotFound(f"Unrecognized servable version label: {label}")
-            version = model.config.labels[label]
-        if version is not None:
-            number = _parse_version(version)
+        number = _addressed_version(model, version, label)
+        if number is not None:
             if number not in model.versions:
                 raise NotFound(f"Could not find version {number} of model {name}")
             return [model.versions[number]]
         if not model.versions and not self.ready:
             return [ModelVersion(name, 0, model.base_path, model.config, State.LOADING)]
         return sorted(model.versions.values(), key=lambda v: v.version, reverse=True)
+
+
+def _addressed_version(model: Model, version: int | str | None, label: str | None) -> int | None:
+    """The version number a request names, directly or through a label; ``None`` for the latest."""
+    if label is not None:
+        if label not in model.config.labels:
+            raise NotFound(f"Unrecognized servable version label: {label}")
+        return model.config.labels[label]
+    return None if version is None else _parse_version(version)
 
 
 def _parse_version(version: int | str) -> int:
