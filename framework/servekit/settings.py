@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,8 @@ class Settings:
     http_port: int = _opt(8080, "HTTP port (REST: V1, V2, OpenAI)")
     grpc_port: int = _opt(8081, "gRPC port (TF Serving and V2 services); 0 disables gRPC")
     grpc_max_message_size: int = _opt(64 * 1024 * 1024, "largest gRPC message in bytes, either way (RESOURCE_EXHAUSTED above)")
-    workers: int = _opt(1, "gunicorn worker processes (each loads every model)")
+    workers: str = _opt("auto", "HTTP worker processes: a number, or 'auto' for the CPUs this process may use (affinity and cgroup quota)")
+    server: str = _opt("gunicorn", "HTTP engine for the WSGI app: 'gunicorn' (default) or 'granian' (Rust HTTP, higher throughput)", choices=("gunicorn", "granian"))
     threads: int = _opt(16, "threads per worker (concurrent requests and streams per worker)")
     plugin: list[str] = field(default_factory=list, metadata={"help": "plugin module or .py file (repeatable)", "repeat": True})
     config: str | None = _opt(None, "YAML file with any of these settings")
@@ -41,6 +42,10 @@ class Settings:
     max_batch_time_ms: float = _opt(2.0, "default longest wait to fill a batch, in milliseconds")
     log_level: str = _opt("info", "debug, info, warning or error")
     preload: bool = _opt(False, "load models once in the master before forking workers", flag=True)
+    strict_readiness: bool = _opt(True, "/v2/health/ready is 200 only when every model has an AVAILABLE version; --no-strict-readiness: every first load finished and one model AVAILABLE", flag=True)
+    model_control_mode: str = _opt("none", "V2 repository load/unload: 'none' refuses them (4xx), 'explicit' allows them (Triton's flag)", choices=("none", "explicit"))
+    grpc_tensor_content: bool = _opt(False, "TF Serving gRPC answers in tensor_content instead of the typed fields (TF Serving's --enable_serialization_as_tensor_content)", flag=True)
+    placement: str = _opt("worker", "where models run unless servekit.yaml says: 'worker' (inside each HTTP worker) or 'process' (a model host process shared by all workers)", choices=("worker", "process"))
     # -- production hardening (docs/operations.md) --
     open_paths: list[str] = field(default_factory=lambda: ["/v2/health/", "/metrics"], metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True})
     max_inflight: int = _opt(0, "requests one worker runs at once; 0 means its thread count")
@@ -71,9 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f.name, nargs="*", default=None, help=meta["help"])
             continue
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{meta['help']} (env {env_name(f.name)})"
+        default = None if f.default is MISSING else f.default
+        shown = "" if default in (None, "", []) or meta.get("flag") else f"default {default}; "
+        help_text = f"{meta['help']} ({shown}env {env_name(f.name)})"
         if meta.get("flag"):
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif meta.get("choices"):
+            parser.add_argument(flag, dest=f.name, default=None, choices=meta["choices"], help=help_text)
         elif meta.get("repeat"):
             parser.add_argument(flag, action="append", default=None, help=help_text)
         else:
@@ -126,5 +135,34 @@ def _coerce(values: dict[str, Any]) -> Settings:
                 value = None if raw is None else str(raw)
         except ValueError:
             raise ValueError(f"setting {f.name}: expected a {type(default).__name__}, found {raw!r}") from None
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise ValueError(f"setting {f.name}: expected one of {', '.join(choices)}, found {raw!r}")
         setattr(settings, f.name, value)
+    _validate(settings)
     return settings
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _validate(settings: Settings) -> None:
+    """Refuse values no server could start with, naming the flag (the CLI prints one line)."""
+    if settings.log_level.lower() not in _LOG_LEVELS:
+        raise ValueError(f"--log-level: expected one of {', '.join(_LOG_LEVELS)}, found {settings.log_level!r}")
+    settings.log_level = settings.log_level.lower()
+    if not 1 <= settings.http_port <= 65535:
+        raise ValueError(f"--http-port: expected a port between 1 and 65535, found {settings.http_port}")
+    if not 0 <= settings.grpc_port <= 65535:
+        raise ValueError(f"--grpc-port: expected a port between 1 and 65535 (0 disables gRPC), found {settings.grpc_port}")
+    if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) > 0):
+        raise ValueError(f"--workers: expected a positive number or 'auto', found {settings.workers!r}")
+
+
+def worker_count(settings: Settings) -> int:
+    """``--workers`` as a number: ``auto`` is the CPUs this process may use."""
+    if settings.workers == "auto":
+        from .cpus import available_cpus
+
+        return available_cpus()
+    return int(settings.workers)

@@ -29,7 +29,7 @@ from gunicorn.app.base import BaseApplication
 
 from ..observability import logging as log_setup
 from ..observability import metrics
-from ..settings import Settings
+from ..settings import Settings, worker_count
 
 log = logging.getLogger("servekit.server")
 
@@ -45,7 +45,7 @@ class ServekitApplication(BaseApplication):
         s = self.settings
         options = {
             "bind": [f"{s.host}:{s.http_port}"],
-            "workers": s.workers,
+            "workers": worker_count(s),
             "worker_class": "gthread",
             "threads": s.threads,
             # gunicorn's timeout kills a silent worker; requests have their own limit
