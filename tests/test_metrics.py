@@ -13,8 +13,9 @@ import pytest
 import requests
 import servekit
 from hardening_models import hardening_repo
-from servekit.observability.request_log import RequestLog, split_predictions
+from servekit.observability.request_log import split_predictions
 from servekit.testing import ServerProcess
+from servekit.types import RequestLog
 
 LINEAR = {"instances": [[1, 2]]}
 _SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")

@@ -33,8 +33,7 @@ import pluggy
 if TYPE_CHECKING:
     from flask import Flask
 
-    from .observability.request_log import RequestLog
-    from .types import ModelConfig, ModelMetadata, Tensors
+    from .types import ModelConfig, ModelMetadata, RequestLog, Tensors
 
 hookspec = pluggy.HookspecMarker("servekit")
 hookimpl = pluggy.HookimplMarker("servekit")
@@ -284,7 +283,7 @@ def log_request(record: RequestLog) -> None:
     quick (queue the work): it runs on the request's thread.  An exception is
     logged and ignored; the client's answer is already decided.
 
-    :param record: a :class:`servekit.observability.request_log.RequestLog`:
+    :param record: a :class:`servekit.types.RequestLog`:
         ``request_log_id`` (the ``X-Request-Log-Id`` the client got),
         ``request_id`` (``X-Request-Id``), ``method``, ``path``, ``protocol``,
         ``model``, ``status``, ``duration_ms``, the request and response bodies

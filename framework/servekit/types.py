@@ -1,7 +1,13 @@
-"""Plain data types shared by the core, the protocols and plugins."""
+"""Plain data types shared by the core, the protocols and plugins.
+
+This module imports nothing from servekit, so any module (``hookspecs`` included)
+can name these types without joining an import cycle.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,3 +80,63 @@ class ModelConfig:
     options: dict[str, Any] = field(default_factory=dict)
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
+
+
+# -- the request log's records (the ``log_request`` hook's argument) ----------------------------
+
+
+@dataclass
+class PredictionLog:
+    """One prediction of a logged answer: a row, an OpenAI choice, a streamed event."""
+
+    prediction_log_id: str
+    index: int
+    output: str  # JSON text of this prediction ("" when too large to keep)
+
+
+@dataclass
+class RequestLog:
+    """One answered inference request, as the ``log_request`` hook receives it."""
+
+    request_log_id: str
+    request_id: str
+    created: float
+    method: str
+    path: str
+    protocol: str
+    model: str
+    status: int
+    duration_ms: float
+    request_body: str
+    response_body: str
+    predictions: list[PredictionLog] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requestLogId": self.request_log_id,
+            "requestId": self.request_id,
+            "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created)),
+            "method": self.method,
+            "path": self.path,
+            "protocol": self.protocol,
+            "model": self.model,
+            "status": self.status,
+            "durationMs": round(self.duration_ms, 3),
+            "request": maybe_json(self.request_body),
+            "response": maybe_json(self.response_body),
+            "predictionLogIds": [p.prediction_log_id for p in self.predictions],
+            "predictions": [
+                {"predictionLogId": p.prediction_log_id, "index": p.index, "output": maybe_json(p.output)}
+                for p in self.predictions
+            ],
+        }
+
+
+def maybe_json(text: str) -> Any:
+    """A stored body as JSON when it parses, else the text itself (``None`` when empty)."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

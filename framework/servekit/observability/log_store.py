@@ -22,7 +22,7 @@ from typing import Any
 
 import servekit
 
-from .request_log import PredictionLog, RequestLog
+from ..types import PredictionLog, RequestLog
 
 log = logging.getLogger("servekit.request_log")
 

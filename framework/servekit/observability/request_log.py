@@ -20,13 +20,13 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from flask import Blueprint, Flask, Response, current_app, g, request
+from flask import Blueprint, Flask, Response, current_app, g, has_request_context, request
 
 from ..errors import NotFound
+from ..types import PredictionLog, RequestLog, maybe_json
 from . import labels
 from .logging import current_request_id
 
@@ -40,56 +40,12 @@ MAX_PARSED = 1024 * 1024  # larger answers are not split (one id, no outputs): p
 MAX_ID_HEADER = 100  # more predictions than this: ids only through the log API
 
 
-@dataclass
-class PredictionLog:
-    prediction_log_id: str
-    index: int
-    output: str  # JSON text of this prediction ("" when too large to keep)
-
-
-@dataclass
-class RequestLog:
-    """One answered inference request, as the ``log_request`` hook receives it."""
-
-    request_log_id: str
-    request_id: str
-    created: float
-    method: str
-    path: str
-    protocol: str
-    model: str
-    status: int
-    duration_ms: float
-    request_body: str
-    response_body: str
-    predictions: list[PredictionLog] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "requestLogId": self.request_log_id,
-            "requestId": self.request_id,
-            "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created)),
-            "method": self.method,
-            "path": self.path,
-            "protocol": self.protocol,
-            "model": self.model,
-            "status": self.status,
-            "durationMs": round(self.duration_ms, 3),
-            "request": _maybe_json(self.request_body),
-            "response": _maybe_json(self.response_body),
-            "predictionLogIds": [p.prediction_log_id for p in self.predictions],
-            "predictions": [
-                {"predictionLogId": p.prediction_log_id, "index": p.index, "output": _maybe_json(p.output)}
-                for p in self.predictions
-            ],
-        }
-
-
-# -- ids --------------------------------------------------------------------------------------
+# -- ids: defined here only; the protocols hand them out -----------------------------------
 
 REQUEST_LOG_HEADER = "X-Request-Log-Id"
 PREDICTION_LOG_HEADER = "X-Prediction-Log-Ids"
-_TRAILER = b": servekit-metadata "
+METADATA_COMMENT = "servekit-metadata"  # a stream's closing ``: servekit-metadata {...}``
+_TRAILER = b": " + METADATA_COMMENT.encode() + b" "
 
 
 def request_log_id() -> str:
@@ -97,14 +53,18 @@ def request_log_id() -> str:
 
     The protocols put the ids they hand out in the response (headers, or a
     stream's closing comment); the log stores what the client got and makes ids
-    only for answers that carry none.
+    only for answers that carry none.  A logging plugin that sets
+    ``g.request_log_id`` first has its id reused.
     """
+    if not has_request_context():
+        return str(uuid.uuid4())
     if "request_log_id" not in g:
         g.request_log_id = str(uuid.uuid4())
     return g.request_log_id
 
 
-def new_prediction_log_id() -> str:
+def prediction_log_id() -> str:
+    """A new id for one prediction (a predict answer, a streamed item, a completion choice)."""
     return str(uuid.uuid4())
 
 
@@ -150,15 +110,6 @@ def _v2_rows(outputs: list[dict[str, Any]]) -> list[Any]:
         return [{"outputs": outputs}]
 
 
-def _maybe_json(text: str) -> Any:
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def _clip(data: bytes | str) -> str:
     if isinstance(data, bytes):
         data = data[:MAX_BODY].decode("utf-8", errors="replace")
@@ -198,7 +149,7 @@ def get_prediction_log(prediction_log_id: str):
         raise NotFound(f"no prediction log with id {prediction_log_id!r}")
     p = match[0]
     return _json({"predictionLogId": p.prediction_log_id, "requestLogId": record.request_log_id,
-                  "index": p.index, "model": record.model, "output": _maybe_json(p.output)})
+                  "index": p.index, "model": record.model, "output": maybe_json(p.output)})
 
 
 class _TeeInput:
@@ -296,7 +247,7 @@ def _predictions(body: bytes, given: list[str]) -> list[PredictionLog]:
     if given and len(given) != len(items):
         # the protocol numbered the answer differently (one id for a whole batch)
         items = [document] if len(given) == 1 and document is not None and len(body) <= MAX_BODY else []
-    ids = given or [new_prediction_log_id() for _ in items or [None]]
+    ids = given or [prediction_log_id() for _ in items or [None]]
     keep = len(body) <= MAX_BODY
     return [
         PredictionLog(pid, i, json.dumps(items[i]) if keep and i < len(items) else "")
@@ -361,7 +312,7 @@ class _StreamLog:
             if close is not None:
                 close()
         finally:
-            ids = self._trailer_ids or [new_prediction_log_id() for _ in self._events]
+            ids = self._trailer_ids or [prediction_log_id() for _ in self._events]
             self._record.predictions = [
                 PredictionLog(pid, i, self._events[i] if i < len(self._events) else "")
                 for i, pid in enumerate(ids)

@@ -14,40 +14,28 @@ model's generator, which stops it.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from flask import Response, g, has_request_context
+from flask import Response
 
 from ..codecs import json as jsonc
 from ..codecs import tf_json
 from ..errors import ModelFailure, ServekitError
+from ..observability.request_log import (
+    METADATA_COMMENT,
+    PREDICTION_LOG_HEADER,
+    REQUEST_LOG_HEADER,
+    prediction_log_id,
+    request_log_id,
+)
 
 log = logging.getLogger("servekit.sse")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-REQUEST_LOG_HEADER = "X-Request-Log-Id"
-PREDICTION_LOG_HEADER = "X-Prediction-Log-Ids"
-METADATA_COMMENT = "servekit-metadata"
 
 
-# -- log ids --------------------------------------------------------------------------
-
-
-def request_log_id() -> str:
-    """This request's log id: one per HTTP request, kept in ``flask.g`` so a
-    request-logging plugin that sets ``g.request_log_id`` first is reused."""
-    if not has_request_context():
-        return str(uuid.uuid4())
-    if "request_log_id" not in g:
-        g.request_log_id = str(uuid.uuid4())
-    return g.request_log_id
-
-
-def prediction_log_id() -> str:
-    """A new id for one prediction (a predict answer, a streamed item, a completion choice)."""
-    return str(uuid.uuid4())
+# -- log ids (defined by the request log) ---------------------------------------------
 
 
 def log_headers(request_id: str, prediction_ids: list[str]) -> dict[str, str]:
