@@ -1,0 +1,152 @@
+"""No import cycle among servekit's modules, counting deferred and type-only imports.
+
+A cycle that only works because one side imports inside a function or under
+``TYPE_CHECKING`` still ties the modules together: the layering in
+docs/architecture.md (protocol → codec → data plane → repository → plugins)
+holds only if no lower layer reaches back up, whenever the import runs.  So the
+graph here is read from the source with ``ast``, every ``import`` statement
+included.  A package's ``__init__`` is not counted as imported by its
+submodules' importers: re-exporting its children is what an ``__init__`` is for.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = [REPO / "framework" / "servekit", *sorted(p for p in (REPO / "plugins").iterdir() if (p / "__init__.py").exists())]
+SKIP = {"scaffold_templates"}  # Jinja templates, not modules
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    """Dotted module name → file, for every module under ``package``."""
+    found = {}
+    for path in package.rglob("*.py"):
+        if SKIP & set(path.relative_to(package).parts):
+            continue
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``name`` imports anywhere in its source."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            edges.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(package, node.level, node.module)
+            for alias in node.names:  # `from pkg import sub` imports the submodule
+                sub = f"{base}.{alias.name}"
+                edges.add(sub if sub in modules else base)
+    edges.discard(name)
+    return edges & modules.keys()
+
+
+def _resolve(package: str, level: int, module: str | None) -> str:
+    if not level:
+        return module or ""
+    parts = package.split(".")
+    parts = parts[: len(parts) - (level - 1)]
+    return ".".join([*parts, module] if module else parts)
+
+
+def import_graph(packages: list[Path]) -> dict[str, set[str]]:
+    modules: dict[str, Path] = {}
+    for package in packages:
+        modules.update(module_files(package))
+    return {name: imported(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def describe(graph: dict[str, set[str]], component: list[str]) -> str:
+    members = set(component)
+    return "\n".join(f"  {m} -> {', '.join(sorted(graph[m] & members))}" for m in component)
+
+
+def test_servekit_and_its_plugins_have_no_import_cycle():
+    graph = import_graph(PACKAGES)
+    assert "servekit.dataplane" in graph and "servekit_sklearn" in graph
+    found = cycles(graph)
+    assert not found, "import cycles (deferred and TYPE_CHECKING imports count):\n" + "\n\n".join(
+        describe(graph, c) for c in found
+    )
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / "pkg"
+
+
+@pytest.mark.parametrize(
+    "b_source",
+    [
+        "def f():\n    from ..a import x\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import x\n",
+        "def f():\n    import pkg.a\n",
+        "from .. import a\n",
+    ],
+    ids=["deferred", "type-only", "absolute", "from-package"],
+)
+def test_the_graph_sees_every_kind_of_import(tmp_path, b_source):
+    package = _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from .sub.b import y\n",
+                                "pkg/sub/__init__.py": "", "pkg/sub/b.py": b_source})
+    graph = import_graph([package])
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+
+
+def test_an_acyclic_package_passes(tmp_path):
+    package = _write(tmp_path, {"pkg/__init__.py": "from .a import x\nfrom .b import y\n",
+                                "pkg/a.py": "from .b import y\nx = y\n", "pkg/b.py": "import os\ny = 1\n"})
+    graph = import_graph([package])
+    assert graph["pkg.a"] == {"pkg.b"} and cycles(graph) == []
