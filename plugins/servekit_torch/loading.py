@@ -53,10 +53,12 @@ def load_model(file: Path, config: ModelConfig) -> TorchModel:
         log.warning("options not used by the torch plugin: %s", ", ".join(sorted(unknown)))
     device = resolve_device(config.device)
     form = ARTIFACTS[file.name]
+    fields: list[str] | None = None  # a NamedTuple's field names name its outputs
     if form == "torchscript":
         module = _load_torchscript(file, device)
         inputs = signature.script_inputs(module)
         kind, count = signature.script_outputs(module)
+        fields = signature.script_output_fields(module)
         outputs: list[OutputSpec] | None = None
     elif form == "export":
         module, inputs, kind, outputs = _load_export(file, device)
@@ -65,6 +67,7 @@ def load_model(file: Path, config: ModelConfig) -> TorchModel:
         module = _load_state_dict_module(file, config, options, device)
         inputs = signature.module_inputs(module)
         kind, count = signature.module_outputs(module)
+        fields = signature.module_output_fields(module)
         outputs = None
 
     half = _half(options, device, form)
@@ -80,7 +83,7 @@ def load_model(file: Path, config: ModelConfig) -> TorchModel:
         float_dtype="float16" if half else _float_dtype(module),
         half=half,
         keywords=form != "export",
-        output_names=signature.output_names_option(options.get("outputs")),
+        output_names=signature.output_names_option(options.get("outputs")) or fields,
         options=options,
     )
     model.outputs = _output_specs(model, kind, count, outputs)
@@ -116,7 +119,8 @@ def _half(options: dict[str, Any], device: torch.device, form: str) -> bool:
     return True
 
 
-def _float_dtype(module: Any) -> str:
+def _float_dtype(module: Any) -> str | None:
+    """The dtype of the module's floating parameters and buffers; ``None`` when it has none."""
     tensors = module.state_dict().values()
     for tensor in tensors:
         if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
@@ -124,7 +128,7 @@ def _float_dtype(module: Any) -> str:
                 return dtype_name(tensor.dtype)
             except ValueError:
                 break
-    return "float32"
+    return None
 
 
 # ---------------------------------------------------------------------------

@@ -46,8 +46,9 @@ class TorchModel:
     #: ``tensor``, ``tuple``, ``dict`` or ``unknown`` (learned from the first call)
     output_kind: str
     outputs: list[OutputSpec]
-    #: the dtype floating inputs are fed when nothing declares one (the parameters' dtype)
-    float_dtype: str = "float32"
+    #: the dtype undeclared floating inputs are fed (the parameters' dtype); ``None``
+    #: when the module has no floating parameters: inputs keep the client's datatype
+    float_dtype: str | None = "float32"
     #: the server converted the model to float16 (``options.half`` on a GPU)
     half: bool = False
     #: ``forward`` takes keyword arguments (an exported program takes positions only)

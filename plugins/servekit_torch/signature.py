@@ -51,6 +51,9 @@ def module_outputs(module: torch.nn.Module) -> tuple[str, int]:
 def _kind_of_annotation(annotation: Any) -> tuple[str, int]:
     if annotation is torch.Tensor:
         return "tensor", 1
+    fields = getattr(annotation, "_fields", None)
+    if isinstance(annotation, type) and issubclass(annotation, tuple) and fields is not None:
+        return "tuple", len(fields)  # a NamedTuple
     origin = typing.get_origin(annotation)
     if origin is tuple:
         args = typing.get_args(annotation)
@@ -68,6 +71,39 @@ def script_inputs(module: Any) -> list[InputSpec]:
         InputSpec(arg.name, required=not arg.has_default_value())
         for arg in schema.arguments[1:]  # the first is self
     ]
+
+
+def module_output_fields(module: torch.nn.Module) -> list[str] | None:
+    """The field names of a NamedTuple ``forward`` is annotated to return, as infer names them."""
+    try:
+        annotation = typing.get_type_hints(module.forward).get("return")
+    except Exception:  # noqa: BLE001 - unresolvable annotations name nothing
+        return None
+    fields = getattr(annotation, "_fields", None)
+    return list(fields) if isinstance(annotation, type) and fields else None
+
+
+def script_output_fields(module: Any) -> list[str] | None:
+    """The field names of a NamedTuple a TorchScript ``forward`` returns (``None`` otherwise).
+
+    The schema's tuple type prints as ``NamedTuple(a : Tensor, b : Tensor)``;
+    the call returns a Python namedtuple whose fields name the outputs, so the
+    metadata must name them the same way.
+    """
+    returns = module.forward.schema.returns
+    if len(returns) != 1 or not isinstance(returns[0].type, torch.TupleType):
+        return None
+    text = returns[0].type.str()
+    if not text.startswith("NamedTuple(") or not text.endswith(")"):
+        return None
+    names, depth, start = [], 0, len("NamedTuple(")
+    for i, char in enumerate(text[start:-1], start):
+        depth += char in "([" or -(char in ")]")
+        if depth == 0 and char == ",":
+            names.append(text[start:i].split(" : ", 1)[0].strip())
+            start = i + 1
+    names.append(text[start:-1].split(" : ", 1)[0].strip())
+    return names if all(n.isidentifier() for n in names) else None
 
 
 def script_outputs(module: Any) -> tuple[str, int]:
@@ -203,8 +239,12 @@ def name_outputs(kind: str, count: int, names: list[str] | None) -> list[OutputS
 
 
 def describe(model: TorchModel) -> ModelMetadata:
-    """One ``serving_default`` signature; undeclared datatypes read as the model's float type."""
-    fallback = wire_datatype(model.float_dtype if not model.half else "float32")
+    """One ``serving_default`` signature; undeclared datatypes read as the model's float type.
+
+    A model without floating parameters takes any float as sent; FP32, what JSON
+    clients are fed, stands for it.
+    """
+    fallback = wire_datatype(model.float_dtype if model.float_dtype and not model.half else "float32")
 
     def spec(name: str, dtype: str | None, shape: list[int] | None) -> TensorSpec:
         return TensorSpec(name, wire_datatype(dtype) if dtype else fallback, shape)

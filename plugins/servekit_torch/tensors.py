@@ -1,13 +1,16 @@
 """Datatypes and devices: request arrays into torch tensors on the model's device, and back.
 
 JSON has one number type, so V1 requests arrive as float64 or int64 arrays; V2
-requests carry their own datatype.  Either way an array is cast to the dtype the
-model is fed (declared in ``servekit.yaml``, read from a ``torch.export``
-program, or the model's floating parameter dtype for floating arrays), and a cast
-that would change a value (an integer out of range, a fraction into an integer
-input, a float overflowing to infinity) is refused with a 400 instead.  Rounding
-a float to a narrower float is accepted: that is what feeding a float32 model
-means, and what TensorFlow Serving does with JSON numbers.
+requests carry their own datatype.  An array is cast to the dtype the model
+declares (in ``servekit.yaml``, in a ``torch.export`` program, or, for floating
+arrays, through the dtype of its floating parameters); a model that declares
+nothing (no options, no floating parameters: an identity, a pure function) is
+fed the client's datatype as is, so servekit never narrows or widens a tensor on
+its own.  A cast that would change a value (an integer out of range, a fraction
+into an integer input) is refused with a 400.  Rounding a float to a narrower
+float is accepted, beyond its range to +/-inf as IEEE rounding has it: that is
+what feeding a float32 model means, and what TensorFlow Serving does with JSON
+numbers (its json_tensor test "FloatTensorThatExceedsMaxReturnsInf").
 
 bfloat16 has no numpy dtype: it travels as FP32 on the wire both ways.
 """
@@ -109,11 +112,14 @@ def resolve_device(requested: str) -> torch.device:
 # ---------------------------------------------------------------------------
 
 
-def default_dtype(array: np.ndarray, float_dtype: str) -> str:
-    """The dtype an input with no declared type is fed: floats take the model's float dtype."""
+def default_dtype(array: np.ndarray, float_dtype: str | None) -> str:
+    """The dtype an input with no declared type is fed.
+
+    Floats take the model's float dtype when it has one, else keep the client's.
+    """
     kind = array.dtype.kind
     if kind == "f":
-        return float_dtype
+        return float_dtype or array.dtype.name
     if kind == "u" and array.dtype.itemsize > 1:
         return "int64"  # torch has only partial uint16/32/64 support; the range is checked
     if kind in "biu":
@@ -146,10 +152,7 @@ def _cast(array: np.ndarray, target: np.dtype, name: str, datatype: str) -> np.n
     with np.errstate(all="ignore"):
         converted = array.astype(target)
     if array.dtype.kind == "f" and target.kind == "f":
-        # narrowing floats rounds (accepted) but must not overflow to infinity
-        if np.any(np.isfinite(array) & ~np.isfinite(converted)):
-            raise BadRequest(f"input {name!r}: values overflow {datatype}")
-        return converted
+        return converted  # narrowing rounds, past the range to +/-inf, as TF Serving does
     if array.dtype.kind in "iu" and target.kind in "iu" and array.size:
         # same-width signed/unsigned casts wrap around and back again: compare ranges
         info = np.iinfo(target)

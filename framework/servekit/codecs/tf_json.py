@@ -127,7 +127,9 @@ def decode_predict_request(body: Any) -> tuple[Any, bool]:
 def decode_instances(instances: Any) -> Any:
     if not isinstance(instances, list):
         raise BadRequest(f"'instances' must be a list, found {_kind(instances)}")
-    if not instances or not isinstance(instances[0], dict) or is_b64(instances[0]):
+    if not instances:  # TF Serving's words; a batch of nothing has no shape to infer
+        raise BadRequest("No values in 'instances' array; expected at least one instance")
+    if not isinstance(instances[0], dict) or is_b64(instances[0]):
         return to_tensor(instances, "instances")
     names = list(instances[0])
     if not names:
