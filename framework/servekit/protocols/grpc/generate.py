@@ -1,11 +1,13 @@
-"""Regenerate the checked-in ``*_pb2.py`` / ``*_pb2_grpc.py`` from ``protos/**/*.proto``.
+"""Regenerate the checked-in ``*_pb2.py`` / ``*_pb2.pyi`` / ``*_pb2_grpc.py`` from ``protos/**/*.proto``.
 
 Run ``python -m servekit.protocols.grpc.generate`` after editing a ``.proto``
 (needs ``grpcio-tools``; the server itself does not).  The generated modules are
 rewritten to register in :data:`servekit.protocols.grpc.protos.pool.POOL`
 instead of protobuf's default pool, so they coexist with TensorFlow's own
 modules of the same message names; ``--check`` fails when the checked-in files
-differ from what the ``.proto`` files generate.
+differ from what the ``.proto`` files generate.  The ``.pyi`` stubs (protoc's
+``--pyi_out``) give type checkers the message classes and their fields, which the
+``_pb2.py`` modules only build at run time.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ def generate(out: Path) -> list[Path]:
         f"-I{ROOT}",
         f"-I{include}",
         f"--python_out={out}",
+        f"--pyi_out={out}",
         f"--grpc_python_out={out}",
         *sources,
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed; see the messages above")
     written = []
-    for path in sorted(out.rglob("*.py")):
+    for path in sorted([*out.rglob("*.py"), *out.rglob("*.pyi")]):
         if path.name.endswith("_pb2_grpc.py") and "class " not in path.read_text():
             path.unlink()  # a file without a service gets an empty stub module
             continue
