@@ -10,7 +10,7 @@ import yaml
 from .types import BatchingConfig, ModelConfig
 
 CONFIG_FILE = "servekit.yaml"
-_KEYS = {"plugin", "version_policy", "labels", "device", "batching", "options"}
+_KEYS = {"plugin", "version_policy", "labels", "device", "batching", "options", "placement", "replicas"}
 
 
 class ConfigError(ValueError):
@@ -60,6 +60,7 @@ def parse_model_config(
         raise ConfigError(f"{CONFIG_FILE}: 'device' must be auto, cpu, cuda or cuda:N, found {device!r}")
     policy = raw.get("version_policy", "latest")
     check_version_policy(policy)
+    placement, replicas = _placement(raw)
     return ModelConfig(
         plugin=raw.get("plugin"),
         version_policy=policy,
@@ -70,8 +71,24 @@ def parse_model_config(
             max_batch_time_ms=float(batching.get("max_batch_time_ms", base.max_batch_time_ms)),
         ),
         options=options,
+        placement=placement,
+        replicas=replicas,
         base_path=model_dir,
     )
+
+
+def _placement(raw: dict[str, Any]) -> tuple[str | None, int]:
+    """``placement`` (worker | process, unset: the server's ``--placement``) and ``replicas``."""
+    placement = raw.get("placement")
+    if placement is not None and placement not in ("worker", "process"):
+        raise ConfigError(f"{CONFIG_FILE}: 'placement' must be worker or process, found {placement!r}")
+    replicas = raw.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
+        raise ConfigError(f"{CONFIG_FILE}: 'replicas' must be a number of host processes from 1 to 64, "
+                          f"found {replicas!r}")
+    if replicas > 1 and placement == "worker":
+        raise ConfigError(f"{CONFIG_FILE}: 'replicas' needs placement: process (each worker has its own copy)")
+    return placement, replicas
 
 
 def check_version_policy(policy: Any) -> None:

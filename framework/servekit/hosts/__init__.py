@@ -1,0 +1,79 @@
+"""Model processes: a model version served by its own host process(es) instead of every HTTP worker.
+
+``placement: process`` in a model's ``servekit.yaml`` (or ``--placement
+process`` for every model) loads the version once, in a *model host*, and the
+HTTP workers and gRPC servers hand it their requests: the adaptive batcher
+then sees the traffic of all workers, and a model whose ``predict`` holds the
+GIL no longer starves request parsing.  ``replicas: N`` starts N hosts that
+take calls in turn.  A CUDA model (``device: cuda`` or ``cuda:N``) always gets
+exactly one host: one CUDA context per device, batching in one place.
+
+Linux only: the hand-off uses Unix sockets and ``/dev/shm``
+(:mod:`.channel`); :mod:`.runtime` keeps the server's hosts together and
+cleans up after them; :mod:`.host` is the host process; :mod:`.client` the
+worker side.  See docs/model-processes.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from pathlib import Path
+from typing import Any
+
+from .runtime import cleanup, default_placement, in_host, prepare_server
+
+__all__ = ["attach", "cleanup", "placement_of", "prepare_server"]
+
+log = logging.getLogger("servekit.hosts")
+
+#: every live client of this process (reset in a forked child)
+_clients: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def placement_of(config: Any) -> tuple[str, int]:
+    """Where a version runs and in how many hosts: ``("worker", 1)`` or ``("process", N)``."""
+    if in_host():
+        return "worker", 1
+    device = str(getattr(config, "device", "auto") or "auto")
+    replicas = int(getattr(config, "replicas", 1) or 1)
+    if device.startswith("cuda"):
+        if replicas > 1:
+            log.warning("device %s: one model host per device (one CUDA context); replicas: %d ignored",
+                        device, replicas)
+        return "process", 1
+    placement = getattr(config, "placement", None) or default_placement()
+    return (placement, replicas) if placement == "process" else ("worker", 1)
+
+
+def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
+    """Serve ``mv`` from host processes: start them if this server has none yet, read the metadata."""
+    from .. import plugins
+    from . import client, runtime
+
+    folder = runtime.ensure()
+    key = client.host_key(mv.name, mv.version, mv.path, mv.fingerprint, mv.config.device)
+    spec = {
+        "name": mv.name, "version": mv.version, "path": str(mv.path),
+        "base_path": str(mv.config.base_path or mv.path.parent), "fingerprint": mv.fingerprint,
+        "plugins": plugin_specs(pm), "batching": [batching.max_batch_size, batching.max_batch_time_ms],
+        "folder": str(folder), "key": key, "log_level": logging.getLevelName(logging.getLogger().level),
+    }
+    host = client.HostClient(spec, replicas)
+    host.start()
+    _clients.add(host)
+    mv.host = host
+    mv.model = host
+    mv.hooks = plugins.new_manager().hook  # nothing of the model runs in this process
+    mv.metadata = host.metadata
+
+
+def plugin_specs(pm: Any) -> list[str]:
+    """The ``--plugin`` entries a manager was built from; installed plugins load by themselves."""
+    sources: dict[str, str] = getattr(pm, "_servekit_sources", {})
+    specs = []
+    for name, source in sources.items():
+        own_name = Path(source).stem if source.endswith(".py") else source
+        if name == own_name and source not in specs:
+            specs.append(source)
+    return specs

@@ -1,0 +1,347 @@
+"""The worker side of a model host: start it once per server, hand it requests, restart it.
+
+Any HTTP worker (or the gRPC server in it) may be the first to need a host;
+a file lock in the runtime folder makes exactly one of them start it, and the
+others connect to its socket.  Connections are pooled per process; a call
+takes one, writes its tensors into the connection's request slab, sends the
+header, and waits for the answer (at most ``--request-timeout`` seconds).
+
+A host that dies answers nothing: the calls waiting on it get ``503`` with a
+clear message, and the worker that noticed starts a new host (the restart is
+counted in ``servekit_host_restarts_total``) while new requests wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from . import channel, runtime
+
+log = logging.getLogger("servekit.hosts")
+
+#: The longest a host may take to load its model before the start is abandoned.
+START_TIMEOUT = 600.0
+_children: list[subprocess.Popen] = []
+
+
+class Connection:
+    """One socket to a host and this side's two slabs."""
+
+    def __init__(self, path: str, host_pid: int):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.prefix = f"{runtime.shm_prefix(host_pid)}w{os.getpid()}-"
+        self.slab_in = channel.Slab.create(self.prefix, channel.SLAB_MIN)
+        self.slab_out = channel.Slab.create(self.prefix, channel.SLAB_MIN)
+        try:
+            channel.send(self.sock, {"op": "hello", "pid": os.getpid(),
+                                     "in": self.slab_in.name, "out": self.slab_out.name})
+            self.hello = channel.recv(self.sock)
+        except BaseException:
+            self.close()  # removes the names the host did not get to map
+            raise
+
+    def alive(self) -> bool:
+        """An idle pooled connection whose host has since died reads as closed."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def request(self, header: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> None:
+        size = channel.needed(args + list(kwargs.values()))
+        if size > self.slab_in.size:
+            new = channel.Slab.create(self.prefix, size)
+            header["in"] = new.name
+            self.slab_in.close()
+            self.slab_in = new
+        packer = channel.Packer(self.slab_in)
+        header["args"] = [packer.pack(a) for a in args]
+        header["kwargs"] = {k: packer.pack(v) for k, v in kwargs.items()}
+        channel.send(self.sock, header)
+
+    def reply(self, timeout: float | None) -> dict[str, Any]:
+        self.sock.settimeout(timeout)
+        reply = channel.recv(self.sock)
+        if "out" in reply:  # the answer did not fit: the host made a bigger slab
+            self.slab_out.close()
+            self.slab_out = channel.Slab.attach(reply["out"])
+        return reply
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.slab_in.close()
+        self.slab_out.close()
+
+
+class Replica:
+    """One host process of a model version: its files, and this process's idle connections."""
+
+    def __init__(self, client: HostClient, index: int):
+        self.client = client
+        self.index = index
+        self.stem = client.folder / f"{client.key}-{index}"
+        self.idle: list[Connection] = []
+        self.lock = threading.Lock()
+
+    @property
+    def socket_path(self) -> str:
+        return f"{self.stem}.sock"
+
+    def pid(self) -> int:
+        try:
+            return int(Path(f"{self.stem}.pid").read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def take(self) -> Connection:
+        while True:
+            with self.lock:
+                conn = self.idle.pop() if self.idle else None
+            if conn is None:
+                return self.connect()
+            if conn.alive():
+                return conn
+            conn.close()
+
+    def give(self, conn: Connection) -> None:
+        with self.lock:
+            self.idle.append(conn)
+
+    def drop_idle(self) -> None:
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
+    def connect(self) -> Connection:
+        """A new connection, starting (or restarting) the host first when nobody answers."""
+        try:
+            return Connection(self.socket_path, self.pid())
+        except (OSError, channel.PeerGone):
+            self.ensure()
+            return Connection(self.socket_path, self.pid())
+
+    def ensure(self) -> None:
+        """Under the folder's lock: if the host does not answer, start it (again)."""
+        with _locked(Path(f"{self.stem}.lock")):
+            if _answers(self.socket_path):
+                return
+            error = Path(f"{self.stem}.err")
+            if error.is_file():
+                raise errors.NotReady(error.read_text())
+            old = self.pid()
+            if old and runtime._alive(old):  # alive but silent: hung or half-dead
+                os.kill(old, 9)
+            if old:
+                self._forget(old)
+            self._spawn()
+
+    def _forget(self, pid: int) -> None:
+        from ..observability import metrics
+
+        log.warning("model host for %s version %s (pid %d) is gone; starting a new one",
+                    self.client.name, self.client.version, pid)
+        channel.sweep(runtime.shm_prefix(pid))
+        metrics.mark_process_dead(pid)
+        metrics.host_restarted(self.client.name, str(self.client.version), str(self.index))
+        with contextlib.suppress(OSError):
+            os.unlink(self.socket_path)
+
+    def _spawn(self) -> None:
+        spec = {**self.client.spec, "replica": self.index}
+        spec_path = Path(f"{self.stem}.json")
+        spec_path.write_text(json.dumps(spec))
+        env = {**os.environ, runtime.ENV_IN_HOST: "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "servekit.hosts.host", str(spec_path)],
+                                stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        _children.append(proc)
+        _reap()
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                error = Path(f"{self.stem}.err")
+                message = error.read_text() if error.is_file() else f"exit status {proc.returncode}"
+                raise RuntimeError(f"the model host failed to start: {message}")
+            if _answers(self.socket_path):
+                return
+            time.sleep(0.01)
+        proc.kill()
+        raise RuntimeError(f"the model host did not start within {START_TIMEOUT:g}s")
+
+
+class HostClient:
+    """What a worker keeps for one model version placed in host processes."""
+
+    def __init__(self, spec: dict[str, Any], replicas: int):
+        self.spec = spec
+        self.name, self.version = spec["name"], spec["version"]
+        self.folder = Path(spec["folder"])
+        self.key = spec["key"]
+        self.replicas = [Replica(self, i) for i in range(max(1, replicas))]
+        self._turn = 0
+        self.metadata: Any = None
+        self.timeout = runtime.call_timeout()
+
+    def start(self) -> None:
+        """Make sure every replica runs (starting those nobody started) and read the metadata."""
+        for replica in self.replicas:
+            conn = replica.take()
+            self.metadata = conn.hello["metadata"]
+            replica.give(conn)
+
+    def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        replica = self._pick()
+        conn = self._send(replica, {"op": op}, list(args), kwargs)
+        try:
+            reply = conn.reply(self.timeout)
+        except TimeoutError:
+            conn.close()  # its answer may still come: this connection is spoiled
+            raise errors.Timeout(
+                f"model {self.name!r} version {self.version} did not answer within {self.timeout:g}s"
+            ) from None
+        except (channel.PeerGone, OSError):
+            conn.close()
+            self._lost(replica)
+            raise errors.NotReady(
+                f"the model host of {self.name!r} version {self.version} exited while answering "
+                "this request; it is being restarted, retry"
+            ) from None
+        if reply.get("stream"):
+            return self._stream(replica, conn)
+        replica.give(conn)
+        return self._result(reply, conn)
+
+    def _pick(self) -> Replica:
+        if len(self.replicas) == 1:
+            return self.replicas[0]
+        self._turn = (self._turn + 1) % len(self.replicas)
+        return self.replicas[self._turn]
+
+    def _send(self, replica: Replica, header: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> Connection:
+        """Send on a pooled connection; one that turns out dead before the host read it is retried."""
+        for attempt in range(3):
+            conn = replica.take()
+            try:
+                conn.request(dict(header), args, kwargs)
+                return conn
+            except (OSError, channel.PeerGone):
+                conn.close()
+                replica.drop_idle()
+                if attempt == 2:
+                    raise errors.NotReady(f"the model host of {self.name!r} does not answer") from None
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _result(reply: dict[str, Any], conn: Connection) -> Any:
+        if "error" in reply:
+            kind, message = reply["error"]
+            cls = getattr(errors, kind, None)
+            if not (isinstance(cls, type) and issubclass(cls, errors.ServekitError)):
+                cls = errors.ModelFailure
+            raise cls(message)
+        return channel.unpack(reply["result"], conn.slab_out, copy=True)
+
+    def _stream(self, replica: Replica, conn: Connection) -> Iterator[Any]:
+        done = False
+        try:
+            while True:
+                message = conn.reply(self.timeout)
+                if "item" in message:
+                    yield message["item"]
+                    continue
+                done = "end" in message
+                if "error" in message:
+                    done = True
+                    self._result(message, conn)
+                return
+        finally:
+            if done:
+                replica.give(conn)
+            else:  # closed early or failed: the host is still sending on it
+                conn.close()
+
+    def _lost(self, replica: Replica) -> None:
+        """The host died under a call: drop its connections and restart it in the background."""
+        replica.drop_idle()
+        threading.Thread(target=_quietly, args=(replica.ensure,), daemon=True).start()
+
+    def close(self) -> None:
+        """The version is unloaded here: tell the hosts, drop the connections."""
+        for replica in self.replicas:
+            with contextlib.suppress(Exception):
+                conn = replica.take() if replica.idle else None
+                if conn is not None:
+                    channel.send(conn.sock, {"op": "detach"})
+                    conn.reply(5.0)
+                    conn.close()
+            replica.drop_idle()
+
+
+def host_key(name: str, version: int, path: Path, fingerprint: float, device: str) -> str:
+    text = f"{name}|{version}|{path.resolve()}|{fingerprint}|{device}"
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def _answers(path: str) -> bool:
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _reap() -> None:
+    for proc in list(_children):
+        if proc.poll() is not None:
+            _children.remove(proc)
+
+
+def _quietly(fn: Any) -> None:
+    try:
+        fn()
+    except Exception as exc:
+        log.error("restarting a model host failed: %s", exc)
+
+
+def _after_fork() -> None:
+    """A forked worker must not share its parent's connections (``--preload``)."""
+    from . import _clients
+
+    for client in list(_clients):
+        for replica in client.replicas:
+            replica.idle = []
+            replica.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)

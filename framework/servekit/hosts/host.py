@@ -1,0 +1,285 @@
+"""The model host process: one model version, its batcher and hooks, behind a Unix socket.
+
+Started by :mod:`servekit.hosts.client` as ``python -m servekit.hosts.host SPEC``.
+It loads the version exactly as a worker would (plugins, ``model.py``, the
+version's ``servekit.yaml``), then serves every HTTP worker and gRPC server of
+the server through one :class:`~servekit.dataplane.DataPlane`, so the
+adaptive batcher sees the requests of all of them and the hooks run here.
+
+One thread per connection; a worker holds a connection for one call at a time.
+The host exits when the server's owner process is gone (``kill -9`` of the
+server), when the workers that use it have detached (the version was
+unloaded), or after SIGTERM once no worker is left (the HTTP side drains first).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..hookspecs import hookimpl
+from . import channel, runtime
+
+log = logging.getLogger("servekit.hosts")
+
+#: After SIGTERM, the longest a host waits for its workers to finish.
+TERM_LIMIT = 120.0
+
+
+class Host:
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        self.label = f"{spec['name']} version {spec['version']} (replica {spec['replica']})"
+        self.attached: dict[int, int] = {}  # worker pid -> live connections
+        self.ever_attached = False
+        self.in_flight = 0
+        self.terminating_since: float | None = None
+        self.lock = threading.Lock()
+        self.slab_prefix = runtime.shm_prefix(os.getpid()) + "h"
+        self.dataplane: Any = None
+        self.mv: Any = None
+        self.gauges: Any = None
+
+    # -- start ---------------------------------------------------------------
+
+    def load(self) -> None:
+        from .. import plugins
+        from ..dataplane import DataPlane
+        from ..observability import metrics
+        from ..repository import ModelRepository
+        from ..types import BatchingConfig
+
+        spec = self.spec
+        pm = plugins.build_manager(spec["plugins"])
+        pm.register(metrics.BatchSizePlugin(None), name="servekit.metrics")  # type: ignore[arg-type]
+        pm.register(_HostRows(self), name="servekit.hosts")
+        repo = ModelRepository(
+            {spec["name"]: Path(spec["base_path"])}, pm, poll_interval=0,
+            batching=BatchingConfig(*spec["batching"]),
+        )
+        model = repo.models[spec["name"]]
+        repo._load_version(model, spec["version"], Path(spec["path"]), spec["fingerprint"])
+        self.mv = model.versions[spec["version"]]
+        if not self.mv.ready:
+            raise RuntimeError(self.mv.error or "the model did not load")
+        self.dataplane = DataPlane(repo)
+        self.gauges = metrics.host_metrics(spec["name"], str(spec["version"]), str(spec["replica"]))
+
+    def serve(self, sock_path: str) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tmp = sock_path + ".new"
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        listener.bind(tmp)
+        listener.listen(1024)
+        os.rename(tmp, sock_path)  # the socket appears only once it accepts
+        log.info("model host for %s serving (pid %d)", self.label, os.getpid())
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    # -- one connection ------------------------------------------------------------
+
+    def _connection(self, conn: socket.socket) -> None:
+        pid = 0
+        slabs: dict[str, channel.Slab] = {}
+        try:
+            hello = channel.recv(conn)
+            if hello.get("op") != "hello":
+                return
+            pid = int(hello["pid"])
+            slabs = {"in": channel.Slab.attach(hello["in"]), "out": channel.Slab.attach(hello["out"])}
+            self._attach(pid, +1)
+            channel.send(conn, {"ok": True, "pid": os.getpid(), "metadata": self.mv.metadata})
+            while True:
+                request = channel.recv(conn)
+                if request.get("op") == "detach":
+                    self._detach(pid)
+                    channel.send(conn, {"ok": True})
+                    continue
+                self._answer(conn, request, slabs)
+        except (channel.PeerGone, OSError, EOFError):
+            pass
+        finally:
+            if pid:
+                self._attach(pid, -1)
+            for slab in slabs.values():
+                slab.close()
+            conn.close()
+
+    def _answer(self, conn: socket.socket, request: dict[str, Any], slabs: dict[str, channel.Slab]) -> None:
+        if "in" in request:  # the worker needed a bigger request slab
+            slabs["in"].close()
+            slabs["in"] = channel.Slab.attach(request["in"])
+        self._busy(+1)
+        try:
+            result = self._run(request, slabs["in"])
+        except BaseException as exc:  # every failure goes back to the worker's thread
+            channel.send(conn, {"error": _error_of(exc)})
+            return
+        finally:
+            self._busy(-1)
+        if hasattr(result, "__next__") and hasattr(result, "close"):
+            self._stream(conn, result)
+            return
+        reply: dict[str, Any] = {}
+        size = channel.needed([result])
+        if size > slabs["out"].size:
+            slabs["out"].close()
+            slabs["out"] = channel.Slab.create(self.slab_prefix, size)
+            reply["out"] = slabs["out"].name  # the worker maps it and removes the name
+        reply["result"] = channel.Packer(slabs["out"]).pack(result)
+        channel.send(conn, reply)
+
+    def _run(self, request: dict[str, Any], slab: channel.Slab) -> Any:
+        from ..errors import BadRequest
+
+        op = request["op"]
+        args = [channel.unpack(a, slab, copy=False) for a in request.get("args", ())]
+        kwargs = {k: channel.unpack(v, slab, copy=False) for k, v in request.get("kwargs", {}).items()}
+        if op not in ("predict", "explain", "call"):
+            raise BadRequest(f"model host: unknown operation {op!r}")
+        if op == "call":
+            return self.dataplane._call(self.mv, *args, **kwargs)
+        return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
+
+    @staticmethod
+    def _stream(conn: socket.socket, items: Any) -> None:
+        """A streaming answer: items cross pickled in the header, one message each."""
+        try:
+            channel.send(conn, {"stream": True})
+            for item in items:
+                channel.send(conn, {"item": item})
+            channel.send(conn, {"end": True})
+        except (channel.PeerGone, OSError):
+            raise
+        except BaseException as exc:
+            channel.send(conn, {"error": _error_of(exc)})
+        finally:
+            items.close()
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def _attach(self, pid: int, delta: int) -> None:
+        with self.lock:
+            count = self.attached.get(pid, 0) + delta
+            if count > 0:
+                self.attached[pid] = count
+                self.ever_attached = True
+            else:
+                self.attached.pop(pid, None)
+
+    def _detach(self, pid: int) -> None:
+        with self.lock:
+            self.attached.pop(pid, None)
+
+    def _busy(self, delta: int) -> None:
+        with self.lock:
+            self.in_flight += delta
+        if self.gauges is not None:
+            self.gauges.queue.inc(delta)
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.terminating_since is None:
+            self.terminating_since = time.monotonic()
+            log.info("model host for %s: SIGTERM, serving until its workers are gone", self.label)
+
+    def _watch(self) -> None:
+        """Exit when the server is gone, the version unloaded, or SIGTERM and no worker left."""
+        owner = runtime.owner_pid()
+        while True:
+            time.sleep(0.2)
+            if not runtime._alive(owner):
+                self.exit(owner_gone=True)
+            with self.lock:
+                for pid in [p for p in self.attached if p != owner and not runtime._alive(p)]:
+                    del self.attached[pid]
+                workers = [p for p in self.attached if p != owner]
+                idle = self.in_flight == 0
+            if self.ever_attached and not self.attached and idle:
+                self.exit()
+            if self.terminating_since is not None and idle and (
+                not workers or time.monotonic() - self.terminating_since > TERM_LIMIT
+            ):
+                self.exit()
+
+    def exit(self, owner_gone: bool = False) -> None:
+        folder = Path(self.spec["folder"])
+        stem = folder / f"{self.spec['key']}-{self.spec['replica']}"
+        for suffix in (".sock", ".pid"):
+            try:
+                Path(f"{stem}{suffix}").unlink()
+            except OSError:
+                pass
+        channel.sweep(runtime.shm_prefix(os.getpid()))
+        if owner_gone:  # nobody else will clean up after the server
+            channel.sweep(runtime.shm_prefix())
+            _remove_if_last(folder)
+        logging.shutdown()
+        os._exit(0)
+
+
+class _HostRows:
+    """Rows per ``predict`` call, on the host's own batch-size histogram."""
+
+    def __init__(self, host: Host):
+        self.host = host
+
+    @hookimpl(wrapper=True)
+    def predict(self, inputs: Any):
+        from ..observability.metrics import _rows
+
+        result = yield
+        if result is not None and self.host.gauges is not None:
+            self.host.gauges.batch.observe(_rows(inputs))
+        return result
+
+
+def _remove_if_last(folder: Path) -> None:
+    others = [p for p in runtime.host_pids(folder) if p != os.getpid() and runtime._alive(p)]
+    if not others:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _error_of(exc: BaseException) -> tuple[str, str]:
+    from ..errors import ServekitError
+
+    if isinstance(exc, ServekitError):
+        return type(exc).__name__, exc.message
+    return "ModelFailure", f"model host failed: {type(exc).__name__}: {exc}"
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    os.environ[runtime.ENV_IN_HOST] = "1"
+    logging.basicConfig(level=spec.get("log_level", "INFO").upper(),
+                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    host = Host(spec)
+    signal.signal(signal.SIGTERM, host.on_sigterm)
+    signal.signal(signal.SIGINT, host.on_sigterm)
+    stem = Path(spec["folder"]) / f"{spec['key']}-{spec['replica']}"
+    Path(f"{stem}.pid").write_text(str(os.getpid()))
+    # the watcher runs while loading too: a host dies with the server even then
+    threading.Thread(target=host._watch, name="servekit-host-watch", daemon=True).start()
+    try:
+        host.load()
+    except BaseException as exc:  # the worker that started us reads this and reports it
+        Path(f"{stem}.err").write_text(_error_of(exc)[1] if not isinstance(exc, RuntimeError) else str(exc))
+        Path(f"{stem}.pid").unlink(missing_ok=True)
+        return 3
+    host.serve(f"{stem}.sock")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
