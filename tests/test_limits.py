@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from hardening_models import hardening_repo
 from servekit.limits import LimitsMiddleware
-from servekit.server.app import is_open_path
+from servekit.routes import is_open_path
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,10 @@ what was found; they never carry stack traces or file paths.
 
 from __future__ import annotations
 
+from typing import Any
+
+from .routes import is_openai_path
+
 
 class ServekitError(Exception):
     """Base of every error servekit reports to a client."""
@@ -82,3 +86,55 @@ class NotReady(ServekitError):
 class Timeout(ServekitError):
     status = 504
     grpc_code = "DEADLINE_EXCEEDED"
+
+
+class Forbidden(ServekitError):
+    """The server is configured to refuse this operation (e.g. model control is off)."""
+
+    status = 403
+    grpc_code = "PERMISSION_DENIED"
+    openai_type = "permission_error"
+
+
+class UnknownModel(NotFound):
+    """A request named a model this server does not serve; the message lists those it does.
+
+    ``message`` keeps TF Serving's wording (V1 and TF Serving gRPC clients know
+    it); ``v2_message`` is Triton's, for the V2 protocol on HTTP and gRPC.
+    """
+
+    def __init__(self, name: str, served: list[str]):
+        self.name = name
+        self.served = served
+        super().__init__(f"Servable not found for request: Latest({name}){served_models(served)}")
+
+    @property
+    def v2_message(self) -> str:
+        return f"Request for unknown model: '{self.name}' is not found{served_models(self.served)}"
+
+
+def served_models(names: list[str], limit: int = 20) -> str:
+    """The tail of a not-found message: which models a client could have asked for."""
+    if not names:
+        return "; this server serves no models"
+    shown = ", ".join(sorted(names)[:limit])
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"; models served here: {shown}{more}"
+
+
+# -- the one renderer -----------------------------------------------------------------------
+
+
+def render(exc: ServekitError, path: str) -> dict[str, Any]:
+    """The error body for ``exc`` in the shape of the route ``path`` belongs to.
+
+    OpenAI routes get OpenAI's error object; V2 routes Triton's wording where the
+    error has one; everything else TF Serving's and KServe's ``{"error": message}``.
+    Every HTTP layer (Flask's handlers, the fast lane, the limits) renders through here.
+    """
+    if is_openai_path(path):
+        return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.status}}
+    v2_message = getattr(exc, "v2_message", None)
+    if v2_message is not None and path.startswith("/v2/"):
+        return {"error": v2_message}
+    return {"error": exc.message}

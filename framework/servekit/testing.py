@@ -31,7 +31,11 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``servekit serve`` in a subprocess on free loopback ports."""
+    """``servekit serve`` in a subprocess on free loopback ports.
+
+    One HTTP worker unless ``workers=`` says otherwise (a test server need not
+    fork one per CPU); the HTTP engine is ``--server`` or ``SERVEKIT_SERVER``.
+    """
 
     def __init__(self, *paths: str | Path, env: dict[str, str] | None = None, **settings: Any):
         self.paths = [str(p) for p in paths]
@@ -39,7 +43,7 @@ class ServerProcess:
         self.grpc_port = settings.pop("grpc_port", 0)
         if self.grpc_port == "auto":
             self.grpc_port = free_port()
-        self.settings = {"poll_interval": 0.5, **settings}
+        self.settings = {"poll_interval": 0.5, "workers": 1, **settings}
         self.env = env or {}
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.NamedTemporaryFile(prefix="servekit-", suffix=".log", delete=False)
@@ -57,7 +61,9 @@ class ServerProcess:
             for v in values:
                 if v is True:
                     cmd.append(flag)
-                elif v not in (None, False):
+                elif v is False:
+                    cmd.append("--no-" + flag[2:])  # e.g. strict_readiness=False
+                elif v is not None:
                     cmd += [flag, str(v)]
         return cmd
 

@@ -6,25 +6,26 @@ against the one served model (or the one named with ``--model-name``).
 
 from __future__ import annotations
 
-from flask import Blueprint
+from flask import Blueprint, Response, request
 
 from ..codecs import tf_json
+from ..dataplane import DataPlane
 from ..errors import BadRequest
-from .http import dataplane, json_object, json_response, parameters_of, stream_requested
-from .v1 import predict_response
+from ..repository import ModelVersion
+from . import v1
+from .http import Answer, dataplane, json_object, json_response, parameters_of, parse_json_object, stream_requested
 
 bp = Blueprint("generic", __name__)
 
 
-def _only_model():
-    dp = dataplane()
+def _only_model(dp: DataPlane) -> ModelVersion:
     names = dp.model_names()
     if len(names) != 1:
         raise BadRequest(
             f"/predict and /explain need exactly one served model, found {len(names)}; "
             "use /v1/models/NAME:predict"
         )
-    return dp, dp.resolve(names[0])
+    return dp.resolve(names[0])
 
 
 def _decode(body):
@@ -35,15 +36,22 @@ def _decode(body):
 
 @bp.post("/predict")
 def predict():
-    body = json_object()
-    dp, mv = _only_model()
+    answer = predict_answer(dataplane(), request.get_data(cache=False), request.args.get("stream"))
+    return answer.response() if isinstance(answer, Answer) else answer
+
+
+def predict_answer(dp: DataPlane, raw: bytes, stream_query: str | None) -> Answer | Response:
+    """``POST /predict`` from the raw body (Flask and the fast lane)."""
+    body = parse_json_object(raw)
+    mv = _only_model(dp)
     outputs = dp.predict(mv, _decode(body), parameters=parameters_of(body))
-    return predict_response(outputs, True, stream_requested(body))
+    return v1.predict_answer(outputs, True, stream_requested(body, stream_query, from_request=False))
 
 
 @bp.post("/explain")
 def explain():
     body = json_object()
-    dp, mv = _only_model()
+    dp = dataplane()
+    mv = _only_model(dp)
     explanations = dp.explain(mv, _decode(body), parameters=parameters_of(body))
     return json_response(tf_json.encode_explain_response(explanations, True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Response, current_app, request
@@ -11,6 +12,28 @@ from ..dataplane import DataPlane
 from ..errors import BadRequest
 
 JSON = "application/json"
+
+
+@dataclass
+class Answer:
+    """A protocol's whole answer as bytes: what a Flask route and the fast lane both send.
+
+    Handlers that build an :class:`Answer` take plain values (the body bytes, the
+    path's parts) instead of reading Flask's ``request``, so the same function
+    answers under Flask and under :mod:`servekit.server.fastlane`.
+    """
+
+    body: bytes
+    status: int = 200
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def response(self) -> Response:
+        return Response(self.body, status=self.status, content_type=self.content_type, headers=self.headers)
+
+
+def json_answer(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Answer:
+    return Answer(jsonc.dumps(payload), status, JSON, headers or {})
 
 
 def dataplane() -> DataPlane:
@@ -23,22 +46,34 @@ def json_response(payload: Any, status: int = 200, headers: dict[str, str] | Non
 
 def json_body() -> Any:
     """The request body parsed as JSON; an empty or malformed body is a 400."""
-    body = request.get_data(cache=False)
+    return parse_json(request.get_data(cache=False))
+
+
+def parse_json(body: bytes) -> Any:
     if not body:
         raise BadRequest("request body is empty; expected a JSON object")
     return jsonc.loads(body)
 
 
 def json_object() -> dict[str, Any]:
-    body = json_body()
-    if not isinstance(body, dict):
+    return parse_json_object(request.get_data(cache=False))
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    doc = parse_json(body)
+    if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
-    return body
+    return doc
 
 
-def stream_requested(body: dict[str, Any]) -> bool:
-    """``?stream=true`` wins over a body ``"stream": true`` (SPEC: query parameter precedence)."""
-    query = request.args.get("stream")
+def stream_requested(body: dict[str, Any], query: str | None = None, *, from_request: bool = True) -> bool:
+    """``?stream=true`` wins over a body ``"stream": true`` (SPEC: query parameter precedence).
+
+    ``query`` is the ``stream`` query parameter; under Flask it is read from the request
+    unless ``from_request`` is false (the fast lane passes what it parsed).
+    """
+    if from_request:
+        query = request.args.get("stream")
     if query is not None:
         return query.lower() in ("1", "true", "yes")
     value = body.get("stream", False)

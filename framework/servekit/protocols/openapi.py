@@ -120,7 +120,7 @@ def _endpoint(app: Flask, rule: str, method: str) -> str:
 
 
 def _is_open(path: str, settings: Any) -> bool:
-    from ..server.app import is_open_path
+    from ..routes import is_open_path
 
     return is_open_path(path, settings.open_paths)
 

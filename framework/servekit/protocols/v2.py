@@ -20,20 +20,21 @@ import inspect
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, current_app, request
 
 from .. import __version__
 from ..codecs import json as jsonc
 from ..codecs import v2 as codec
-from ..dataplane import filter_outputs, join_stream, named_outputs
+from ..dataplane import DataPlane, filter_outputs, join_stream, named_outputs
 from ..errors import BadRequest, NotReady
+from ..model_control import require_model_control
 from ..repository import Model, ModelVersion, State
-from .http import dataplane, json_response
+from .http import Answer, dataplane, json_response
 
 bp = Blueprint("v2", __name__)
 
 #: What ``GET /v2`` reports under ``extensions`` (Triton's names).
-EXTENSIONS = ["binary_tensor_data", "model_repository", "parameters"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "parameters", "statistics", "model_configuration"]
 #: The output name of an ``explain`` result that is not a named tensor.
 EXPLANATION = "explanation"
 
@@ -96,9 +97,17 @@ def explain(name: str, version: str | None = None):
 
 
 def _run(name: str, version: str | None, *, explain: bool) -> Response:
-    dp = dataplane()
+    body = _request_body()
+    return infer_answer(dataplane(), name, version, body, request.headers.get(codec.HEADER_LENGTH),
+                        explain=explain).response()
+
+
+def infer_answer(
+    dp: DataPlane, name: str, version: str | None, body: bytes, header_length: str | None, *, explain: bool
+) -> Answer:
+    """``.../infer`` or ``.../explain``: the raw body in, the encoded answer out (Flask and the fast lane)."""
     mv = dp.resolve(name, version)
-    req = codec.decode_infer_request(_request_body(), request.headers.get(codec.HEADER_LENGTH))
+    req = codec.decode_infer_request(body, header_length)
     signature = _signature_name(req.parameters)
     check_inputs(mv, req.inputs, signature)
     if explain:
@@ -117,15 +126,13 @@ def _run(name: str, version: str | None, *, explain: bool) -> Response:
     arrays = {n: codec.as_v2_array(v, n) for n, v in outputs.items()}
     requested = {o.name: o.binary for o in req.outputs or []}
     binary = {n: requested[n] if requested.get(n) is not None else req.binary_output for n in arrays}
-    body, header_length = codec.encode_infer_response(
+    encoded, header_length = codec.encode_infer_response(
         arrays, model_name=name, model_version=str(mv.version), request_id=req.id, binary=binary
     )
     if header_length is None:
-        return Response(body, status=200, mimetype="application/json")
-    return Response(
-        body, status=200, mimetype="application/octet-stream",
-        headers={codec.HEADER_LENGTH: str(header_length)},
-    )
+        return Answer(encoded)
+    return Answer(encoded, content_type="application/octet-stream",
+                  headers={codec.HEADER_LENGTH: str(header_length)})
 
 
 def _signature_name(parameters: dict[str, Any]) -> str | None:
@@ -229,6 +236,7 @@ def _index_entries(model: Model) -> list[dict[str, Any]]:
 
 @bp.post("/v2/repository/models/<name>/load")
 def repository_load(name: str):
+    _require_model_control()
     overrides = sorted(k for k in _parameters(_optional_json()) if k == "config" or k.startswith("file:"))
     if overrides:
         raise BadRequest(
@@ -245,9 +253,16 @@ def repository_load(name: str):
 
 @bp.post("/v2/repository/models/<name>/unload")
 def repository_unload(name: str):
+    _require_model_control()
     _parameters(_optional_json())  # checked for shape only; unload_dependents has nothing to act on
     dataplane().repository.unload_model(name)
     return json_response({"name": name, "unload": True})
+
+
+def _require_model_control() -> None:
+    """Load and unload only with ``--model-control-mode explicit`` (Triton's rule, checked first)."""
+    settings = current_app.extensions.get("servekit.settings")
+    require_model_control(settings.model_control_mode if settings else None)
 
 
 def _optional_json() -> dict[str, Any]:

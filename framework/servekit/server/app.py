@@ -7,7 +7,6 @@ with the error's status; nothing else a handler raises leaks a stack trace.
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import pluggy
@@ -15,18 +14,17 @@ from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
 from .. import limits, observability, plugins
+from ..auth import ApiKey
 from ..dataplane import DataPlane
-from ..errors import ServekitError, Unauthorized
-from ..protocols import generic, health, openai, openapi, status_page, v1, v2
+from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render
+from ..protocols import generic, health, openai, openapi, status_page, v1, v2, v2_extensions
 from ..protocols.http import json_response
 from ..repository import ModelRepository, discover
 from ..settings import Settings
 from ..types import BatchingConfig
+from . import fastlane
 
 log = logging.getLogger("servekit.server")
-
-#: Routes that stay open when ``--api-key`` is set (default of ``--open-paths``).
-OPEN_PATHS = ("/v2/health/", "/metrics")
 
 
 def build_dataplane(settings: Settings, pm: pluggy.PluginManager | None = None) -> DataPlane:
@@ -49,14 +47,18 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
 
-    for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
+    for blueprint in (health.bp, v1.bp, v2.bp, v2_extensions.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
-    if settings.api_key:
-        _install_api_key(app, settings.api_key, settings.open_paths)
-    limits.install(app, settings)  # WSGI layers: observability outside the limits
+    api_key = ApiKey(settings.api_key, settings.open_paths) if settings.api_key else None
+    if api_key is not None:
+        _install_api_key(app, api_key)
+    # WSGI layers, outermost first: observability, the limits, the fast lane, Flask
+    fastlane.install(app, dp, api_key)
+    limits.install(app, settings)
     observability.install(app, settings)
 
+    app.extensions["servekit.request_hooks"] = _request_hooks(app)  # the fast lane runs these itself
     pm = dp.repository.pm
     pm.hook.register_routes(app=app)
     if start:
@@ -65,55 +67,43 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     return app
 
 
+def _request_hooks(app: Flask) -> set:
+    registries = (app.before_request_funcs, app.after_request_funcs, app.url_value_preprocessors)
+    return {f for registry in registries for funcs in registry.values() for f in funcs}
+
+
 def _install_error_handlers(app: Flask) -> None:
     @app.errorhandler(ServekitError)
     def servekit_error(exc: ServekitError):
-        return json_response({"error": exc.message}, exc.status)
+        return json_response(render(exc, request.path), exc.status)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        status = exc.code or 500
-        if status == 413:
-            limit = app.config.get("MAX_CONTENT_LENGTH")
-            message = f"request body too large; the limit is {limit} bytes"
-        elif status == 404:
-            message = f"no route for {request.method} {request.path}"
-        elif status == 405:
-            message = f"method {request.method} not allowed on {request.path}"
-        else:
-            message = exc.description or exc.name
-        if openai.is_openai_path(request.path):  # routing errors skip the blueprint's handler
-            return json_response(openai.error_body(exc), status)
-        return json_response({"error": message}, status)
+        return servekit_error(_as_servekit_error(exc, app.config.get("MAX_CONTENT_LENGTH")))
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response({"error": f"internal server error ({type(exc).__name__})"}, 500)
+        return servekit_error(ServekitError(f"internal server error ({type(exc).__name__})"))
 
 
-def is_open_path(path: str, open_paths: list[str] | tuple[str, ...]) -> bool:
-    """``/x/`` opens everything under it, ``/x`` that path and below, ``/`` only the root."""
-    for entry in open_paths:
-        if entry == "/":
-            if path == "/":
-                return True
-        elif entry.endswith("/"):
-            if path.startswith(entry):
-                return True
-        elif path == entry or path.startswith(entry + "/"):
-            return True
-    return False
+def _as_servekit_error(exc: HTTPException, limit: int | None) -> ServekitError:
+    """Werkzeug's routing and body errors in the one error tree, with servekit's wording."""
+    status = exc.code or 500
+    if status == 413:
+        return PayloadTooLarge(f"request body too large; the limit is {limit} bytes")
+    if status == 404:
+        return NotFound(f"no route for {request.method} {request.path}")
+    if status == 405:
+        return MethodNotAllowed(f"method {request.method} not allowed on {request.path}")
+    error = ServekitError(exc.description or exc.name)
+    error.status = status
+    if status < 500:
+        error.openai_type = "invalid_request_error"
+    return error
 
 
-def _install_api_key(app: Flask, key: str, open_paths: list[str] | tuple[str, ...] = OPEN_PATHS) -> None:
-    expected = f"Bearer {key}".encode()
-
+def _install_api_key(app: Flask, api_key: ApiKey) -> None:
     @app.before_request
     def check_api_key():
-        if is_open_path(request.path, open_paths):
-            return
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise Unauthorized("missing or wrong API key; send 'Authorization: Bearer <key>'")
-        return
+        api_key.check(request.path, request.headers.get("Authorization"))
