@@ -69,6 +69,9 @@ class DataPlane:
     ) -> Any:
         """Run ``predict``; a generator result is returned as is, for streaming."""
         parameters = parameters or {}
+        if mv.host is not None:  # the version runs in model host processes (servekit.hosts)
+            return mv.host.call("predict", inputs, parameters=parameters,
+                                signature_name=signature_name, output_names=output_names)
         inputs = self._preprocess(mv, inputs, parameters)
 
         def run(batch: Tensors) -> Any:
@@ -93,6 +96,8 @@ class DataPlane:
         signature_name: str | None = None,
     ) -> Any:
         parameters = parameters or {}
+        if mv.host is not None:
+            return mv.host.call("explain", inputs, parameters=parameters, signature_name=signature_name)
         inputs = self._preprocess(mv, inputs, parameters)
         return self._call(mv, "explain", inputs=inputs, parameters=parameters, signature_name=signature_name)
 
@@ -123,6 +128,8 @@ class DataPlane:
     def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
         if not mv.ready:
             raise NotReady(f"model {mv.name!r} version {mv.version} is not ready")
+        if mv.host is not None:
+            return mv.host.call("call", hook, **kwargs)
         caller = getattr(mv.hooks, hook)
         if not caller.get_hookimpls():
             raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")

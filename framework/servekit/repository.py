@@ -21,7 +21,7 @@ from typing import Any
 
 import pluggy
 
-from . import plugins
+from . import hosts, plugins
 from .config import ConfigError, read_model_config, select_versions
 from .errors import NotFound, NotReady
 from .types import BatchingConfig, ModelConfig, ModelMetadata
@@ -56,6 +56,7 @@ class ModelVersion:
     metadata: ModelMetadata = field(default_factory=ModelMetadata)
     load_seconds: float = 0.0
     fingerprint: float = 0.0  # newest mtime in the folder when the load was tried
+    host: Any = None  # servekit.hosts.client.HostClient when the version runs in model host processes
 
     @property
     def ready(self) -> bool:
@@ -239,6 +240,15 @@ class ModelRepository:
         else:
             started = time.perf_counter()
             try:
+                placement, replicas = hosts.placement_of(model.config)
+                if placement == "process":  # loaded once, in host processes (servekit.hosts)
+                    hosts.attach(mv, self.pm, self.batching, replicas)
+                    mv.load_seconds = time.perf_counter() - started
+                    mv.state = State.AVAILABLE
+                    log.info("loaded %s version %d in %d model host(s)", model.name, version, replicas)
+                    with self._lock:
+                        model.versions[version] = mv
+                    return
                 pm = self._manager_for(model, path)
                 mv.hooks = pm.hook
                 load = plugins.load_caller(pm, model.config.plugin)
@@ -285,6 +295,8 @@ class ModelRepository:
         if mv.model is not None and mv.hooks is not None:
             mv.state = State.UNLOADING
             try:
+                if mv.host is not None:
+                    mv.host.close()
                 mv.hooks.unload(model=mv.model)
             except Exception:
                 log.exception("unload hook failed for %s version %d", mv.name, mv.version)

@@ -78,6 +78,10 @@ class ModelConfig:
     device: str = "auto"
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     options: dict[str, Any] = field(default_factory=dict)
+    #: ``worker`` | ``process`` (servekit.hosts); ``None`` takes the server's ``--placement``
+    placement: str | None = None
+    #: host processes of a version with placement ``process``
+    replicas: int = 1
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
 
