@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 COLOURS = {"servekit": "#1b7837", "mlserver": "#2166ac", "kserve": "#b2182b", "flask": "#888888"}
 STYLES = ["-", "--", ":"]

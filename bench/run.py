@@ -157,7 +157,7 @@ class Server:
 class Running:
     def __init__(self, server: Server, log_path: Path):
         self.server = server
-        self.log = open(log_path, "wb")
+        self.log = open(log_path, "wb")  # noqa: SIM115 - open while the server runs, closed by stop()
         self.started = time.monotonic()
         env = {**os.environ, **server.env}
         self.proc = subprocess.Popen(

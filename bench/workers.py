@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import run as bench  # noqa: E402
+import run as bench
 
 LAUNCH = """
 import sys

@@ -22,7 +22,7 @@ from servekit.generation import GenerationRequest
 from servekit.types import ModelConfig
 
 torch = pytest.importorskip("torch")
-from servekit_huggingface import loader  # noqa: E402
+from servekit_huggingface import loader
 
 
 @pytest.fixture(scope="module")

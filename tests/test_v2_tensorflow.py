@@ -15,7 +15,7 @@ from conftest import TF_DATA
 pytest.importorskip("tensorflow")
 pytest.importorskip("servekit_tensorflow")
 httpclient = pytest.importorskip("tritonclient.http")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
 TWO = "saved_model_half_plus_two_2_versions"
 THREE = "saved_model_half_plus_three"

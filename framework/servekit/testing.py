@@ -46,7 +46,8 @@ class ServerProcess:
         self.settings = {"poll_interval": 0.5, "workers": 1, **settings}
         self.env = env or {}
         self.proc: subprocess.Popen | None = None
-        self.log = tempfile.NamedTemporaryFile(prefix="servekit-", suffix=".log", delete=False)
+        # kept open: the server writes to it for its whole life, output() reads it back
+        self.log = tempfile.NamedTemporaryFile(prefix="servekit-", suffix=".log", delete=False)  # noqa: SIM115
 
     @property
     def url(self) -> str:

@@ -83,11 +83,9 @@ def cast(value: np.ndarray, dtype: int, where: str) -> np.ndarray:
 
 def _as_integers(value: np.ndarray, target: np.dtype, dtype: int, where: str) -> np.ndarray:
     name = tf_dtype_name(dtype)
-    if value.dtype.kind == "f":
-        if not np.all(np.isfinite(value)) or np.any(value != np.round(value)):
-            raise BadRequest(
-                f"input {where!r} expects {name} integers, found a fractional or non-finite value"
-            )
+    fractional = value.dtype.kind == "f" and (not np.all(np.isfinite(value)) or np.any(value != np.round(value)))
+    if fractional:
+        raise BadRequest(f"input {where!r} expects {name} integers, found a fractional or non-finite value")
     info = np.iinfo(target)
     if value.size and (value.min() < info.min or value.max() > info.max):
         raise BadRequest(

@@ -200,7 +200,7 @@ def probe_outputs(model: TorchModel) -> list[OutputSpec] | None:
     with torch.inference_mode():
         try:
             result = model.module(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any failure of the user's forward fails the load
+        except Exception as exc:  # any failure of the user's forward fails the load
             raise ValueError(
                 f"forward() failed on zeros of the shapes declared in options.inputs: {type(exc).__name__}: {exc}"
             ) from None

@@ -108,7 +108,7 @@ def _output_specs(model: TorchModel, kind: str, count: int, exported: list[Outpu
 def _half(options: dict[str, Any], device: torch.device, form: str) -> bool:
     half = options.get("half", False)
     if not isinstance(half, bool):
-        raise ValueError(f"options.half must be true or false, found {half!r}")  # noqa: TRY004 - a servekit.yaml value
+        raise ValueError(f"options.half must be true or false, found {half!r}")  # a servekit.yaml value
     if not half:
         return False
     if device.type != "cuda":
@@ -156,7 +156,7 @@ def _load_export(file: Path, device: torch.device) -> tuple[Any, list, str, list
     check_export_archive(file)
     try:
         program = torch.export.load(str(file))
-    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for a bad archive
+    except Exception as exc:  # torch raises many kinds for a bad archive
         raise ValueError(f"model.pt2 is not a program saved with torch.export.save ({_first_line(exc)})") from None
     weights = [t for t in program.state_dict.values() if isinstance(t, torch.Tensor)]
     if any(t.device != device for t in weights):
@@ -222,11 +222,11 @@ def _load_state_dict_module(file: Path, config: ModelConfig, options: dict[str, 
     cls = _module_class(import_file(model_py), options.get("class"))
     init = options.get("init") or {}
     if not isinstance(init, dict):
-        raise ValueError("options.init must map the class's keyword arguments to values")  # noqa: TRY004
+        raise ValueError("options.init must map the class's keyword arguments to values")
     state = _read_state_dict(file)
     try:
         module = cls(**init)
-    except Exception as exc:  # noqa: BLE001 - the user's constructor may raise anything
+    except Exception as exc:  # the user's constructor may raise anything
         raise ValueError(f"model.py: {cls.__name__}(**options.init) failed: {type(exc).__name__}: {exc}") from None
     try:
         module.load_state_dict(state, strict=True)

@@ -43,7 +43,7 @@ def module_outputs(module: torch.nn.Module) -> tuple[str, int]:
     """The output kind from ``forward``'s return annotation, with the tuple length (0 if unknown)."""
     try:
         annotation = typing.get_type_hints(module.forward).get("return")
-    except Exception:  # noqa: BLE001 - annotations naming things the module cannot resolve: not an error
+    except Exception:  # annotations naming things the module cannot resolve: not an error
         return "unknown", 0
     return _kind_of_annotation(annotation)
 
@@ -77,7 +77,7 @@ def module_output_fields(module: torch.nn.Module) -> list[str] | None:
     """The field names of a NamedTuple ``forward`` is annotated to return, as infer names them."""
     try:
         annotation = typing.get_type_hints(module.forward).get("return")
-    except Exception:  # noqa: BLE001 - unresolvable annotations name nothing
+    except Exception:  # unresolvable annotations name nothing
         return None
     fields = getattr(annotation, "_fields", None)
     return list(fields) if isinstance(annotation, type) and fields else None
@@ -180,7 +180,7 @@ def apply_input_options(inputs: list[InputSpec], declared: Any) -> list[InputSpe
     if declared is None:
         return inputs
     if not isinstance(declared, dict):
-        raise ValueError("options.inputs must map input names to a datatype or {datatype, shape}")  # noqa: TRY004
+        raise ValueError("options.inputs must map input names to a datatype or {datatype, shape}")
     known = {spec.name: spec for spec in inputs}
     if not known:  # forward(*args): the declaration names the inputs, in order
         inputs = [InputSpec(str(name)) for name in declared]

@@ -199,7 +199,7 @@ class SqlRequestLog:
         try:
             self._queue.put_nowait(record)
         except queue.Full:
-            from .metrics import metrics  # noqa: PLC0415 (prometheus_client loads late)
+            from .metrics import metrics  # prometheus_client loads late
 
             metrics().log_dropped.inc()
 

@@ -196,10 +196,10 @@ def chat_request(body: dict[str, Any], stream: bool) -> Sampling:
         "response_format": (None, {"type": "text"}), "modalities": (None, ["text"]), "audio": (None,),
     })
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    if body.get("max_tokens") is not None and key == "max_completion_tokens":
-        if body["max_tokens"] != body["max_completion_tokens"]:
-            raise BadRequest("'max_tokens' and 'max_completion_tokens' disagree; send one",
-                             param="max_completion_tokens")
+    both = body.get("max_tokens") is not None and key == "max_completion_tokens"
+    if both and body["max_tokens"] != body["max_completion_tokens"]:
+        raise BadRequest("'max_tokens' and 'max_completion_tokens' disagree; send one",
+                         param="max_completion_tokens")
     return sampling(body, stream, max_tokens_key=key)
 
 

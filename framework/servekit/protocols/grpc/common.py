@@ -38,7 +38,7 @@ def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - every error becomes a status; context.abort raises
+        except Exception as exc:  # every error becomes a status; context.abort raises
             _abort(context, exc, method.__qualname__)
 
     return wrapper
@@ -51,7 +51,7 @@ def streaming_rpc(method: Callable[..., Iterator[Any]]) -> Callable[..., Iterato
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         try:
             yield from method(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - every error becomes a status; context.abort raises
+        except Exception as exc:  # every error becomes a status; context.abort raises
             _abort(context, exc, method.__qualname__)
 
     return wrapper

@@ -174,7 +174,7 @@ def signature_def(signature: Signature, out: meta_graph_pb2.SignatureDef, where:
     for name, value in (signature.defaults or {}).items():
         try:
             tensor_proto.from_numpy(np.asarray(value), out.defaults[name], name=name)
-        except Exception:  # noqa: BLE001 - a plugin's default no tensor can hold: describe the rest
+        except Exception:  # a plugin's default no tensor can hold: describe the rest
             del out.defaults[name]
             log.warning(
                 "%s: default %r of a signature is not a tensor; left out of the metadata",
