@@ -55,6 +55,12 @@ class PayloadTooLarge(ServekitError):
     openai_type = "invalid_request_error"
 
 
+class UnsupportedMediaType(ServekitError):
+    status = 415
+    grpc_code = "INVALID_ARGUMENT"
+    openai_type = "invalid_request_error"
+
+
 class TooManyRequests(ServekitError):
     status = 429
     grpc_code = "RESOURCE_EXHAUSTED"

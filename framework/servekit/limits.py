@@ -1,7 +1,8 @@
 """Request limits as WSGI middleware: body size, compressed bodies, timeouts, backpressure.
 
-Everything here answers before Flask sees the request, with the same
-``{"error": message}`` body every other error has:
+Everything here answers before Flask sees the request, raising the same error
+classes as every other layer and rendered by the same :func:`servekit.errors.render`
+(``{"error": message}``, or OpenAI's error object on OpenAI routes):
 
 - a body larger than ``--max-request-size`` is a 413 as soon as its
   ``Content-Length`` is read (nothing is buffered first);
@@ -22,7 +23,6 @@ overloaded worker still reports itself.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import threading
 import time
@@ -30,14 +30,24 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from http import HTTPStatus
 from typing import Any
 
+from .codecs import json as jsonc
+from .errors import (
+    BadRequest,
+    NotReady,
+    PayloadTooLarge,
+    ServekitError,
+    Timeout,
+    TooManyRequests,
+    UnsupportedMediaType,
+    render,
+)
+from .routes import UNQUEUED_PATHS
 from .wsgi_body import ClosingBody, Once
 
 log = logging.getLogger("servekit.limits")
-
-#: Paths never queued or timed out: orchestrators must reach them under load.
-UNQUEUED_PATHS = ("/v2/health/", "/metrics")
 
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
@@ -45,21 +55,25 @@ _ENCODINGS = {"gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate"}
 _READ_CHUNK = 64 * 1024
 
 
-def error_response(start_response: Callable, status: str, message: str, headers: list | None = None) -> list[bytes]:
-    body = json.dumps({"error": message}).encode()
+#: Extra headers per error: a client should retry later, or stop sending a huge body.
+_RETRY_LATER = [("Retry-After", "1")]
+
+
+def error_response(start_response: Callable, exc: ServekitError, path: str,
+                   headers: list | None = None) -> list[bytes]:
+    body = jsonc.dumps(render(exc, path))
+    status = f"{exc.status} {HTTPStatus(exc.status).phrase}"
     start_response(status, [("Content-Type", "application/json"),
                             ("Content-Length", str(len(body))), *(headers or [])])
     return [body]
 
 
-class RequestRejected(Exception):
-    """A request the limits answer themselves; carries the HTTP status line."""
-
-    def __init__(self, status: str, message: str, headers: list | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or []
+def _headers_for(exc: ServekitError) -> list[tuple[str, str]]:
+    if isinstance(exc, PayloadTooLarge):
+        return [("Connection", "close")]  # do not read the rest of a huge body
+    if isinstance(exc, (TooManyRequests, NotReady)):
+        return list(_RETRY_LATER)
+    return []
 
 
 class LimitsMiddleware:
@@ -94,20 +108,16 @@ class LimitsMiddleware:
             if encoding in _ENCODINGS:
                 self._inflate(environ, _ENCODINGS[encoding])
             elif encoding not in ("", "identity"):
-                raise RequestRejected(
-                    "415 Unsupported Media Type",
-                    f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or an unencoded body",
+                raise UnsupportedMediaType(
+                    f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or an unencoded body"
                 )
             if environ.get("PATH_INFO", "").startswith(UNQUEUED_PATHS):
                 return self.app(environ, start_response)
             deadline = time.monotonic() + self.request_timeout if self.request_timeout > 0 else None
             self._admit(deadline)
-        except RequestRejected as rejected:
+        except ServekitError as rejected:
             environ["servekit.rejected"] = rejected.status
-            headers = [*rejected.headers]
-            if rejected.status.startswith("413"):
-                headers.append(("Connection", "close"))  # do not read the rest of a huge body
-            return error_response(start_response, rejected.status, rejected.message, headers)
+            return error_response(start_response, rejected, environ.get("PATH_INFO", ""), _headers_for(rejected))
         return self._run(environ, start_response, deadline)
 
     # -- body size and encoding -----------------------------------------------------
@@ -119,12 +129,9 @@ class LimitsMiddleware:
         try:
             size = int(length)
         except ValueError:
-            raise RequestRejected("400 Bad Request", f"Content-Length must be an integer, found {length!r}") from None
+            raise BadRequest(f"Content-Length must be an integer, found {length!r}") from None
         if size > self.max_request_size:
-            raise RequestRejected(
-                "413 Request Entity Too Large",
-                f"request body too large: {size} bytes; the limit is {self.max_request_size} bytes",
-            )
+            raise PayloadTooLarge(f"request body too large: {size} bytes; the limit is {self.max_request_size} bytes")
 
     def _inflate(self, environ: dict, encoding: str) -> None:
         """Replace a gzip or deflate body with its inflated bytes, never holding more than the limit."""
@@ -142,10 +149,7 @@ class LimitsMiddleware:
             if remaining is not None:
                 remaining -= len(chunk)
             if read > limit:
-                raise RequestRejected(
-                    "413 Request Entity Too Large",
-                    f"compressed request body larger than the limit of {limit} bytes",
-                )
+                raise PayloadTooLarge(f"compressed request body larger than the limit of {limit} bytes")
             inflater.feed(chunk)
         body = inflater.result()
         environ["wsgi.input"] = io.BytesIO(body)
@@ -161,20 +165,14 @@ class LimitsMiddleware:
             return
         with self._lock:
             if self._waiting >= self.max_queue:
-                raise RequestRejected(
-                    "429 Too Many Requests",
-                    f"server busy: {self.max_inflight} requests running and {self._waiting} waiting; retry later",
-                    [("Retry-After", "1")],
+                raise TooManyRequests(
+                    f"server busy: {self.max_inflight} requests running and {self._waiting} waiting; retry later"
                 )
             self._waiting += 1
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._slots.acquire(timeout=timeout):
-                raise RequestRejected(
-                    "503 Service Unavailable",
-                    f"server busy: no free slot within {self.request_timeout:g}s; retry later",
-                    [("Retry-After", "1")],
-                )
+                raise NotReady(f"server busy: no free slot within {self.request_timeout:g}s; retry later")
         finally:
             with self._lock:
                 self._waiting -= 1
@@ -199,10 +197,8 @@ class LimitsMiddleware:
             future.add_done_callback(lambda f: _close_late(f, release))
             log.warning("request %s %s passed its %gs timeout", environ.get("REQUEST_METHOD"),
                         environ.get("PATH_INFO"), self.request_timeout)
-            return error_response(
-                start_response, "504 Gateway Timeout",
-                f"request not answered within {self.request_timeout:g}s (--request-timeout)",
-            )
+            timeout = Timeout(f"request not answered within {self.request_timeout:g}s (--request-timeout)")
+            return error_response(start_response, timeout, environ.get("PATH_INFO", ""))
         except BaseException:
             release()
             raise
@@ -237,28 +233,23 @@ class _Inflater:
         while data:
             if self._inflater.eof:
                 if self.encoding == "deflate":
-                    raise RequestRejected("400 Bad Request", "request body has data after its deflate stream")
+                    raise BadRequest("request body has data after its deflate stream")
                 self._inflater = zlib.decompressobj(self._wbits)
             try:
                 piece = self._inflater.decompress(data, self.limit + 1 - self.out.tell())
             except zlib.error:
-                raise RequestRejected(
-                    "400 Bad Request",
-                    f"request body is not valid {self.encoding} data (Content-Encoding: {self.encoding})",
+                raise BadRequest(
+                    f"request body is not valid {self.encoding} data (Content-Encoding: {self.encoding})"
                 ) from None
             self.out.write(piece)
             if self.out.tell() > self.limit:
-                raise RequestRejected(
-                    "413 Request Entity Too Large",
-                    f"request body inflates to more than the limit of {self.limit} bytes",
-                )
+                raise PayloadTooLarge(f"request body inflates to more than the limit of {self.limit} bytes")
             data = self._inflater.unused_data if self._inflater.eof else self._inflater.unconsumed_tail
 
     def result(self) -> bytes:
         if not self._inflater.eof:
-            raise RequestRejected(
-                "400 Bad Request",
-                f"request body is not complete {self.encoding} data (Content-Encoding: {self.encoding})",
+            raise BadRequest(
+                f"request body is not complete {self.encoding} data (Content-Encoding: {self.encoding})"
             )
         return self.out.getvalue()
 
