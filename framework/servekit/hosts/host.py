@@ -52,6 +52,7 @@ class Host:
 
     def load(self) -> None:
         from .. import plugins
+        from ..config import read_model_config
         from ..dataplane import DataPlane
         from ..observability import metrics
         from ..repository import ModelRepository
@@ -66,6 +67,7 @@ class Host:
             batching=BatchingConfig(*spec["batching"]),
         )
         model = repo.models[spec["name"]]
+        model.config = read_model_config(model.base_path, repo.batching)
         repo._load_version(model, spec["version"], Path(spec["path"]), spec["fingerprint"])
         self.mv = model.versions[spec["version"]]
         if not self.mv.ready:
