@@ -27,6 +27,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from .. import hosts
 from ..observability import logging as log_setup
 from ..observability import metrics
 from ..settings import Settings, worker_count
@@ -139,6 +140,8 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
     ``servekit.server.wsgi``).
     """
     metrics.prepare_multiprocess_dir()
+    # model hosts (servekit.hosts): one runtime folder for every worker; stopped after them
+    hosts.prepare_server(settings.request_timeout, settings.placement)
     own_logs = None
     if (settings.request_log_url or "").lower() == "sqlite":
         own_logs = tempfile.mkdtemp(prefix="servekit-logs-")
@@ -146,6 +149,7 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
         os.environ["SERVEKIT_REQUEST_LOG_URL"] = settings.request_log_url
 
     def cleanup() -> None:
+        hosts.cleanup()
         metrics.remove_multiprocess_dir()
         if own_logs:
             shutil.rmtree(own_logs, ignore_errors=True)
