@@ -5,6 +5,8 @@ entry-point group exactly like third-party ones.  A plugin that fails to import
 is warned about and skipped; two plugins registered under one name is an error
 that names both.  ``SERVEKIT_LOAD_PLUGINS`` (comma-separated entry-point names)
 limits which installed plugins load; an empty value loads none.
+``SERVEKIT_TRACE_PLUGINS=1`` logs every hook call with its arguments and
+result (pluggy's tracer), to see which plugin answered and with what.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from . import hookspecs
 log = logging.getLogger("servekit.plugins")
 
 ENTRY_POINT_GROUP = "servekit"
+TRACE_ENV = "SERVEKIT_TRACE_PLUGINS"
 MODEL_PY_PREFIX = "model.py:"
 _load_lock = threading.Lock()
 
@@ -47,7 +50,20 @@ class PluginInfo:
 def new_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager("servekit")
     pm.add_hookspecs(hookspecs)
+    if os.environ.get(TRACE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off"):
+        _trace(pm)
     return pm
+
+
+def _trace(pm: pluggy.PluginManager) -> None:
+    """Log each hook call, its arguments and its result, as Datasette's DATASETTE_TRACE_PLUGINS does.
+
+    Through logging rather than stderr, so the lines carry the request id and
+    follow ``--log-format json``.
+    """
+    trace_log = logging.getLogger("servekit.plugins.trace")
+    pm.trace.root.setwriter(lambda text: trace_log.info("%s", text.rstrip("\n")))
+    pm.enable_tracing()
 
 
 def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: str) -> None:
@@ -200,7 +216,7 @@ def load_caller(pm: pluggy.PluginManager, plugin: str | None) -> Any:
 
 
 def describe(pm: pluggy.PluginManager) -> list[PluginInfo]:
-    """Installed plugins and the hooks each implements (``servekit plugins``, ``/-/plugins.json``)."""
+    """Installed plugins and the hooks each implements (``servekit plugins``)."""
     infos: dict[str, PluginInfo] = {}
     for name, plugin in pm.list_name_plugin():
         if plugin is None:
