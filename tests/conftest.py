@@ -96,7 +96,8 @@ def sklearn_server(sklearn_repo):
     """One real gunicorn server over ``sklearn_repo`` shared by the session's tests."""
     from servekit.testing import ServerProcess
 
-    with ServerProcess(sklearn_repo, workers=1, threads=8) as server:
+    # 'broken' fails on purpose: readiness must not wait for it
+    with ServerProcess(sklearn_repo, workers=1, threads=8, strict_readiness=False) as server:
         yield server
 
 

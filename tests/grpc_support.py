@@ -78,7 +78,8 @@ def shared_server(request, tmp_path_factory) -> ServerProcess:
     """The session's gRPC server, started on first use and stopped when the session ends."""
     if "server" not in _state:
         repo = build_repo(tmp_path_factory.mktemp("grpc_repo"))
-        server = ServerProcess(repo, grpc_port="auto", workers=1, threads=8).start(timeout=300)
+        server = ServerProcess(repo, grpc_port="auto", workers=1, threads=8, strict_readiness=False,
+                               model_control_mode="explicit").start(timeout=300)
         _state["server"] = server
         request.session.config.add_cleanup(server.stop)
     return _state["server"]

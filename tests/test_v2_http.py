@@ -94,7 +94,7 @@ def v2_repo(tmp_path_factory) -> Path:
 def v2_server(v2_repo):
     from servekit.testing import ServerProcess
 
-    with ServerProcess(v2_repo, workers=1, threads=4) as server:
+    with ServerProcess(v2_repo, workers=1, threads=4, strict_readiness=False, model_control_mode="explicit") as server:
         yield server
 
 

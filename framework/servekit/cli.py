@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+
+import yaml
 
 from . import __version__, plugins
 from . import settings as settings_mod
+
+log = logging.getLogger("servekit.server")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     from . import scaffold
 
     scaffold.add_commands(sub)
+    from . import tfserving_cli  # `servekit tfserving`: tensorflow_model_server's flags
 
+    tfserving = tfserving_cli.add_command(sub)
     args = parser.parse_args(argv)
+    if args.command == "tfserving":
+        return tfserving(args)
     if args.command == "serve":
         return _serve(args)
     if args.command in scaffold.COMMANDS:
@@ -34,26 +43,62 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Check everything a user can get wrong, each answered in one line (status 2), then serve.
+
+    The checks run here, before gunicorn forks, so a mistake never surfaces as a
+    worker's traceback or a server that starts and then cannot work.
+    """
     try:
         settings = settings_mod.resolve(args)
-    except (ValueError, OSError) as exc:
+        models, plugin_names = _check_serve(settings)
+    except (ValueError, OSError, yaml.YAMLError, _Refused) as exc:
         print(f"servekit: {exc}", file=sys.stderr)
         return 2
-    if not settings.paths:
-        print("servekit: no model path given (pass PATH, SERVEKIT_PATHS or MODEL_BASE_PATH)", file=sys.stderr)
-        return 2
-    from .config import ConfigError
-    from .repository import discover
+    from .observability import logging as log_setup
+    from .server import ports
 
-    try:
-        discover(settings.model_paths, settings.model_name)  # fail fast, before forking workers
-    except ConfigError as exc:
-        print(f"servekit: {exc}", file=sys.stderr)
-        return 2
+    log_setup.configure(settings.log_format, settings.log_level)
+    for line in ports.startup_lines(settings, models, plugin_names):
+        log.info("%s", line)
     from .server.gunicorn_app import run
 
     run(settings)
     return 0
+
+
+class _Refused(Exception):
+    """A setting that would make the server fail; the message is the one line to print."""
+
+
+def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]:
+    """The served model names and the loaded plugins; :class:`_Refused` for the first mistake."""
+    if not settings.paths:
+        raise _Refused("no model path given (pass PATH, SERVEKIT_PATHS or MODEL_BASE_PATH)")
+    from .config import ConfigError
+    from .repository import discover
+    from .server.ports import PortTaken, check_ports
+
+    try:
+        models = sorted(discover(settings.model_paths, settings.model_name))
+    except ConfigError as exc:
+        raise _Refused(str(exc)) from None
+    try:
+        # imported once here so a missing or broken --plugin is one line, not a worker's traceback
+        pm = plugins.build_manager(settings.plugin)
+    except Exception as exc:
+        raise _Refused(f"--plugin: {_one_line(exc)}") from None
+    try:
+        check_ports(settings)  # last: the nearer the bind, the smaller the window
+    except PortTaken as exc:
+        raise _Refused(str(exc)) from None
+    return models, [info.name for info in plugins.describe(pm)]
+
+
+def _one_line(exc: BaseException) -> str:
+    message = " ".join(str(exc).split())
+    if isinstance(exc, plugins.PluginError) and message:
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _plugins(args: argparse.Namespace) -> int:

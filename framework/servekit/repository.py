@@ -23,7 +23,7 @@ import pluggy
 
 from . import hosts, plugins
 from .config import ConfigError, read_model_config, select_versions
-from .errors import NotFound, NotReady
+from .errors import BadRequest, NotFound, NotReady, UnknownModel
 from .types import BatchingConfig, ModelConfig, ModelMetadata
 
 log = logging.getLogger("servekit.repository")
@@ -72,6 +72,8 @@ class Model:
     config_error: str = ""
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     unloaded: bool = False  # unloaded through the repository API
+    # labels already warned about: label -> (its version, the versions serving then)
+    dangling_labels: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
     def available(self) -> list[ModelVersion]:
         return sorted((v for v in self.versions.values() if v.ready), key=lambda v: v.version)
@@ -186,6 +188,28 @@ class ModelRepository:
         """Every model has finished its first load attempt, succeeded or failed."""
         return self._first_load_done.is_set()
 
+    def readiness(self, strict: bool = True) -> tuple[bool, str]:
+        """Whether this repository should receive traffic, and why not ("" when it should).
+
+        Both modes need every first load finished and one model AVAILABLE (a
+        server with nothing to serve is not ready).  ``strict`` (Triton's
+        ``--strict-readiness``) also needs every model AVAILABLE, so a container
+        whose model failed gets no traffic; a model unloaded on purpose through
+        the repository API is not counted against it.
+        """
+        if not self.ready:
+            return False, "models are still loading"
+        down = sorted(m.name for m in self.models.values() if not m.available())
+        if len(down) == len(self.models):
+            return False, f"no model has an AVAILABLE version ({', '.join(down) or 'none is served'})"
+        failing = [name for name in down if not self.models[name].unloaded]
+        if strict and failing:
+            return False, (
+                f"model(s) without an AVAILABLE version: {', '.join(failing)} "
+                "(--no-strict-readiness serves the others)"
+            )
+        return True, ""
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._first_load_done.wait(timeout)
 
@@ -229,6 +253,32 @@ class ModelRepository:
                 continue
             if version not in on_disk or wanted_up or not mv.ready:
                 self._unload_version(model, mv)
+        self._warn_dangling_labels(model, on_disk)
+
+    def _warn_dangling_labels(self, model: Model, on_disk: dict[int, Path]) -> None:
+        """Warn when a label points at a version that is not serving, once per change.
+
+        Called after every sync (the first load, each poll, the repository API).
+        A label already warned about stays quiet until its version or the
+        versions serving change, so a poll every second does not repeat it.
+        """
+        serving = tuple(mv.version for mv in model.available())
+        dangling = {label: (v, serving) for label, v in model.config.labels.items() if v not in serving}
+        for label, (version, _) in sorted(dangling.items()):
+            if model.dangling_labels.get(label) == dangling[label]:
+                continue
+            if version in model.versions:
+                why = f"it is in state {model.versions[version].state.value}"
+            elif version in on_disk:
+                why = f"version_policy {model.config.version_policy!r} does not load it"
+            else:
+                why = "there is no such version folder"
+            log.warning(
+                "model %s: label %r points at version %d, which is not loaded (%s; serving: %s); "
+                "requests for the label fail until it is",
+                model.name, label, version, why, ", ".join(map(str, serving)) or "none",
+            )
+        model.dangling_labels = dangling
 
     def _load_version(self, model: Model, version: int, path: Path, fingerprint: float) -> None:
         mv = ModelVersion(model.name, version, path, model.config, State.LOADING, fingerprint=fingerprint)
@@ -325,7 +375,7 @@ class ModelRepository:
     def get_model(self, name: str) -> Model:
         model = self.models.get(name)
         if model is None:
-            raise NotFound(f"Servable not found for request: Latest({name})")
+            raise UnknownModel(name, list(self.models))
         return model
 
     def resolve(self, name: str, version: int | str | None = None, label: str | None = None) -> ModelVersion:
@@ -376,7 +426,8 @@ def _parse_version(version: int | str) -> int:
     if isinstance(version, int):
         return version
     if not str(version).isdigit():
-        raise NotFound(f"invalid model version {version!r}: expected a positive integer")
+        # a malformed number is the client's mistake, not a missing version
+        raise BadRequest(f"invalid model version {version!r}: expected a positive integer")
     return int(version)
 
 

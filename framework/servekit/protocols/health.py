@@ -1,9 +1,19 @@
-"""Liveness and readiness, as orchestrators and test harnesses probe them (V2 health paths)."""
+"""Liveness and readiness, as orchestrators and test harnesses probe them (V2 health paths).
+
+Liveness is 200 whenever the process can answer: restarting a server whose
+model is broken would not mend the model.  Readiness decides whether traffic
+comes here, so it is strict by default (Triton's ``--strict-readiness``): a
+container whose model failed to load answers 503 and gets no requests.
+``--no-strict-readiness`` keeps a multi-model server in rotation while one
+model is down.  Each model's own state stays visible on its status and
+``.../ready`` either way.
+"""
 
 from __future__ import annotations
 
-from flask import Blueprint
+from flask import Blueprint, current_app
 
+from ..dataplane import DataPlane
 from .http import dataplane, json_response
 
 bp = Blueprint("health", __name__)
@@ -16,5 +26,19 @@ def live():
 
 @bp.get("/v2/health/ready")
 def ready():
-    is_ready = dataplane().ready
-    return json_response({"ready": is_ready}, 200 if is_ready else 503)
+    is_ready, reason = readiness(dataplane(), strict_readiness())
+    if is_ready:
+        return json_response({"ready": True})
+    return json_response({"ready": False, "reason": reason}, 503)
+
+
+def strict_readiness() -> bool:
+    settings = current_app.extensions.get("servekit.settings")
+    return True if settings is None else settings.strict_readiness
+
+
+def readiness(dp: DataPlane, strict: bool = True) -> tuple[bool, str]:
+    """Server readiness and, when not ready, why; gRPC's ``ServerReady`` asks the same."""
+    if dp.draining:
+        return False, "shutting down (SIGTERM): finishing in-flight requests"
+    return dp.repository.readiness(strict)
