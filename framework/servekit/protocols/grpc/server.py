@@ -26,6 +26,9 @@ from . import tf_serving, v2
 
 log = logging.getLogger("servekit.grpc")
 
+#: gunicorn's ``Arbiter.WORKER_BOOT_ERROR``: a worker exiting with it stops the server.
+WORKER_BOOT_ERROR = 3
+
 #: Health RPCs that stay open when an API key is set (as ``/v2/health/*`` over HTTP).
 OPEN_METHODS = frozenset(
     {
@@ -64,10 +67,13 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise RuntimeError(f"cannot bind gRPC to {address}: {exc}") from None
+    except RuntimeError:
+        port = 0
     if not port:
-        raise RuntimeError(f"cannot bind gRPC to {address}")
+        raise RuntimeError(
+            f"cannot bind gRPC to {address}: port {settings.grpc_port} is in use or not allowed "
+            "(another server holds it?); choose a free port with --grpc-port"
+        )
     server.start()
     return server, port
 
@@ -114,7 +120,14 @@ def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 def start_in_worker(worker: Any, settings: Settings) -> None:
     """gunicorn ``post_worker_init``: serve gRPC from this worker's data plane."""
     app = worker.wsgi
-    server, port = build_server(app.extensions["servekit"], settings)
+    try:
+        server, port = build_server(app.extensions["servekit"], settings)
+    except RuntimeError as exc:
+        # A server without its gRPC port is broken, not degraded: stop, in one line.
+        # gunicorn halts the whole server when a worker exits with this status
+        # instead of starting it again and again.
+        log.error("%s", exc)
+        raise SystemExit(WORKER_BOOT_ERROR) from None
     worker.servekit_grpc = server
     log.info("gRPC listening on %s:%d (worker %d)", settings.host, port, worker.pid)
 
