@@ -6,6 +6,11 @@ message names and field numbers (see ``protos/``).  Each RPC resolves its
 and answers with the effective ``ModelSpec`` (the version that ran, and the
 signature, ``serving_default`` when none was named), as ``tensorflow_model_server``
 does.  ``PredictStreamed`` is in :mod:`.predict_stream`.
+
+Output tensors carry their values in the dtype's typed field (``float_val``,
+``int64_val``...), as ``tensorflow_model_server`` answers by default: clients
+read ``result.outputs["y"].float_val``.  ``--grpc-tensor-content`` (TF Serving's
+``--enable_serialization_as_tensor_content``) answers in ``tensor_content``.
 """
 
 from __future__ import annotations
@@ -86,30 +91,42 @@ def output_filter(request: predict_pb2.PredictRequest) -> list[str] | None:
 
 
 def predict_responses(
-    dp: DataPlane, turn: Turn, *, single: bool = True
+    dp: DataPlane, turn: Turn, *, single: bool = True, tensor_content: bool = False
 ) -> Iterator[predict_pb2.PredictResponse]:
-    """Run one logical Predict; a streaming model yields one response per item unless ``single``."""
+    """Run one logical Predict; a streaming model yields one response per item unless ``single``.
+
+    :param tensor_content: outputs as raw bytes rather than typed fields.
+    """
     mv = resolve(dp, turn.model_spec)
     signature = turn.model_spec.signature_name or None
     result = dp.predict(mv, turn.inputs, signature_name=signature, output_names=turn.output_filter)
+
+    def respond(outputs: dict[str, Any]) -> predict_pb2.PredictResponse:
+        return _response(mv, signature, outputs, turn.output_filter, tensor_content)
+
     if inspect.isgenerator(result):
         items = (named_outputs(mv, item, signature) for item in result)
         if single:
-            yield _response(mv, signature, join_stream(items), turn.output_filter)
+            yield respond(join_stream(items))
         else:
-            for item in items:
-                yield _response(mv, signature, item, turn.output_filter)
+            yield from (respond(item) for item in items)
         return
-    yield _response(mv, signature, named_outputs(mv, result, signature), turn.output_filter)
+    yield respond(named_outputs(mv, result, signature))
 
 
 def _response(
-    mv: ModelVersion, signature: str | None, outputs: dict[str, Any], wanted: list[str] | None
+    mv: ModelVersion,
+    signature: str | None,
+    outputs: dict[str, Any],
+    wanted: list[str] | None,
+    tensor_content: bool,
 ):
     response = predict_pb2.PredictResponse()
     effective_spec(response.model_spec, mv, signature or "")
     for name, value in filter_outputs(outputs, wanted).items():
-        tensor_proto.from_numpy(value, response.outputs[name], name=name)
+        tensor_proto.from_numpy(
+            value, response.outputs[name], use_tensor_content=tensor_content, name=name
+        )
     return response
 
 
@@ -187,8 +204,9 @@ def signature_def(signature: Signature, out: meta_graph_pb2.SignatureDef, where:
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane, *, tensor_content: bool = False):
         self.dp = dataplane
+        self.tensor_content = tensor_content
 
     @rpc
     def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext):
@@ -199,8 +217,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             raise BadRequest(
                 f"request_state {name} needs the streaming RPC PredictionService/PredictStreamed"
             )
+        resolve(self.dp, request.model_spec)  # as TF Serving: an unknown servable before the inputs
         turn = Turn(request.model_spec, decode_inputs(request), output_filter(request))
-        return next(predict_responses(self.dp, turn))
+        return next(predict_responses(self.dp, turn, tensor_content=self.tensor_content))
 
     @streaming_rpc
     def PredictStreamed(self, request_iterator, context: grpc.ServicerContext):
@@ -210,7 +229,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             if stream.cancelled:
                 return
             if turn is not None:
-                yield from predict_responses(self.dp, turn, single=stream.single_response)
+                yield from predict_responses(
+                    self.dp, turn, single=stream.single_response, tensor_content=self.tensor_content
+                )
         stream.finish()
 
     @rpc
@@ -319,8 +340,9 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         return response
 
 
-def add_to_server(server: grpc.Server, dataplane: DataPlane) -> None:
+def add_to_server(server: grpc.Server, dataplane: DataPlane, *, tensor_content: bool = False) -> None:
+    """Add both services; ``tensor_content`` is ``--grpc-tensor-content``."""
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionServicer(dataplane), server
+        PredictionServicer(dataplane, tensor_content=tensor_content), server
     )
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(dataplane), server)

@@ -2,12 +2,17 @@
 
 Wire-compatible with ``tritonclient.grpc`` (and KServe's V2 gRPC clients).
 Tensors arrive as typed ``contents`` or as ``raw_input_contents`` (the binary
-layout of :mod:`servekit.codecs.v2`, which this module reuses); outputs go back
-as ``raw_output_contents``, as Triton answers, except to a request that sent
-only typed contents, which gets typed contents back when every output has a
-typed field (FP16 has none).  ``ModelStreamInfer`` answers each request in
+layout of :mod:`servekit.codecs.v2`, which this module reuses); outputs always
+go back as ``raw_output_contents``, as Triton answers whatever the request used:
+tritonclient, KServe's and MLServer's clients read the raw form.  A version
+string that is not a number is ``INVALID_ARGUMENT``.  ``ModelStreamInfer`` answers each request in
 order; an error becomes that request's ``error_message`` and the stream goes on,
 and a streaming model answers with one response per item it yields.
+
+Triton's extensions answer as over HTTP, from the same code: ``ModelConfig``
+and ``ModelStatistics`` (:mod:`..v2_extensions`), and the repository RPCs
+(``RepositoryIndex``, ``RepositoryModelLoad``, ``RepositoryModelUnload``), whose
+load and unload need ``--model-control-mode explicit`` (:mod:`servekit.model_control`).
 """
 
 from __future__ import annotations
@@ -19,19 +24,23 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from ... import __version__
 from ...codecs import v2 as codec
 from ...dataplane import DataPlane, filter_outputs, join_stream, named_outputs
-from ...errors import BadRequest, ModelFailure, NotReady, ServekitError
+from ...errors import BadRequest, NotFound, NotReady, ServekitError
+from ...model_control import require_model_control
 from ...repository import ModelVersion
 from .. import v2 as http_v2
+from .. import v2_extensions
 from .common import rpc, streaming_rpc
 from .protos.inference import grpc_service_pb2 as pb
 from .protos.inference import grpc_service_pb2_grpc as pb_grpc
+from .protos.inference import model_config_pb2
 
-#: Extensions this service implements (the repository and shared-memory RPCs are not offered).
-EXTENSIONS = ["parameters"]
+#: Extensions this service implements (the shared-memory RPCs are not offered).
+EXTENSIONS = ["parameters", "model_repository", *v2_extensions.EXTENSIONS]
 
 #: The typed ``InferTensorContents`` field of each datatype; FP16 has none.
 CONTENTS_FIELD = {
@@ -99,6 +108,12 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
     if not request.inputs:
         raise BadRequest("ModelInferRequest has no inputs")
     raw = request.raw_input_contents
+    for tensor in request.inputs if raw else ():
+        if tensor.HasField("contents"):
+            raise BadRequest(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"{tensor.name!r} for model {request.model_name!r}"
+            )
     if raw and len(raw) != len(request.inputs):
         raise BadRequest(
             f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
@@ -117,10 +132,6 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
         if any(d < 0 for d in shape):
             raise BadRequest(f"{where}: shape {shape} has a negative dimension")
         if raw:
-            if tensor.HasField("contents"):
-                raise BadRequest(
-                    f"{where}: has typed contents while the request uses raw_input_contents"
-                )
             try:
                 inputs[tensor.name] = codec.tensor_from_bytes(tensor.datatype, shape, raw[i])
             except BadRequest as exc:
@@ -156,33 +167,23 @@ def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
     return np.asarray(values, dtype=dtype).reshape(shape)
 
 
-def encode_outputs(
-    response: pb.ModelInferResponse, outputs: dict[str, np.ndarray], raw: bool
-) -> None:
-    arrays = {name: codec.as_v2_array(value, name) for name, value in outputs.items()}
-    datatypes = {name: codec.datatype_of(arr) for name, arr in arrays.items()}
-    raw = raw or any(dt not in CONTENTS_FIELD for dt in datatypes.values())
-    for name, arr in arrays.items():
-        out = response.outputs.add(name=name, datatype=datatypes[name], shape=list(arr.shape))
-        if raw:
-            response.raw_output_contents.append(codec.tensor_to_bytes(arr))
-        elif datatypes[name] == "BYTES":
-            out.contents.bytes_contents.extend(_bytes(arr, name))
-        else:
-            getattr(out.contents, CONTENTS_FIELD[datatypes[name]]).extend(arr.reshape(-1).tolist())
+def encode_outputs(response: pb.ModelInferResponse, outputs: dict[str, np.ndarray]) -> None:
+    """Every output in ``raw_output_contents``, one entry per output, in order (as Triton)."""
+    for name, value in outputs.items():
+        arr = codec.as_v2_array(value, name)
+        response.outputs.add(name=name, datatype=codec.datatype_of(arr), shape=list(arr.shape))
+        response.raw_output_contents.append(codec.tensor_to_bytes(arr))
 
 
-def _bytes(arr: np.ndarray, name: str) -> list[bytes]:
-    out = []
-    for value in arr.reshape(-1):
-        if isinstance(value, str):
-            value = value.encode("utf-8")
-        elif not isinstance(value, bytes):
-            raise ModelFailure(
-                f"BYTES output {name!r} holds a {type(value).__name__}; expected str or bytes"
-            )
-        out.append(value)
-    return out
+def version_of(version: str) -> str | None:
+    """A request's ``model_version``: empty for the latest, else a number (INVALID_ARGUMENT)."""
+    if not version:
+        return None
+    if not version.isdigit() or int(version) < 1:
+        raise BadRequest(
+            f"invalid model version {version!r}: expected a positive integer, or none for the latest"
+        )
+    return version
 
 
 def signature_name(parameters: dict[str, Any]) -> str | None:
@@ -197,8 +198,9 @@ def signature_name(parameters: dict[str, Any]) -> str | None:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane, *, model_control_mode: str | None = None):
         self.dp = dataplane
+        self.model_control_mode = model_control_mode
 
     @rpc
     def ServerLive(self, request, context):
@@ -212,8 +214,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def ModelReady(self, request, context):
         try:
             # the repository, not the data plane: a probe must not wait for a load to finish
-            self.dp.repository.resolve(request.name, request.version or None)
+            self.dp.repository.resolve(request.name, version_of(request.version))
         except NotReady:
+            return pb.ModelReadyResponse(ready=False)
+        except NotFound:
+            # a served model with no such (or, unloaded, no) version is not ready; an unknown one is NOT_FOUND
+            self.dp.repository.get_model(request.name)
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
@@ -225,7 +231,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelMetadata(self, request, context):
-        mv = self.dp.resolve(request.name, request.version or None)
+        mv = self.dp.resolve(request.name, version_of(request.version))
         meta = self.dp.metadata(mv)
         signature = meta.signature()
         response = pb.ModelMetadataResponse(
@@ -267,7 +273,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, *, stream: bool
     ) -> Iterator[pb.ModelInferResponse]:
         """Run one request; a streaming model gives one response per item when ``stream``."""
-        mv = self.dp.resolve(request.model_name, request.model_version or None)
+        mv = self.dp.resolve(request.model_name, version_of(request.model_version))
         parameters = parameters_of(request.parameters)
         parameters.pop(_EMPTY_FINAL, None)
         signature = signature_name(parameters)
@@ -277,29 +283,96 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         for output in request.outputs:
             _refuse_unsupported(parameters_of(output.parameters), f"output {output.name!r}")
             wanted.append(output.name)
-        raw = bool(request.raw_input_contents)
         result = self.dp.predict(
             mv, inputs, parameters=parameters, signature_name=signature, output_names=wanted or None
         )
         if not inspect.isgenerator(result):
-            yield self._response(request, mv, named_outputs(mv, result, signature), wanted, raw)
+            yield self._response(request, mv, named_outputs(mv, result, signature), wanted)
             return
         items = (named_outputs(mv, item, signature) for item in result)
         if not stream:
-            yield self._response(request, mv, join_stream(items), wanted, raw)
+            yield self._response(request, mv, join_stream(items), wanted)
             return
         for item in items:
-            yield self._response(request, mv, item, wanted, raw)
+            yield self._response(request, mv, item, wanted)
 
     @staticmethod
-    def _response(
-        request: Any, mv: ModelVersion, outputs: dict[str, Any], wanted: list[str], raw: bool
-    ):
+    def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any], wanted: list[str]):
         response = pb.ModelInferResponse(
             model_name=request.model_name, model_version=str(mv.version), id=request.id
         )
-        encode_outputs(response, filter_outputs(outputs, wanted or None), raw)
+        encode_outputs(response, filter_outputs(outputs, wanted or None))
         return response
+
+
+    # -- Triton's extensions --------------------------------------------------------------
+
+    @rpc
+    def ModelConfig(self, request: pb.ModelConfigRequest, context):
+        document = v2_extensions.model_configuration(
+            self.dp, request.name, version_of(request.version)
+        )
+        return pb.ModelConfigResponse(config=json_format.ParseDict(document, model_config_pb2.ModelConfig()))
+
+    @rpc
+    def ModelStatistics(self, request: pb.ModelStatisticsRequest, context):
+        stats = v2_extensions.model_statistics(
+            self.dp, request.name or None, version_of(request.version)
+        )
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    @rpc
+    def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context):
+        _one_repository(request.repository_name)
+        repository = self.dp.repository
+        response = pb.RepositoryIndexResponse()
+        for name in sorted(repository.models):
+            for entry in http_v2._index_entries(repository.models[name]):
+                if request.ready and entry["state"] != "READY":
+                    continue
+                response.models.add(
+                    name=entry["name"],
+                    version=entry.get("version", ""),
+                    state=entry["state"],
+                    reason=entry["reason"] or "",
+                )
+        return response
+
+    @rpc
+    def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context):
+        require_model_control(self.model_control_mode)
+        _one_repository(request.repository_name)
+        overrides = sorted(
+            k for k in request.parameters if k == "config" or k.startswith("file:")
+        )
+        if overrides:
+            raise BadRequest(
+                f"failed to load {request.model_name!r}: load parameters {', '.join(overrides)} "
+                "are not supported; servekit loads a model from its folder (edit servekit.yaml)"
+            )
+        try:
+            model = self.dp.repository.load_model(request.model_name)
+        except NotFound as exc:  # Triton's wording: every failed load starts "failed to load"
+            raise BadRequest(f"failed to load {request.model_name!r}: {exc.message}") from None
+        if not model.available():
+            errors = [f"version {mv.version}: {mv.error}" for mv in model.versions.values() if mv.error]
+            detail = "; ".join(errors) or model.config_error or "no version folder found"
+            raise BadRequest(f"failed to load model {request.model_name!r}: {detail}")
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):
+        require_model_control(self.model_control_mode)
+        _one_repository(request.repository_name)
+        self.dp.repository.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _one_repository(name: str) -> None:
+    if name:
+        raise BadRequest(
+            f"repository_name {name!r}: servekit serves one model repository; leave it empty"
+        )
 
 
 def _shape(shape: list[int] | None) -> list[int]:
@@ -307,5 +380,9 @@ def _shape(shape: list[int] | None) -> list[int]:
     return list(shape) if shape is not None else [-1]
 
 
-def add_to_server(server: grpc.Server, dataplane: DataPlane) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+def add_to_server(
+    server: grpc.Server, dataplane: DataPlane, *, model_control_mode: str | None = None
+) -> None:
+    """Add the service; ``model_control_mode`` is ``--model-control-mode`` (load/unload)."""
+    servicer = InferenceServicer(dataplane, model_control_mode=model_control_mode)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)

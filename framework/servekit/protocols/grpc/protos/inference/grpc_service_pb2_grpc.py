@@ -69,6 +69,31 @@ class GRPCInferenceServiceStub:
                 request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryIndex',
+                request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelLoad = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelLoad',
+                request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelUnload = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelUnload',
+                request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -117,6 +142,37 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """Triton's extensions: model configuration, statistics and the model repository.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelStatistics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryIndex(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelLoad(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelUnload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +210,31 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelStreamInfer,
                     request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
                     response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.FromString,
+                    response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelLoad,
+                    request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.SerializeToString,
+            ),
+            'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelUnload,
+                    request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -345,6 +426,141 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelStreamInfer',
             servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
             servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryIndex',
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelLoad',
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelUnload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelUnload',
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,
