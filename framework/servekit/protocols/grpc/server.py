@@ -45,6 +45,8 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
         ("grpc.max_send_message_length", size),
         # several gunicorn workers bind the same port
         ("grpc.so_reuseport", 1),
+        # TF Serving's --grpc_channel_arguments (servekit.tfserving_cli), after ours so they win
+        *getattr(settings, "grpc_channel_arguments", ()),
     ]
 
 
@@ -61,8 +63,8 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
         options=server_options(settings),
         interceptors=interceptors,
     )
-    tf_serving.add_to_server(server, dataplane)
-    v2.add_to_server(server, dataplane)
+    tf_serving.add_to_server(server, dataplane, tensor_content=settings.grpc_tensor_content)
+    v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode)
     host = settings.host
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
     try:
@@ -74,8 +76,15 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
             f"cannot bind gRPC to {address}: port {settings.grpc_port} is in use or not allowed "
             "(another server holds it?); choose a free port with --grpc-port"
         )
+    _bind_unix_socket(server, getattr(settings, "grpc_socket_path", ""))
     server.start()
     return server, port
+
+
+def _bind_unix_socket(server: grpc.Server, path: str) -> None:
+    """TF Serving's ``--grpc_socket_path``: also listen on a Unix socket (the last worker's)."""
+    if path and not server.add_insecure_port(f"unix:{path}"):
+        raise RuntimeError(f"cannot bind gRPC to the Unix socket {path}")
 
 
 class ApiKeyInterceptor(grpc.ServerInterceptor):
