@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import batching
+from . import batching, statistics
 from .errors import BadRequest, ModelFailure, NotImplementedByModel, NotReady, ServekitError
 from .repository import ModelRepository, ModelVersion
 from .types import ModelMetadata, Tensors
@@ -58,6 +58,7 @@ class DataPlane:
 
     # -- inference ------------------------------------------------------------
 
+    @statistics.recorded  # Triton's statistics extension (statistics.py)
     def predict(
         self,
         mv: ModelVersion,
@@ -72,20 +73,22 @@ class DataPlane:
         if mv.host is not None:  # the version runs in model host processes (servekit.hosts)
             return mv.host.call("predict", inputs, parameters=parameters,
                                 signature_name=signature_name, output_names=output_names)
-        inputs = self._preprocess(mv, inputs, parameters)
+        stat = statistics.current()
+        inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
 
         def run(batch: Tensors) -> Any:
-            return self._call(
+            return stat.execution(statistics.rows_of(batch), lambda: self._call(
                 mv, "predict", inputs=batch, parameters=parameters,
                 signature_name=signature_name, output_names=output_names,
-            )
+            ))
 
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         outputs = run(inputs) if options is None else batcher.submit(inputs, run, options)
+        stat.submitted()
         if inspect.isgenerator(outputs):
             return _guarded(mv, outputs)
-        return self._postprocess(mv, outputs, parameters)
+        return stat.time("compute_output", self._postprocess, mv, outputs, parameters)
 
     def explain(
         self,
