@@ -249,3 +249,40 @@ def test_owner_cleanup_stops_hosts_and_leaves_no_shared_memory(tmp_path, serveki
     assert not runtime._alive(pid)
     assert not list(channel.SHM_DIR.glob(prefix + "*"))
     assert not folder.exists()
+
+
+STREAMING = """
+import numpy as np
+import servekit
+
+
+@servekit.hookimpl
+def load(path):
+    return "ticker"
+
+
+@servekit.hookimpl
+def predict(inputs, parameters):
+    for i in range(int(inputs[0, 0])):
+        if parameters.get("fail_at") == i:
+            raise RuntimeError("stream broke")
+        yield {"tick": np.array([i])}
+"""
+
+
+def test_a_streaming_model_streams_through_its_host(tmp_path, servekit_app):
+    folder = host_model(tmp_path, "ticker")
+    (folder / "1" / "model.py").write_text(STREAMING)
+    client = servekit_app(tmp_path)
+    dp = client.application.extensions["servekit"]
+    mv = dp.resolve("ticker")
+    try:
+        items = list(dp.predict(mv, np.array([[3.0]])))
+        assert [int(item["tick"][0]) for item in items] == [0, 1, 2]
+        broken = dp.predict(mv, np.array([[3.0]]), parameters={"fail_at": 1})
+        assert int(next(broken)["tick"][0]) == 0
+        with pytest.raises(Exception, match="stream broke"):
+            next(broken)
+        assert len(list(dp.predict(mv, np.array([[2.0]])))) == 2  # the connection is usable again
+    finally:
+        runtime.cleanup()

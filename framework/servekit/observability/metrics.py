@@ -19,7 +19,11 @@ What is measured:
 - ``servekit_model_state{model,version,state}`` and
   ``servekit_model_load_seconds{model,version}``, read from the answering
   worker's repository at scrape time;
-- ``servekit_request_log_dropped_total``: request logs dropped by a full queue.
+- ``servekit_request_log_dropped_total``: request logs dropped by a full queue;
+- ``servekit_host_queue_depth``, ``servekit_host_batch_size`` and
+  ``servekit_host_restarts_total{model,version,replica}`` for model hosts
+  (docs/model-processes.md): the host process writes its own values into the
+  multiprocess folder it inherits; the worker that restarts a host counts it.
 
 ``model`` is the served model a request addressed, or ``""`` when it names none
 that is served: a fuzzer's random names must not grow the label set.
