@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,9 +21,12 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
+import servekit
 import yaml
-from servekit import scaffold
+from servekit import scaffold, scaffold_render
 from servekit.cli import main as cli
+from servekit.server.gunicorn_app import ServekitApplication
+from servekit.settings import Settings, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
@@ -93,6 +97,32 @@ def test_kubernetes_manifests_validate(gpu):
     assert [p["containerPort"] for p in container["ports"]] == [8080, 8081]
     assert ("nvidia.com/gpu" in container["resources"]["limits"]) is gpu
     assert docs[2]["spec"]["scaleTargetRef"]["name"] == "iris-classifier"
+
+
+def test_deployment_stops_routing_before_it_stops_accepting():
+    """SIGTERM while endpoints still route to the pod: readiness 503 first, accept for a while, then drain.
+
+    The kubelet's SIGKILL must come after gunicorn's own deadline (delay + drain).
+    """
+    deployment = next(yaml.safe_load_all(scaffold.render_manifests(options())["kubernetes.yaml"]))
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    delay, drain = float(env["SERVEKIT_SHUTDOWN_DELAY"]), float(env["SERVEKIT_DRAIN_SECONDS"])
+    assert delay >= 5  # endpoints, kube-proxy and ingresses need seconds to stop routing
+    settings = resolve(environ={k: v for k, v in env.items() if k.startswith("SERVEKIT_")})
+    assert (settings.shutdown_delay, settings.drain_seconds) == (delay, drain)  # the names servekit reads
+    graceful = ServekitApplication(settings).cfg.graceful_timeout
+    assert graceful >= delay + drain
+    assert pod["terminationGracePeriodSeconds"] > graceful
+    assert "lifecycle" not in pod["containers"][0]  # the delay is servekit's, no shell needed in the image
+
+
+def test_defaults_follow_servekit_serve():
+    """The renderer cannot import servekit (plain cookiecutter runs it); its copies of the defaults agree."""
+    defaults = Settings()
+    assert defaults.threads == scaffold_render.DEFAULT_THREADS
+    assert defaults.drain_seconds == scaffold_render.DEFAULT_DRAIN_SECONDS
+    assert scaffold.BuildOptions(model_name="m").servekit_version == servekit.__version__
 
 
 def test_kubernetes_validate_catches_a_broken_manifest():
@@ -167,7 +197,12 @@ def test_kserve_inference_service_validates(gpu):
     assert container["ports"] == [{"name": "http1", "containerPort": 8080, "protocol": "TCP"}]
     assert {"name": "PROTOCOL", "value": "v2"} in container["env"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert doc["spec"]["predictor"]["scaleMetric"] == "concurrency"
+    # Knative's queue-proxy drains before SIGTERM reaches the container, whose grace period is `timeout`
+    env = {e["name"]: e["value"] for e in container["env"]}
+    drain = float(env["SERVEKIT_SHUTDOWN_DELAY"]) + float(env["SERVEKIT_DRAIN_SECONDS"])
+    assert 0 < drain < doc["spec"]["predictor"]["timeout"]
 
 
 def test_kserve_check_catches_mistakes():
@@ -225,12 +260,12 @@ def model_folder(tmp_path) -> Path:
     return folder
 
 
-def test_build_without_docker_writes_files_and_says_how(model_folder, capsys, monkeypatch):
+def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_folder, capsys, monkeypatch):
     monkeypatch.setattr(scaffold, "docker_available", lambda: False)
-    assert cli(["build", str(model_folder), "--tag", "iris:2", "--gpu"]) == 0
-    out = capsys.readouterr().out
-    assert f"docker build --tag iris:2 {model_folder}" in out
-    assert "no Docker engine answered" in out
+    assert cli(["build", str(model_folder), "--tag", "iris:2", "--gpu", "--no-wheel"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("servekit build: no Docker engine answered")
+    assert f"docker build --tag iris:2 {model_folder}" in captured.err and "--context-only" in captured.err
     names = sorted(str(p.relative_to(model_folder)) for p in model_folder.rglob("*") if p.is_file())
     assert names == [".dockerignore", "1/model.joblib", "Dockerfile", "deploy/kserve.yaml",
                      "deploy/kubernetes.yaml", "gunicorn.conf.py", "requirements.txt"]
@@ -240,14 +275,56 @@ def test_build_without_docker_writes_files_and_says_how(model_folder, capsys, mo
     assert "image: iris:2" in (model_folder / "deploy" / "kubernetes.yaml").read_text()
 
 
+def test_build_context_only_succeeds_without_docker(model_folder, monkeypatch, capsys):
+    monkeypatch.setattr(scaffold, "docker_available", lambda: False)
+    assert cli(["build", str(model_folder), "--context-only", "--no-wheel"]) == 0
+    assert "build context ready" in capsys.readouterr().out
+    assert (model_folder / "Dockerfile").is_file()
+
+
 def test_build_keeps_an_edited_dockerfile(model_folder, capsys):
-    assert cli(["build", str(model_folder), "--no-docker"]) == 0
+    assert cli(["build", str(model_folder), "--no-docker", "--no-wheel"]) == 0
     dockerfile = model_folder / "Dockerfile"
     edited = "\n".join(line for line in dockerfile.read_text().splitlines() if scaffold.MARKER not in line) + "\n# mine\n"
     dockerfile.write_text(edited)
-    assert cli(["build", str(model_folder), "--no-docker", "--gpu"]) == 0
+    assert cli(["build", str(model_folder), "--no-docker", "--gpu", "--no-wheel"]) == 0
     assert dockerfile.read_text() == edited
     assert "kept Dockerfile" in capsys.readouterr().out
+
+
+def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder):
+    """servekit 0.1.0 from this checkout is on no index: the image must install the wheel in the context."""
+    assert scaffold.installed_from() == ("source", ROOT)  # the editable install the tests run from
+    result = subprocess.run(
+        [sys.executable, "-m", "servekit", "build", str(model_folder), "--context-only"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = (model_folder / "wheels").iterdir()
+    assert wheel.name == f"servekit-{servekit.__version__}-py3-none-any.whl"
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    assert {"servekit/scaffold_render.py", "servekit_sklearn/__init__.py"} <= shipped
+    dockerfile = (model_folder / "Dockerfile").read_text()
+    assert f"COPY wheels/{wheel.name} /build/wheels/{wheel.name}" in dockerfile
+    assert f"RUN pip install --no-cache-dir /build/wheels/{wheel.name} -r requirements.txt" in dockerfile
+    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn]==0.1.0"
+    lint = subprocess.run([HADOLINT, "--no-color", str(model_folder / "Dockerfile")], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    assert not (ROOT / "build").exists() or (ROOT / "build").stat().st_mtime < wheel.stat().st_mtime - 1
+
+    # --wheel PATH installs that wheel (and drops the previous one); --no-wheel goes back to the index
+    mine = model_folder.parent / f"servekit-{servekit.__version__}.post1-py3-none-any.whl"
+    shutil.copy(wheel, mine)
+    assert cli(["build", str(model_folder), "--context-only", "--wheel", str(mine)]) == 0
+    assert [p.name for p in (model_folder / "wheels").iterdir()] == [mine.name]
+    assert f"/build/wheels/{mine.name} -r requirements.txt" in (model_folder / "Dockerfile").read_text()
+    assert cli(["build", str(model_folder), "--context-only", "--no-wheel"]) == 0
+    assert "RUN pip install --no-cache-dir -r requirements.txt" in (model_folder / "Dockerfile").read_text()
+
+
+def test_wheel_option_refuses_what_is_not_a_wheel(model_folder, capsys):
+    assert cli(["build", str(model_folder), "--context-only", "--wheel", str(model_folder / "1" / "model.joblib")]) == 2
+    assert capsys.readouterr().err.startswith("servekit build: --wheel: expected a servekit wheel file")
 
 
 def test_docker_available_needs_an_engine(monkeypatch, tmp_path):
@@ -276,6 +353,7 @@ def test_detect_extras(tmp_path):
     "answers, message",
     [
         (["project_slug=Bad Name"], "folder name 'Bad Name' is not valid"),
+        (["project_name=9 Lives"], "folder name '9-lives' is not valid"),
         (["model_name=../etc"], "model name '../etc' is not valid"),
         (["python_version=three"], "python version 'three' is not valid"),
     ],
@@ -285,8 +363,9 @@ def test_new_rejects_invalid_names(tmp_path, answers, message):
     for answer in answers:
         args += ["--set", answer]
     result = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1
-    assert message in result.stderr
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servekit new: ") and message in lines[0], result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -296,8 +375,79 @@ def test_new_plugin_rejects_invalid_package_name(tmp_path):
          "--set", "package_name=class"],
         capture_output=True, text=True, timeout=120,
     )
-    assert result.returncode == 1
-    assert "package name 'class' is not a valid" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["servekit new --plugin: package name 'class' is not a valid lower-case Python identifier"]
+
+
+@pytest.mark.parametrize(
+    "answers, line",
+    [
+        (["framework=pytorch"],
+         "servekit new: --set framework=pytorch: expected one of sklearn, torch, tensorflow, huggingface, custom"),
+        (["frmework=torch"], "servekit new: --set frmework: no such template variable; expected one of "
+                             "project_name, project_slug, model_name, framework, gpu, python_version"),
+        (["gpu=maybe"], "servekit new: --set gpu=maybe: expected yes or no"),
+        (["framework"], "servekit new: --set expects KEY=VALUE, found 'framework'"),
+    ],
+)
+def test_new_cli_mistakes_are_one_line(tmp_path, answers, line):
+    args = [sys.executable, "-m", "servekit", "new", "--no-input", "--output-dir", str(tmp_path)]
+    for answer in answers:
+        args += ["--set", answer]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr.splitlines()) == (2, [line])
+    assert list(tmp_path.iterdir()) == []
+
+
+#: Makes ``import servekit`` fail in every Python started with it on PYTHONPATH (cookiecutter's hooks too).
+BLOCK_SERVEKIT = """
+import sys
+
+
+class _NoServekit:
+    def find_spec(self, name, path=None, target=None):
+        if name == "servekit" or name.startswith("servekit."):
+            raise ImportError("servekit is not installed here")
+
+
+sys.meta_path.insert(0, _NoServekit())
+"""
+
+
+@pytest.mark.parametrize("framework, gpu", [("sklearn", "no"), ("huggingface", "yes")])
+def test_plain_cookiecutter_renders_the_build_files_without_servekit(tmp_path, framework, gpu):
+    """``cookiecutter cookiecutter/container`` where servekit is not importable writes the same files."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCK_SERVEKIT)
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    probe = subprocess.run([sys.executable, "-c", "import servekit"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "not installed here" in probe.stderr  # the check below can fail
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "--output-dir", str(out), str(ROOT / "cookiecutter" / "container"),
+         "project_name=Plain Demo", "model_name=Plain_Demo", f"framework={framework}", f"gpu={gpu}"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    project = out / "plain-demo"
+    # the same template text and renderer as `servekit build` for this project
+    options = scaffold.BuildOptions(model_name="Plain_Demo", gpu=gpu == "yes", torch=framework == "huggingface")
+    for name in scaffold.BUILD_FILES:
+        assert (project / name).read_text() == scaffold.build_file(name, options), name
+    assert "python:${PYTHON_VERSION}-slim" in (project / "Dockerfile").read_text() or gpu == "yes"
+    assert ("download.pytorch.org/whl/cu126" in (project / "Dockerfile").read_text()) is (gpu == "yes")
+    lint = subprocess.run([HADOLINT, "--no-color", str(project / "Dockerfile")], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    assert not (project / "_frameworks").exists() and (project / ".dockerignore").is_file()
+
+
+def test_container_template_code_imports_no_servekit():
+    """The hooks and the extension run in cookiecutter's Python, where servekit may be absent."""
+    template = scaffold.CONTAINER_TEMPLATE
+    for path in [*template.glob("hooks/*.py"), template / "servekit_files.py", scaffold_render.__file__]:
+        imports = re.findall(r"^\s*(?:from|import)\s+(\S+)", Path(path).read_text(), re.MULTILINE)
+        assert imports and not [m for m in imports if m.split(".")[0] in ("servekit", "")], (path, imports)
 
 
 # -- packaging -------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
-"""Keep the chosen framework's files, then write the Docker files from servekit's one template."""
+"""Keep the chosen framework's files and give the dot-files their names.
+
+Standard library only: plain ``cookiecutter`` runs this where servekit is not
+installed.  The Dockerfile, gunicorn config and manifests are already rendered
+(by the ``servekit_files`` extension, from servekit's one template source).
+"""
 
 import shutil
-import sys
 from pathlib import Path
 
 FRAMEWORK = {{ cookiecutter.framework|tojson }}
-MODEL_NAME = {{ cookiecutter.model_name|tojson }}
-GPU = "{{ cookiecutter.gpu }}".strip().lower() in ("true", "yes", "y", "1", "on")
-PYTHON = {{ cookiecutter.python_version|tojson }}
 
 project = Path.cwd()
 frameworks = project / "_frameworks"
@@ -18,15 +19,6 @@ for source in sorted(chosen.rglob("*")):
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(source), str(target))
 shutil.rmtree(frameworks)
-(project / "gitignore").rename(project / ".gitignore")
-
-try:
-    from servekit.scaffold import finish_container_project
-except ImportError:
-    print(
-        "servekit is not importable here, so no Dockerfile was written; "
-        "install servekit and run `servekit build .` in the new folder",
-        file=sys.stderr,
-    )
-else:
-    finish_container_project(project, MODEL_NAME, GPU, PYTHON)
+# Shipped without their dot (package data globs skip dot-files); named here.
+for name in ("gitignore", "dockerignore"):
+    (project / name).rename(project / f".{name}")

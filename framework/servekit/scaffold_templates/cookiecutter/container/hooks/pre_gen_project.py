@@ -13,7 +13,8 @@ if not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", SLUG) or SLUG.endswith("-"):
         f"folder name {SLUG!r} is not valid: use lower-case letters, digits and '-', "
         "starting with a letter (it also names the image and the Kubernetes objects)"
     )
-if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", MODEL_NAME) or ".." in MODEL_NAME:
+# the model name defaults to the folder name: one mistake, one line
+if MODEL_NAME != SLUG and (not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", MODEL_NAME) or ".." in MODEL_NAME):
     problems.append(
         f"model name {MODEL_NAME!r} is not valid: use letters, digits, '.', '_' and '-', "
         "starting with a letter or digit (it appears in /v1/models/NAME)"

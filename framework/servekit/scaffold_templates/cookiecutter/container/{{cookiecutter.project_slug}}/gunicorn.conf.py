@@ -1,0 +1,1 @@
+{{ servekit_file("gunicorn.conf.py", cookiecutter) }}

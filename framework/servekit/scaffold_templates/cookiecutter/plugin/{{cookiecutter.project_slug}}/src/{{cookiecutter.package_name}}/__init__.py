@@ -1,0 +1,1 @@
+{% include "kinds/" ~ cookiecutter.kind ~ "/plugin.py" %}
