@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -284,5 +285,25 @@ def test_a_streaming_model_streams_through_its_host(tmp_path, servekit_app):
         with pytest.raises(Exception, match="stream broke"):
             next(broken)
         assert len(list(dp.predict(mv, np.array([[2.0]])))) == 2  # the connection is usable again
+    finally:
+        runtime.cleanup()
+
+
+def test_a_removed_version_stops_its_host_and_a_new_one_starts(tmp_path, servekit_app):
+    folder = host_model(tmp_path)
+    client = servekit_app(tmp_path)
+    dp = client.application.extensions["servekit"]
+    try:
+        old = infer(client, "echo", [[1.0]], parameters={"pid": True}).json["outputs"][0]["data"][0]
+        (folder / "2").mkdir()
+        (folder / "2" / "model.py").write_text(MODEL)
+        dp.repository.sync()  # version 2 loads in a new host, version 1 is unloaded
+        r = infer(client, "echo", [[1.0]], parameters={"pid": True})
+        assert r.json["model_version"] == "2"
+        assert r.json["outputs"][0]["data"][0] != old
+        deadline = time.monotonic() + 10
+        while runtime._alive(old) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not runtime._alive(old)
     finally:
         runtime.cleanup()

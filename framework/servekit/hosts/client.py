@@ -287,11 +287,11 @@ class HostClient:
         """The version is unloaded here: tell the hosts, drop the connections."""
         for replica in self.replicas:
             with contextlib.suppress(Exception):
-                conn = replica.take() if replica.idle else None
-                if conn is not None:
-                    channel.send(conn.sock, {"op": "detach"})
-                    conn.reply(5.0)
-                    conn.close()
+                # a connection of its own: never start a host only to say goodbye
+                conn = Connection(replica.socket_path, replica.pid())
+                channel.send(conn.sock, {"op": "detach"})
+                conn.reply(5.0)
+                conn.close()
             replica.drop_idle()
 
 
