@@ -60,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
     log_setup.configure(settings.log_format, settings.log_level)
     for line in ports.startup_lines(settings, models, plugin_names):
         log.info("%s", line)
-    from .server.gunicorn_app import run
+    from .server.engines import run
 
     run(settings)
     return 0

@@ -41,7 +41,8 @@ class Settings:
     max_batch_size: int = _opt(0, "default adaptive batch size per model; 0 disables batching")
     max_batch_time_ms: float = _opt(2.0, "default longest wait to fill a batch, in milliseconds")
     log_level: str = _opt("info", "debug, info, warning or error")
-    preload: bool = _opt(False, "load models once in the master before forking workers", flag=True)
+    preload: bool | None = _opt(None, "load models once before forking workers, shared copy-on-write (default auto: with several workers, when every model is a scikit-learn artifact; TensorFlow, torch, CUDA and model.py load in each worker)", flag=True)
+    fast_lane: bool = _opt(True, "answer inference routes (V2 infer, V1 predict/classify/regress, /predict) without Flask's request machinery; --no-fast-lane sends them through Flask", flag=True)
     strict_readiness: bool = _opt(True, "/v2/health/ready is 200 only when every model has an AVAILABLE version; --no-strict-readiness: every first load finished and one model AVAILABLE", flag=True)
     model_control_mode: str = _opt("none", "V2 repository load/unload: 'none' refuses them (4xx), 'explicit' allows them (Triton's flag)", choices=("none", "explicit"))
     grpc_tensor_content: bool = _opt(False, "TF Serving gRPC answers in tensor_content instead of the typed fields (TF Serving's --enable_serialization_as_tensor_content)", flag=True)
@@ -123,7 +124,7 @@ def _coerce(values: dict[str, Any]) -> Settings:
         raw = values[f.name]
         default = getattr(settings, f.name)
         try:
-            if isinstance(default, bool):
+            if isinstance(default, bool) or f.metadata.get("flag"):
                 value = raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
             elif isinstance(default, int):
                 value = int(raw)

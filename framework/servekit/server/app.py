@@ -54,7 +54,8 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     if api_key is not None:
         _install_api_key(app, api_key)
     # WSGI layers, outermost first: observability, the limits, the fast lane, Flask
-    fastlane.install(app, dp, api_key)
+    if settings.fast_lane:
+        fastlane.install(app, dp, api_key)
     limits.install(app, settings)
     observability.install(app, settings)
 

@@ -1,0 +1,51 @@
+"""``--server gunicorn|granian``: the HTTP engine that serves the one WSGI app.
+
+Both run the same app (:func:`servekit.server.app.create_app`, with its fast
+lane, limits and observability layers), gRPC beside HTTP in every worker, the
+same SIGTERM drain and the same metrics folder; they differ in who parses HTTP.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..settings import Settings, worker_count
+
+#: Artifacts whose loading starts no threads and no device context: safe to load before fork.
+FORK_SAFE_ARTIFACTS = frozenset({"model.joblib", "model.pkl", "model.skops"})
+
+
+def run(settings: Settings) -> None:
+    settings.preload = resolve_preload(settings)
+    if settings.server == "granian":
+        from .granian_app import run as run_granian
+
+        run_granian(settings)
+    else:
+        from .gunicorn_app import run as run_gunicorn
+
+        run_gunicorn(settings)
+
+
+def resolve_preload(settings: Settings) -> bool:
+    """``--preload`` as given, else auto: preload when it saves memory and is safe.
+
+    Several workers share one copy of the models when they load before the fork.
+    That is safe for scikit-learn artifacts; TensorFlow's runtime and CUDA do not
+    survive a fork, torch's OpenMP pool may hang a child, and a ``model.py`` may
+    import any of them, so those load in each worker.
+    """
+    if settings.preload is not None:
+        return settings.preload
+    if worker_count(settings) < 2:
+        return False
+    from ..repository import discover
+
+    folders = discover(settings.model_paths, settings.model_name)
+    return all(_fork_safe(path) for path in folders.values())
+
+
+def _fork_safe(model_folder: Path) -> bool:
+    files = [p for p in model_folder.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    artifacts = {p.name for p in files} - {"servekit.yaml", "servekit.yml"}
+    return bool(artifacts) and artifacts <= FORK_SAFE_ARTIFACTS

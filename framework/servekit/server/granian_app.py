@@ -1,0 +1,159 @@
+"""Running the app under granian: Rust HTTP in front of the same WSGI app (``--server granian``).
+
+granian parses HTTP and manages connections in Rust and calls the WSGI app from
+a pool of Python threads per worker process (``--threads``), so the Python
+work per request is servekit's own.  Everything gunicorn gives servekit is
+here too:
+
+- workers fork from this process after the models load once (``--preload``),
+  or load their own models after the fork;
+- gRPC beside HTTP: one gRPC server per worker over the worker's data plane,
+  started after the fork and stopped, with its in-flight RPCs, when the worker ends;
+- SIGTERM drains: every worker turns readiness to 503 at once (SIGUSR1 from
+  this process), keeps serving for ``--shutdown-delay`` seconds, then granian
+  stops accepting and lets in-flight requests finish within ``--drain-seconds``;
+- Prometheus metrics from every worker meet in the multiprocess folder
+  :func:`servekit.server.gunicorn_app.prepare_server` sets up.
+
+granian is an optional dependency (``pip install servekit[granian]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from ..observability import logging as log_setup
+from ..observability import metrics
+from ..settings import Settings, worker_count
+from .gunicorn_app import prepare_server
+
+log = logging.getLogger("servekit.server")
+
+#: Sent by the main process to each worker at SIGTERM: readiness 503, keep serving.
+DRAIN_SIGNAL = signal.SIGUSR1
+
+
+def run(settings: Settings) -> None:
+    """Serve until SIGTERM under granian."""
+    try:
+        from granian.constants import Interfaces
+        from granian.server import MPServer
+    except ImportError:
+        raise SystemExit("servekit: --server granian needs granian: pip install 'servekit[granian]'") from None
+    cleanup = prepare_server(settings)
+    try:
+        server = _server_class(MPServer)(
+            "servekit.server.wsgi:app",  # a label only: the app comes from the loader below
+            address=settings.host,
+            port=settings.http_port,
+            interface=Interfaces.WSGI,
+            workers=worker_count(settings),
+            blocking_threads=settings.threads,
+            backpressure=settings.threads,
+            workers_kill_timeout=max(1, round(settings.drain_seconds)),
+            log_level=settings.log_level if settings.log_level != "critical" else "error",
+        )
+        server.servekit_settings = settings
+        preloaded = _preload(settings)
+        server.serve(spawn_target=_spawn_target(), target_loader=lambda _target: _worker_app(settings, preloaded),
+                     wrap_loader=True)
+    finally:
+        cleanup()
+
+
+def _preload(settings: Settings) -> Any:
+    """With ``--preload``, the app and its models load here once; workers share them copy-on-write."""
+    if not settings.preload:
+        return None
+    from .app import create_app
+
+    log_setup.configure(settings.log_format, settings.log_level)
+    app = create_app(settings, start=False)
+    app.extensions["servekit"].repository.load_now()
+    return app
+
+
+def _worker_app(settings: Settings, preloaded: Any) -> Any:
+    """In each worker after the fork: the app, its polling, gRPC beside it, and the drain signal."""
+    from .app import create_app
+
+    log_setup.configure(settings.log_format, settings.log_level)
+    if preloaded is not None:
+        app = preloaded
+        app.extensions["servekit"].repository.start()
+    else:
+        app = create_app(settings)
+    dataplane = app.extensions["servekit"]
+
+    def on_drain(signum: int, frame: Any) -> None:
+        if not dataplane.draining:
+            dataplane.draining = True
+            log.info("SIGTERM: readiness is 503 in worker %d; in-flight requests finish", os.getpid())
+
+    signal.signal(DRAIN_SIGNAL, on_drain)
+    if settings.grpc_port:
+        from ..protocols import grpc
+
+        _WORKER.wsgi, _WORKER.pid = app, os.getpid()
+        grpc.start_in_worker(_WORKER, settings)
+    return app
+
+
+#: What the gRPC hooks expect of a worker (gunicorn's have ``wsgi`` and ``pid``).
+_WORKER = SimpleNamespace(wsgi=None, pid=0, servekit_grpc=None)
+
+
+def _spawn_target() -> Any:
+    """granian's WSGI worker, followed by stopping this worker's gRPC server and its metrics."""
+    from granian.server.mp import MPServer, WorkerProcess
+
+    serve_wsgi = MPServer._spawn_wsgi_worker.__wrapped__
+
+    @WorkerProcess.wrap_target
+    def serve(*args: Any, **kwargs: Any) -> None:
+        try:
+            serve_wsgi(*args, **kwargs)
+        finally:
+            from ..protocols import grpc
+
+            grpc.stop_in_worker(_WORKER)
+            metrics.mark_process_dead(os.getpid())
+
+    return serve
+
+
+def _server_class(base: type) -> type:
+    class ServekitGranian(base):  # type: ignore[misc, valid-type]
+        """granian's server with servekit's SIGTERM: readiness 503 first, stop accepting later."""
+
+        servekit_settings: Settings
+        _draining = False
+
+        def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
+            if self._draining:
+                return
+            self._draining = True
+            for worker in getattr(self, "wrks", []):
+                pid = worker.inner.pid
+                if pid:
+                    try:
+                        os.kill(pid, DRAIN_SIGNAL)
+                    except ProcessLookupError:
+                        pass
+            delay = self.servekit_settings.shutdown_delay
+            log.info("SIGTERM: readiness is 503; accepting for %gs more, then %gs for in-flight requests",
+                     delay, self.servekit_settings.drain_seconds)
+            stop = super().signal_handler_interrupt
+            if delay > 0:
+                timer = threading.Timer(delay, stop)
+                timer.daemon = True
+                timer.start()
+            else:
+                stop()
+
+    return ServekitGranian
