@@ -307,3 +307,18 @@ def test_a_removed_version_stops_its_host_and_a_new_one_starts(tmp_path, serveki
         assert not runtime._alive(old)
     finally:
         runtime.cleanup()
+
+
+def test_a_hung_model_call_is_bounded_by_the_request_timeout(tmp_path, servekit_app, monkeypatch):
+    monkeypatch.setenv("SERVEKIT_REQUEST_TIMEOUT", "1")
+    host_model(tmp_path, "hang")
+    client = servekit_app(tmp_path)
+    try:
+        never = str(tmp_path / "never")  # the model waits 10 s for this file
+        r = infer(client, "hang", [[1.0]], parameters={"gate": never})
+        assert r.status_code == 504
+        assert "did not answer within 1s" in r.json["error"]
+        r = infer(client, "hang", [[1.0]])
+        assert r.status_code == 200 and r.json["outputs"][0]["data"] == [2.0]
+    finally:
+        runtime.cleanup()

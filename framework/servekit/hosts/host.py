@@ -38,7 +38,9 @@ class Host:
     def __init__(self, spec: dict[str, Any]):
         self.spec = spec
         self.label = f"{spec['name']} version {spec['version']} (replica {spec['replica']})"
-        self.attached: dict[int, int] = {}  # worker pid -> live connections
+        #: worker pids using this host: added on a connection's hello, removed on detach or death
+        #: (not when a connection closes: a worker drops a spoiled connection and makes another)
+        self.attached: set[int] = set()
         self.ever_attached = False
         self.in_flight = 0
         self.terminating_since: float | None = None
@@ -99,7 +101,7 @@ class Host:
                 return
             pid = int(hello["pid"])
             slabs = {"in": channel.Slab.attach(hello["in"]), "out": channel.Slab.attach(hello["out"])}
-            self._attach(pid, +1)
+            self._attach(pid)
             channel.send(conn, {"ok": True, "pid": os.getpid(), "metadata": self.mv.metadata})
             while True:
                 request = channel.recv(conn)
@@ -111,8 +113,6 @@ class Host:
         except (channel.PeerGone, OSError, EOFError):
             pass
         finally:
-            if pid:
-                self._attach(pid, -1)
             for slab in slabs.values():
                 slab.close()
             conn.close()
@@ -170,18 +170,14 @@ class Host:
 
     # -- bookkeeping ---------------------------------------------------------------
 
-    def _attach(self, pid: int, delta: int) -> None:
+    def _attach(self, pid: int) -> None:
         with self.lock:
-            count = self.attached.get(pid, 0) + delta
-            if count > 0:
-                self.attached[pid] = count
-                self.ever_attached = True
-            else:
-                self.attached.pop(pid, None)
+            self.attached.add(pid)
+            self.ever_attached = True
 
     def _detach(self, pid: int) -> None:
         with self.lock:
-            self.attached.pop(pid, None)
+            self.attached.discard(pid)
 
     def _busy(self, delta: int) -> None:
         with self.lock:
@@ -202,8 +198,7 @@ class Host:
             if not runtime._alive(owner):
                 self.exit(owner_gone=True)
             with self.lock:
-                for pid in [p for p in self.attached if p != owner and not runtime._alive(p)]:
-                    del self.attached[pid]
+                self.attached -= {p for p in self.attached if p != owner and not runtime._alive(p)}
                 workers = [p for p in self.attached if p != owner]
                 idle = self.in_flight == 0
             if self.ever_attached and not self.attached and idle:
