@@ -22,6 +22,8 @@ import pytest
 import requests
 from servekit.testing import ServerProcess, free_port
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
 COMMON = {
     ".dockerignore", ".gitignore", "Dockerfile", "README.md", "deploy/kserve.yaml", "deploy/kubernetes.yaml",
@@ -175,3 +177,60 @@ def test_build_rerenders_a_generated_project(tmp_path):
     assert "python:${PYTHON_VERSION}-slim" in before and "nvidia/cuda" in after
     assert "SERVEKIT_MODEL_NAME=rebuild" in after
     assert "docker build --tag rebuild:2" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def custom_project(tmp_path_factory) -> Path:
+    """One baked ``custom`` project with version 1 trained, shared by the tests below."""
+    project = bake(tmp_path_factory.mktemp("custom"), "project_name=Shared Demo", "framework=custom")
+    subprocess.run([sys.executable, "train.py"], cwd=project, check=True, capture_output=True, timeout=120)
+    return project
+
+
+def test_label_stays_served_when_a_new_version_lands(custom_project, tmp_path, servekit_app):
+    """The template's `labels: {stable: 1}` still answers once 2/ appears (a `latest` policy unloads 1)."""
+    project = tmp_path / "project"
+    shutil.copytree(custom_project, project)
+    shutil.copytree(project / "1", project / "2")
+    client = servekit_app(project, model_name="shared-demo")
+    status = client.get("/v1/models/shared-demo").get_json()["model_version_status"]
+    assert {(s["version"], s["state"]) for s in status} == {("1", "AVAILABLE"), ("2", "AVAILABLE")}
+    body = json.loads((project / "requests" / "v1-predict.json").read_text())
+    answer = client.post("/v1/models/shared-demo/labels/stable:predict", json=body)
+    assert answer.status_code == 200, answer.get_json()
+    assert FIRST_PREDICTION["custom"](answer.get_json()["predictions"][0])
+
+
+def test_image_under_the_deployment_env_turns_unready_then_drains(custom_project, tmp_path):
+    """SIGTERM with the Deployment's variables: readiness 503 at once, requests still answered, clean exit.
+
+    That is what lets the endpoints stop routing to a terminating pod before
+    its listener closes (kubelet sends SIGTERM to PID 1, gunicorn's master).
+    """
+    import yaml
+
+    deployment = next(yaml.safe_load_all((custom_project / "deploy" / "kubernetes.yaml").read_text()))
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    port = free_port()
+    log = tmp_path / "gunicorn.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(start_command(custom_project), env={**image_env(custom_project, port), **env},
+                                cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    body = json.loads((custom_project / "requests" / "v1-predict.json").read_text())
+    try:
+        wait_ready(url, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        for _ in range(1000):  # the worker gets SIGTERM from the master a moment later
+            ready = requests.get(url + "/v2/health/ready", timeout=5)
+            if ready.status_code != 200:
+                break
+        assert ready.status_code == 503, ready.text
+        answer = requests.post(f"{url}/v1/models/shared-demo:predict", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text  # still accepting during SERVEKIT_SHUTDOWN_DELAY
+        code = proc.wait(timeout=pod["terminationGracePeriodSeconds"])  # before the kubelet's SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, log.read_text()[-5000:]

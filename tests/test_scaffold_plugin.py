@@ -13,17 +13,19 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import requests
 from conftest import fit_iris
 from servekit.testing import ServerProcess
 from test_scaffold import bake, files_in
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
-@pytest.fixture(scope="module")
-def plugin_install(tmp_path_factory):
-    base = tmp_path_factory.mktemp("plugin")
-    project = bake(base, "plugin_name=Request Counter", plugin=True)
+
+def install(base, *answers):
+    """Bake the plugin template and pip-install the package into ``base/site`` (PYTHONPATH of the subprocesses)."""
+    project = bake(base, *answers, plugin=True)
     baked = files_in(project)  # before pip builds in the folder
     target = base / "site"
     result = subprocess.run(
@@ -34,6 +36,16 @@ def plugin_install(tmp_path_factory):
     assert result.returncode == 0, result.stdout + result.stderr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
     return project, env, baked
+
+
+@pytest.fixture(scope="module")
+def plugin_install(tmp_path_factory):
+    return install(tmp_path_factory.mktemp("plugin"), "plugin_name=Request Counter")
+
+
+@pytest.fixture(scope="module")
+def framework_install(tmp_path_factory):
+    return install(tmp_path_factory.mktemp("framework"), "kind=framework")
 
 
 def test_plugin_files(plugin_install):
@@ -81,3 +93,47 @@ def test_generated_plugin_tests_pass(plugin_install):
                             cwd=project, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "3 passed" in result.stdout
+
+
+# -- the framework variant: a plugin that serves a new kind of model file -----------------------
+
+
+def test_framework_plugin_files(framework_install):
+    project, _, baked = framework_install
+    assert project.name == "servekit-linear-npz"
+    assert baked == {"README.md", "pyproject.toml", "src/servekit_linear_npz/__init__.py", "tests/test_plugin.py"}
+    code = (project / "src" / "servekit_linear_npz" / "__init__.py").read_text()
+    assert 'PATTERN = "*.linear.npz"' in code and "wrapper=True" not in code
+
+
+def test_framework_plugin_is_listed(framework_install):
+    _, env, _ = framework_install
+    result = subprocess.run([sys.executable, "-m", "servekit", "plugins", "--json"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    listed = {p["name"]: p for p in json.loads(result.stdout)}
+    assert listed["linear_npz"]["hooks"] == ["load", "metadata", "predict"]
+
+
+def test_framework_plugin_serves_its_files_and_leaves_the_others(framework_install, tmp_path):
+    """Installed beside the first-party plugins: its artifact is served by it, an sklearn folder by sklearn."""
+    _, env, _ = framework_install
+    (tmp_path / "models" / "linear" / "3").mkdir(parents=True)
+    np.savez(tmp_path / "models" / "linear" / "3" / "weights.linear.npz", w=[[2.0], [0.5]], b=[1.0])
+    fit_iris(tmp_path / "models" / "iris")
+    with ServerProcess(tmp_path / "models", env=env, workers=1) as server:
+        linear = requests.post(server.url + "/v1/models/linear:predict", json={"instances": [[1.0, 2.0]]}, timeout=30)
+        assert linear.status_code == 200, linear.text
+        assert linear.json() == {"predictions": [[4.0]]}
+        v2 = requests.get(server.url + "/v2/models/linear", timeout=30).json()
+        assert v2["platform"] == "linear_npz" and v2["versions"] == ["3"]
+        iris = requests.post(server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]},
+                             timeout=30)
+        assert iris.status_code == 200, iris.text
+
+
+def test_generated_framework_plugin_tests_pass(framework_install):
+    project, env, _ = framework_install
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                            cwd=project, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "5 passed" in result.stdout
