@@ -36,14 +36,23 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from flask import Blueprint, Response, current_app
 
 import servekit
 
-if TYPE_CHECKING:
-    from ..dataplane import DataPlane
+
+class Served(Protocol):
+    """What metrics read of a :class:`~servekit.dataplane.DataPlane`.
+
+    Not imported from there: the repository and the model hosts record metrics,
+    so this module sits below the data plane and must not import it back.
+    """
+
+    @property
+    def repository(self) -> Any: ...
+
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -186,13 +195,11 @@ def host_restarted(model: str, version: str, replica: str) -> None:
 class ModelStateCollector:
     """Model versions' state and load time, read from this worker's repository."""
 
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: Served):
         self.dataplane = dataplane
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
-
-        from ..repository import State
 
         state = GaugeMetricFamily(
             "servekit_model_state", "1 for the state a model version is in, else 0",
@@ -204,7 +211,7 @@ class ModelStateCollector:
         )
         for name, model in sorted(self.dataplane.repository.models.items()):
             for version, mv in sorted(model.versions.items()):
-                for s in State:
+                for s in type(mv.state):  # every repository.State, 1 for the current one
                     state.add_metric([name, str(version), s.value], 1.0 if mv.state is s else 0.0)
                 if mv.load_seconds:
                     load.add_metric([name, str(version)], mv.load_seconds)
@@ -212,7 +219,7 @@ class ModelStateCollector:
         yield load
 
 
-def render(dataplane: DataPlane) -> tuple[bytes, str]:
+def render(dataplane: Served) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
     metrics()  # every family appears from the first scrape on, even at zero
@@ -242,7 +249,7 @@ def scrape():
 class BatchSizePlugin:
     """Wraps every model's ``predict`` and records how many rows it was given."""
 
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: Served):
         self.dataplane = dataplane
 
     @servekit.hookimpl(wrapper=True)
