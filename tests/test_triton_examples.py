@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-from servekit.testing import ServerProcess  # noqa: E402
-from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # noqa: E402
+from servekit.testing import ServerProcess
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 MODELS = Path(__file__).parent / "data" / "triton"
 INPUT0 = np.arange(16, dtype=np.int32).reshape(1, 16)

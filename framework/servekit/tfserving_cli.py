@@ -449,7 +449,7 @@ def serve(settings: settings_mod.Settings, mirror: Mirror | None, flags: dict[st
         discover(settings.model_paths, settings.model_name)  # fail fast, before forking workers
         if mirror is not None:
             mirror.watch(settings.poll_interval, float(flags.get("model_config_file_poll_wait_seconds", 0)))
-        from .server.gunicorn_app import run
+        from .server.engines import run
 
         run(settings)
     except ConfigError as exc:
