@@ -145,6 +145,9 @@ def _buffered_client_class():
     return BufferedClient
 
 
+_OFF = ("0", "false", "no", "off")
+
+
 @pytest.fixture
 def servekit_app():
     """Factory: ``servekit_app(model_dir, plugin=[...])`` -> a Flask test client, models loaded."""
@@ -154,6 +157,8 @@ def servekit_app():
     apps = []
 
     def make(*paths: str | Path, **settings: Any):
+        # SERVEKIT_FAST_LANE=0 runs a suite through Flask alone, as ServerProcess does
+        settings.setdefault("fast_lane", os.environ.get("SERVEKIT_FAST_LANE", "1").lower() not in _OFF)
         config = Settings(paths=[str(p) for p in paths], poll_interval=0, **settings)
         app = create_app(config, start=False)
         app.extensions["servekit"].repository.load_now()
