@@ -1,13 +1,19 @@
 """scikit-learn plugin: ``model.joblib``, ``model.pkl`` or ``model.skops``.
 
-Signatures: ``serving_default`` (``predict``), plus ``predict_proba`` and
-``decision_function`` where the estimator has them; ``:classify`` answers
+Signatures: ``serving_default`` (``predict``; ``transform`` for a transformer),
+plus ``predict_proba``, ``decision_function`` and ``transform`` where the
+estimator has them; ``:classify`` answers
 ``[label, probability]`` pairs from ``predict_proba`` and ``classes_``;
 ``:regress`` answers ``predict`` of a regressor; ``:explain`` answers per-feature
 attributions (see :mod:`servekit_sklearn.attributions`).
 
 Pickle-based files (joblib, pkl) run code when loaded: serve only files you
 trust.  ``model.skops`` is the safe format; its types are checked on load.
+
+Request values are checked against what the estimator accepts (numbers, NaN)
+before the call, so a client's mistake is a 400, never the model's 500 (see
+:mod:`servekit_sklearn.inputs`); the call itself takes the cheapest path that
+answers exactly as the estimator does (see :mod:`servekit_sklearn.calls`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import servekit
-from servekit.errors import BadRequest
 
 from .estimator import SklearnModel, load_estimator
 
@@ -51,9 +56,7 @@ def classify(examples: list[dict[str, list[Any]]], model: Any) -> Any:
 def regress(examples: list[dict[str, list[Any]]], model: Any) -> Any:
     if not isinstance(model, SklearnModel):
         return None
-    if model.is_classifier:
-        raise BadRequest("this model is a classifier; use :classify (regress needs a regressor)")
-    return model.estimator.predict(model.examples_to_matrix(examples)).astype(float).tolist()
+    return model.regress(model.examples_to_matrix(examples))
 
 
 @servekit.hookimpl

@@ -1,9 +1,13 @@
-"""Loading a fitted estimator and mapping request tensors to its feature matrix."""
+"""Loading a fitted estimator and mapping request tensors to its feature matrix.
+
+Everything a fitted estimator cannot change (its features, classes, methods,
+what values it accepts, how each method is best called) is read once, when the
+model loads; a request pays for its own checks and the model call only.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,42 +16,52 @@ from servekit.codecs.dtypes import numpy_to_v2
 from servekit.errors import BadRequest
 from servekit.types import CLASSIFY_METHOD, ModelMetadata, Signature, TensorSpec
 
+from .artifacts import read_artifact
+from .calls import Call, bind
+from .inputs import Accepts
+
 ARTIFACTS = ("model.skops", "model.joblib", "model.pkl")
-#: signatures beyond ``serving_default`` (``predict``), when the estimator has the method
-EXTRA_METHODS = ("predict_proba", "decision_function")
+#: signatures beyond ``serving_default`` (``predict``, or ``transform`` for a transformer)
+EXTRA_METHODS = ("predict_proba", "decision_function", "transform")
 
 
 @dataclass
 class SklearnModel:
     estimator: Any
     options: dict[str, Any]
-
     # A fitted estimator does not change: these are read once, not per request.
+    is_classifier: bool = field(init=False)
+    feature_names: list[str] | None = field(init=False)
+    n_features: int | None = field(init=False)
+    accepts: Accepts = field(init=False)
+    _methods: dict[str, str] = field(init=False, repr=False)
+    _calls: dict[str, Call] = field(init=False, repr=False)
+    #: methods called through a shortcut (see :mod:`servekit_sklearn.calls`)
+    shortcuts: frozenset[str] = field(init=False)
 
-    @cached_property
-    def is_classifier(self) -> bool:
-        return hasattr(self.estimator, "classes_")
-
-    @cached_property
-    def feature_names(self) -> list[str] | None:
-        names = getattr(self.estimator, "feature_names_in_", None)
-        return [str(n) for n in names] if names is not None else None
-
-    @cached_property
-    def n_features(self) -> int | None:
-        return getattr(self.estimator, "n_features_in_", None)
-
-    @cached_property
-    def _methods(self) -> dict[str, str]:
-        found = {"serving_default": "predict"}
+    def __post_init__(self) -> None:
+        estimator = self.estimator
+        self.is_classifier = hasattr(estimator, "classes_")
+        names = getattr(estimator, "feature_names_in_", None)
+        self.feature_names = [str(n) for n in names] if names is not None else None
+        self.n_features = getattr(estimator, "n_features_in_", None)
+        self.accepts = Accepts.of(estimator)
+        default = "predict" if _has_method(estimator, "predict") else "transform"
+        self._methods = {"serving_default": default}
         for method in EXTRA_METHODS:
-            if _has_method(self.estimator, method):
-                found[method] = method
-        return found
+            if method != default and _has_method(estimator, method):
+                self._methods[method] = method
+        arrays = self.accepts.numbers_only or self.feature_names is None
+        methods = sorted(set(self._methods.values()))
+        self._calls, self.shortcuts = bind(estimator, methods, self.feature_names, self.n_features, arrays=arrays)
 
     def methods(self) -> dict[str, str]:
         """Signature name -> estimator method."""
         return self._methods
+
+    def call(self, method: str, X: Any) -> Any:
+        """The estimator's ``method`` on rows from :meth:`rows`, by the cheapest equal path."""
+        return self._calls[method](X)
 
     # -- describing --------------------------------------------------------------
 
@@ -74,7 +88,7 @@ class SklearnModel:
                 return TensorSpec("predict", numpy_to_v2(np.asarray(self.estimator.classes_).dtype), [-1])
             n_outputs = getattr(self.estimator, "n_outputs_", 1)
             return TensorSpec("predict", "FP64", [-1] if n_outputs == 1 else [-1, n_outputs])
-        width = len(self.estimator.classes_) if self.is_classifier else -1
+        width = len(self.estimator.classes_) if self.is_classifier and method != "transform" else -1
         if method == "decision_function" and width == 2:
             return TensorSpec(method, "FP64", [-1])
         return TensorSpec(method, "FP64", [-1, width])
@@ -82,40 +96,66 @@ class SklearnModel:
     # -- inference -------------------------------------------------------------------
 
     def predict(self, inputs: Any, signature_name: str | None) -> dict[str, np.ndarray]:
-        methods = self.methods()
-        method = methods.get(signature_name or "serving_default")
+        method = self._methods.get(signature_name or "serving_default")
         if method is None:
             raise BadRequest(
-                f"unknown signature {signature_name!r}; this model has {', '.join(methods)}"
+                f"unknown signature {signature_name!r}; this model has {', '.join(self._methods)}"
             )
-        return {method: getattr(self.estimator, method)(self.matrix(inputs))}
+        return {method: self._calls[method](self.rows(inputs))}
 
     def classify(self, X: Any) -> list[list[tuple[str, float]]]:
-        if not _has_method(self.estimator, "predict_proba"):
+        if "predict_proba" not in self._calls:
             raise BadRequest("this model has no predict_proba, so :classify cannot score classes")
         labels = [str(c) for c in self.estimator.classes_]
-        scores = self.estimator.predict_proba(X)
+        scores = self._calls["predict_proba"](X)
         return [list(zip(labels, row.tolist())) for row in scores]
 
+    def regress(self, X: Any) -> list[float]:
+        if self.is_classifier:
+            raise BadRequest("this model is a classifier; use :classify (regress needs a regressor)")
+        if "predict" not in self._calls:
+            raise BadRequest("this model has no predict method, so :regress cannot answer")
+        return self._calls["predict"](X).astype(float).tolist()
+
     def matrix(self, inputs: Any) -> Any:
-        """The estimator's ``X`` from decoded request tensors, checked against its features."""
+        """The ``X`` the estimator's own methods take: :meth:`rows`, as a DataFrame when fitted on one."""
+        X = self.rows(inputs)
+        if self.feature_names is not None and isinstance(X, np.ndarray):
+            return _frame({n: X[:, i] for i, n in enumerate(self.feature_names)}, self.feature_names)
+        return X
+
+    def rows(self, inputs: Any, label: str = "input") -> Any:
+        """Decoded request tensors as rows of features, checked against the estimator.
+
+        An array in feature order where the model takes numbers (or has no feature
+        names); a DataFrame of the named columns otherwise.
+        """
         names = self.feature_names
-        if isinstance(inputs, dict):
-            if names is None:
-                if len(inputs) == 1:
-                    return self.matrix(next(iter(inputs.values())))
-                raise BadRequest(
-                    f"this model was fitted without feature names, so named inputs {sorted(inputs)} "
-                    "cannot be ordered; send one unnamed tensor of rows"
-                )
-            if set(inputs) != set(names):
-                raise BadRequest(f"expected inputs {names}, found {sorted(inputs)}")
-            columns = {n: _column(inputs[n], n) for n in names}
-            return _frame(columns, names)
-        X = np.asarray(inputs)
+        if not isinstance(inputs, dict):
+            return self._rows_of(np.asarray(inputs), label)
+        if names is None:
+            if len(inputs) == 1:
+                name, value = next(iter(inputs.items()))
+                return self._rows_of(np.asarray(value), f"input {name!r}")
+            raise BadRequest(
+                f"this model was fitted without feature names, so named inputs {sorted(inputs)} "
+                "cannot be ordered; send one unnamed tensor of rows"
+            )
+        if set(inputs) != set(names):
+            raise BadRequest(f"expected inputs {names}, found {sorted(inputs)}")
+        columns = [_column(inputs[n], n) for n in names]
+        if len({len(c) for c in columns}) > 1:
+            raise BadRequest(f"inputs {names} must have one value per row each; found lengths "
+                             f"{[len(c) for c in columns]}")
+        if not self.accepts.numbers_only:
+            return _frame(dict(zip(names, columns)), names)
+        checked = [self.accepts.numbers(c.reshape(-1, 1), "", [n]) for c, n in zip(columns, names)]
+        return self.accepts.finite(np.column_stack(checked), "", names)
+
+    def _rows_of(self, X: np.ndarray, label: str) -> Any:
+        expected = self.n_features
         if X.ndim == 0:
             raise BadRequest("expected a list of rows, found a scalar")
-        expected = self.n_features
         if X.ndim == 1 and expected is not None:
             if expected != 1:
                 raise BadRequest(f"expected rows of {expected} features, found a list of scalars")
@@ -124,7 +164,10 @@ class SklearnModel:
             raise BadRequest(f"expected rows of features (2 dimensions), found {X.ndim} dimensions")
         if expected is not None and X.shape[1] != expected:
             raise BadRequest(f"expected rows of {expected} features, found rows of {X.shape[1]}")
-        if names is not None:
+        names = self.feature_names
+        if X.ndim == 2 and self.accepts.checks_values:
+            X = self.accepts.check(X, label, names)
+        if names is not None and not self.accepts.numbers_only:
             return _frame({n: X[:, i] for i, n in enumerate(names)}, names)
         return X
 
@@ -137,7 +180,7 @@ class SklearnModel:
                 if set(ex) != set(names):
                     raise BadRequest(f"examples[{i}]: expected features {names}, found {sorted(ex)}")
                 rows.append([_scalar(ex[n], f"examples[{i}].{n}") for n in names])
-            return self.matrix(np.asarray(rows, dtype=object if _any_text(rows) else None))
+            return self.rows(np.asarray(rows, dtype=object if _any_text(rows) else None), "examples")
         rows = []
         for i, ex in enumerate(examples):
             if len(ex) != 1:
@@ -147,7 +190,7 @@ class SklearnModel:
                 )
             rows.append([_text(v) for v in next(iter(ex.values()))])
         try:
-            return self.matrix(np.asarray(rows))
+            return self.rows(np.asarray(rows, dtype=object if _any_text(rows) else None), "examples")
         except ValueError:
             raise BadRequest("examples hold rows of different lengths") from None
 
@@ -198,21 +241,10 @@ def load_estimator(path: Path, options: dict[str, Any]) -> SklearnModel | None:
             break
     else:
         return None
-    if file.suffix == ".skops":
-        import skops.io
-
-        trusted = options.get("trusted_types") or []
-        untrusted = [t for t in skops.io.get_untrusted_types(file=file) if t not in trusted]
-        if untrusted:
-            raise ValueError(
-                f"model.skops holds types that are not trusted: {', '.join(untrusted)}; "
-                "list them under options.trusted_types in servekit.yaml if you trust them"
-            )
-        estimator = skops.io.load(file, trusted=trusted or None)
-    else:
-        import joblib  # pickle: trusted files only (documented)
-
-        estimator = joblib.load(file)
-    if not hasattr(estimator, "predict"):
-        raise ValueError(f"{artifact} holds a {type(estimator).__name__}, which has no predict method")
+    estimator = read_artifact(file, options)
+    if not (_has_method(estimator, "predict") or _has_method(estimator, "transform")):
+        raise ValueError(
+            f"{artifact} holds a {type(estimator).__name__}, which has neither a predict nor a transform "
+            "method; expected a fitted scikit-learn estimator"
+        )
     return SklearnModel(estimator, dict(options))
