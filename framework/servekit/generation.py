@@ -90,6 +90,31 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
+class TokenIds(str):
+    """An embeddings input sent as token ids: the decoded text, with the ids in ``token_ids``.
+
+    The OpenAI API (and LangChain's ``OpenAIEmbeddings``) may send token ids
+    instead of text.  The ``embed`` hook still receives strings, so a model
+    that only reads text works; a plugin that can embed ids exactly (the
+    Hugging Face encoder) reads ``token_ids`` instead of re-tokenizing.
+    """
+
+    token_ids: list[int]
+
+    def __new__(cls, text: str, token_ids: list[int]) -> TokenIds:
+        made = super().__new__(cls, text)
+        made.token_ids = list(token_ids)
+        return made
+
+
+def vocabulary_size(tokenizer: Any) -> int:
+    """How many ids the tokenizer knows (added tokens included)."""
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return int(tokenizer.vocab_size)
+
+
 # -- chat formatting and token counts -------------------------------------------------
 
 

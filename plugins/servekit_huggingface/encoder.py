@@ -8,6 +8,10 @@ L2-normalised unless ``options.normalize`` is false.  An input longer than the
 model takes is refused (400) unless ``options.truncate`` is true, so no text is
 silently cut.  Forward passes run concurrently, one per request thread.
 
+An input sent as token ids (:class:`servekit.generation.TokenIds`, from the
+OpenAI API's id-array form) is embedded from those ids exactly as sent, with
+no re-tokenizing and no special tokens added (as vLLM does).
+
 Imported only when such a model loads (torch and transformers are heavy).
 """
 
@@ -47,7 +51,8 @@ class Encoder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not self.truncate:
             for i, text in enumerate(texts):
-                n = len(self.tokenizer(text)["input_ids"])
+                ids = getattr(text, "token_ids", None)
+                n = len(ids if ids is not None else self.tokenizer(text)["input_ids"])
                 if n > self.max_length:
                     raise BadRequest(
                         f"input {i} has {n} tokens; the model takes at most {self.max_length}", param="input"
@@ -56,8 +61,7 @@ class Encoder:
         return np.concatenate(rows, axis=0)
 
     def _batch(self, texts: list[str]) -> np.ndarray:
-        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
-                                 return_tensors="pt").to(self.device)
+        encoded = self._encode(texts).to(self.device)
         with torch.inference_mode():
             hidden = self.model(**encoded).last_hidden_state
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -65,6 +69,14 @@ class Encoder:
             if self.normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
         return vectors.cpu().numpy()
+
+    def _encode(self, texts: list[str]) -> Any:
+        ids = [getattr(text, "token_ids", None) for text in texts]
+        if all(row is not None for row in ids):
+            rows = {"input_ids": [row[: self.max_length] for row in ids]}
+            return self.tokenizer.pad(rows, padding=True, return_tensors="pt")
+        return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                              return_tensors="pt")
 
 
 def _pool(mode: str, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -360,12 +360,17 @@ def embeddings():
     body = json_object()
     spec = req.embedding_request(body)
     mv = resolve_model(body)
+    tokenizer = tokenizer_of(mv)
+    if spec.token_ids is not None:
+        spec.texts = token_inputs(mv, tokenizer, spec.token_ids)
     vectors = _as_matrix(dataplane().embed(mv, spec.texts, body), len(spec.texts))
     if spec.dimensions is not None:
         vectors = _truncate(vectors, spec.dimensions)
     encoded = [_encode(v, spec.base64) for v in vectors]
-    tokenizer = tokenizer_of(mv)
-    tokens = sum(gen.count_tokens(t, tokenizer) for t in spec.texts)
+    if spec.token_ids is not None:
+        tokens = sum(len(ids) for ids in spec.token_ids)
+    else:
+        tokens = sum(gen.count_tokens(t, tokenizer) for t in spec.texts)
     payload: dict[str, Any] = {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
@@ -376,6 +381,28 @@ def embeddings():
         payload["embedding"] = encoded  # the unprefixed answer's top-level list (Deeploy's shape)
     ids = log_headers(request_log_id(), [prediction_log_id() for _ in spec.texts])
     return json_response(payload, headers=ids)
+
+
+def token_inputs(mv: ModelVersion, tokenizer: Any | None, rows: list[list[int]]) -> list[str]:
+    """Token-id inputs as :class:`~servekit.generation.TokenIds`, checked against the vocabulary.
+
+    As vLLM does, ids are taken in the model's own vocabulary; a model without a
+    tokenizer cannot say what they mean, so it takes text only.
+    """
+    if tokenizer is None:
+        raise BadRequest(
+            f"model {mv.name!r} has no tokenizer, so it cannot read token ids; send the input as text",
+            param="input",
+        )
+    size = gen.vocabulary_size(tokenizer)
+    for i, ids in enumerate(rows):
+        bad = next((t for t in ids if not 0 <= t < size), None)
+        if bad is not None:
+            raise BadRequest(
+                f"'input' item {i}: token id {bad} is outside the model's vocabulary (0..{size - 1})",
+                param="input",
+            )
+    return [gen.TokenIds(tokenizer.decode(ids), ids) for ids in rows]
 
 
 def _as_matrix(value: Any, rows: int) -> np.ndarray:

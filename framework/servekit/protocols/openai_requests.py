@@ -219,16 +219,20 @@ class EmbeddingRequest:
     texts: list[str]
     dimensions: int | None
     base64: bool
+    #: the inputs as token ids when they came that way (``texts`` is then empty until decoded)
+    token_ids: list[list[int]] | None = None
 
 
 def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
     raw = body.get("input")
+    token_ids: list[list[int]] | None = None
     if isinstance(raw, str):
         texts = [raw]
     elif isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
         texts = list(raw)
     elif isinstance(raw, list) and raw and all(isinstance(t, (int, list)) for t in raw):
-        raise BadRequest("token-id input is not supported; send the input as text", param="input")
+        texts = []
+        token_ids = _token_ids(raw)
     else:
         raise BadRequest(
             f"'input' must be a string or a non-empty list of strings, found {_kind(raw)}", param="input"
@@ -237,4 +241,20 @@ def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
     if encoding not in ("float", "base64"):
         raise BadRequest(f"'encoding_format' must be float or base64, found {encoding!r}",
                          param="encoding_format")
-    return EmbeddingRequest(texts, number(body, "dimensions", lo=1, integer=True), encoding == "base64")
+    return EmbeddingRequest(
+        texts, number(body, "dimensions", lo=1, integer=True), encoding == "base64", token_ids
+    )
+
+
+def _token_ids(raw: list[Any]) -> list[list[int]]:
+    """``[101, 2023]`` (one input) or ``[[101, 2023], [101]]`` (several), as lists of ints."""
+    rows = [raw] if all(isinstance(t, int) for t in raw) else raw
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or not row or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in row
+        ):
+            raise BadRequest(
+                f"'input' item {i} must be a non-empty list of token ids (integers), found {_kind(row)}",
+                param="input",
+            )
+    return [list(row) for row in rows]
