@@ -7,12 +7,17 @@ workers, threads, timeouts, draining on SIGTERM, gRPC beside HTTP, log format.
 ``GUNICORN_CMD_ARGS`` still overrides anything here.
 """
 
+import sys
+
 from gunicorn.config import Config
 
 from servekit.server.gunicorn_app import ServekitApplication, prepare_server
 from servekit.settings import resolve
 
 _settings = resolve()
+if _settings.server != "gunicorn":
+    print(f"servekit: SERVEKIT_SERVER={_settings.server} does not apply: this image's command runs gunicorn "
+          f"(make it `servekit serve --server {_settings.server}` to change engines)", file=sys.stderr)
 prepare_server(_settings)  # shared folders (metrics, request log) before the workers fork
 _servekit = ServekitApplication(_settings)
 _defaults = Config()
