@@ -226,3 +226,16 @@ def test_a_dangling_label_is_warned_about_once_per_change_not_every_poll(tmp_pat
         (tmp_path / "iris" / "servekit.yaml").write_text("labels: {stable: 3}\n")
         repo.sync()
         assert len(warnings()) == 2  # the label is served now: nothing to say
+
+
+@pytest.mark.slow
+def test_the_test_fixture_reports_a_model_that_failed_instead_of_waiting(tmp_path):
+    """``ServerProcess.start`` (behind ``servekit_server``) says why a strict server never gets ready."""
+    (tmp_path / "only" / "1").mkdir(parents=True)
+    (tmp_path / "only" / "1" / "model.joblib").write_bytes(b"not a pickle")
+    server = ServerProcess(tmp_path, workers=1, threads=2)
+    try:
+        with pytest.raises(RuntimeError, match=r"servekit is not ready: no model has an AVAILABLE version \(only\)"):
+            server.start(timeout=300)
+    finally:
+        server.stop()

@@ -87,6 +87,8 @@ class ServerProcess:
                 with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2) as r:
                     if r.status == 200:
                         return
+            except urllib.error.HTTPError as exc:
+                _raise_if_never_ready(exc, self.output)
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             time.sleep(0.1)
@@ -111,6 +113,23 @@ class ServerProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _raise_if_never_ready(exc: Any, output: Any) -> None:
+    """Fail at once when every first load finished and a model failed (strict readiness).
+
+    Waiting longer would not help: the server stays unready until the model's
+    folder is fixed.  A test that serves a broken model on purpose passes
+    ``strict_readiness=False``.
+    """
+    import json
+
+    try:
+        reason = json.loads(exc.read() or b"{}").get("reason", "")
+    except ValueError:
+        return
+    if "AVAILABLE version" in reason:
+        raise RuntimeError(f"servekit is not ready: {reason}\n{output()}")
 
 
 @pytest.fixture
