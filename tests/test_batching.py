@@ -346,6 +346,7 @@ def test_a_wrapper_around_predict_does_not_count_as_streaming(servekit_app, tmp_
     assert batching.batcher_for(dp.resolve("iris")) is not None
 
 
+@pytest.mark.slow
 def test_real_server_batches_concurrent_requests_from_v1_and_generic_routes(servekit_server, recorder_dir):
     server = servekit_server(recorder_dir, threads=16)
     marker = Path(

@@ -20,6 +20,8 @@ import requests
 from hardening_models import hardening_repo, post_huge_body, worker_pids
 from servekit.testing import ServerProcess
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 LINEAR = {"instances": [[1, 2], [0, 0]]}
 LINEAR_ANSWER = [9.0, 1.0]
 

@@ -18,6 +18,8 @@ from servekit.protocols.grpc.protos.tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 States = predict_pb2.PredictStreamedOptions
 NONE, SPLIT, END_SPLIT, CANCEL = States.NONE, States.SPLIT, States.END_SPLIT, States.CANCEL
 

@@ -174,6 +174,7 @@ def test_signature_def_map_any_unpacks_into_the_public_class():
     assert isinstance(meta_graph_pb2.SignatureDef(), type(signatures.signature_def["a"]))
 
 
+@pytest.mark.slow
 def test_generated_files_are_up_to_date():
     pytest.importorskip("grpc_tools")
     from importlib.metadata import version
@@ -194,6 +195,7 @@ def test_generated_files_are_up_to_date():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_grpc_needs_no_tensorflow():
     """The server side imports neither tensorflow nor tensorflow_serving."""
     code = (
@@ -207,6 +209,7 @@ def test_grpc_needs_no_tensorflow():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_tensorflow_first_then_ours_in_one_process():
     """The order the default pool would trip on: the public modules first, ours after."""
     code = (

@@ -21,6 +21,8 @@ from servekit.server.app import build_dataplane
 from servekit.settings import Settings
 from servekit.testing import ServerProcess
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 
 @pytest.fixture(scope="module")
 def echo_repo(tmp_path_factory):

@@ -11,6 +11,8 @@ import requests
 from google.protobuf import json_format
 from grpc_support import shared_server, tf_plugin_installed
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 tf = pytest.importorskip("tensorflow")
 from conftest import TF_DATA
 from tensorflow.core.example import example_pb2, feature_pb2

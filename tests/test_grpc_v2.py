@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from grpc_support import HALF_PLUS_TWO, shared_server, tf_plugin_installed
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from servekit import __version__
 from tritonclient.grpc import (

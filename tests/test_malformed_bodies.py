@@ -6,7 +6,10 @@ import json
 import random
 from collections import Counter
 
+import pytest
 import requests
+
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
 POST_PATHS = [
     "/v1/models/iris:predict",

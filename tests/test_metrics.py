@@ -46,6 +46,7 @@ def server(repo):
         yield s
 
 
+@pytest.mark.slow
 def test_metrics_scraped_during_a_load_run_add_up_to_the_requests_sent(server):
     good, bad = 600, 150
     jobs = [LINEAR] * good + [{"instances": [[1, 2, 3]]}] * bad  # the bad ones are 400s
@@ -93,6 +94,7 @@ def test_metrics_scraped_during_a_load_run_add_up_to_the_requests_sent(server):
     assert samples(text, "servekit_model_load_seconds", model="linear", version="1") > 0
 
 
+@pytest.mark.slow
 def test_unknown_model_names_do_not_become_label_values(server):
     for i in range(5):
         assert requests.get(f"{server.url}/v1/models/nope-{i}").status_code == 404
@@ -101,6 +103,7 @@ def test_unknown_model_names_do_not_become_label_values(server):
     assert samples(text, "servekit_requests_total", model="", protocol="v1", status="404") >= 5
 
 
+@pytest.mark.slow
 def test_request_id_is_honoured_and_in_the_json_logs(server):
     r = requests.post(server.url + "/v1/models/linear:predict", json=LINEAR, headers={"X-Request-Id": "trace-4711"})
     assert r.headers["X-Request-Id"] == "trace-4711"
@@ -134,6 +137,7 @@ def _get_log(server, path: str) -> requests.Response:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_request_and_prediction_logs_are_retrievable_by_id_across_workers(server):
     body = {"inputs": [{"name": "x", "shape": [3, 2], "datatype": "FP64", "data": [1, 2, 0, 0, 1, 1]}]}
     r = requests.post(server.url + "/v2/models/linear/infer", json=body)
@@ -154,6 +158,7 @@ def test_request_and_prediction_logs_are_retrievable_by_id_across_workers(server
     assert missing.status_code == 404 and "no-such-id" in missing.json()["error"]
 
 
+@pytest.mark.slow
 def test_a_stream_is_logged_under_the_ids_of_its_closing_comment(server):
     r = requests.post(server.url + "/v1/models/ticker:predict?stream=true", json={"instances": [[3, 0.01]]})
     assert r.status_code == 200

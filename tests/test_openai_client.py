@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from generative_models import build_tiny_gpt2, minilm_folder
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 openai = pytest.importorskip("openai")
 
 

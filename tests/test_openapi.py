@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from servekit.protocols.openapi import routes, template_of
 from servekit.testing import ServerProcess
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 schemathesis = pytest.importorskip("schemathesis")
 
 ROOT = Path(__file__).parent.parent

@@ -22,6 +22,7 @@ def test_builtin_sklearn_plugin_is_registered_through_the_entry_point_group():
     assert info["sklearn"].source.startswith("servekit")
 
 
+@pytest.mark.slow
 def test_servekit_plugins_command_lists_the_sklearn_plugin_and_its_hooks():
     out = subprocess.run([sys.executable, "-m", "servekit", "plugins"], capture_output=True, text=True, check=True).stdout
     assert "sklearn" in out and "predict" in out and "classify" in out

@@ -6,8 +6,11 @@ import shutil
 import threading
 import time
 
+import pytest
 import requests
 from conftest import fit_iris
+
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
 ROWS = {"instances": [[5.1, 3.5, 1.4, 0.2]]}
 

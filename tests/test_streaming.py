@@ -18,6 +18,8 @@ import requests
 import sseclient
 from generative_models import STREAM_MODEL_PY, write_model
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 TRAILER = ": servekit-metadata "
 
 

@@ -292,6 +292,7 @@ def test_build_keeps_an_edited_dockerfile(model_folder, capsys):
     assert "kept Dockerfile" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder):
     """servekit 0.1.0 from this checkout is on no index: the image must install the wheel in the context."""
     assert scaffold.installed_from() == ("source", ROOT)  # the editable install the tests run from
@@ -458,6 +459,7 @@ def test_top_level_folders_are_the_packaged_templates():
     assert (ROOT / "templates").resolve() == scaffold.DOCKER_TEMPLATES.resolve()
 
 
+@pytest.mark.slow
 def test_wheel_ships_the_templates(tmp_path):
     """A wheel (not only the editable install) carries every template file."""
     source = tmp_path / "src"

@@ -19,6 +19,8 @@ import pytest
 import requests
 from conftest import TF_DATA
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 tf = pytest.importorskip("tensorflow")
 
 THREE = "saved_model_half_plus_three"

@@ -16,6 +16,8 @@ import tritonclient.http as httpclient
 from torch_models import add_broken, build
 from tritonclient.utils import InferenceServerException
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 ROWS = np.array([[0.5, -1.25, 2.0, 0.1], [1e-3, 3.5, -0.75, 4.0], [2.5, 0.0, 1.0, -3.0]])
 OFFSET = np.array([1.0, -2.0, 0.5])
 IDS = np.array([[1, 2, 3, 0, 0], [9, 8, 7, 6, 5]])

@@ -303,6 +303,7 @@ def test_explain_needs_a_floating_input_and_a_valid_target(servekit_app, tmp_pat
 # -- torch stays out of other models' processes ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_sklearn_only_flow_imports_no_torch(tmp_path):
     fit_regressor(tmp_path / "linear")
     script = textwrap.dedent(f"""

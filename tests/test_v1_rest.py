@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import requests
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 IRIS_ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
 NAMED = [dict(zip(["sepal_length", "sepal_width", "petal_length", "petal_width"], r)) for r in IRIS_ROWS]
 

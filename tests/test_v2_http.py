@@ -19,6 +19,8 @@ import tritonclient.http as httpclient
 from conftest import fit_iris, fit_regressor
 from tritonclient.utils import InferenceServerException
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 IRIS_ROWS = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3], [5.9, 3.0, 4.2, 1.5]])
 LINEAR_ROWS = np.array([[0.5, 1.25], [3.0, -2.0], [1e-3, 7.0]])

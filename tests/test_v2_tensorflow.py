@@ -12,6 +12,8 @@ import pytest
 import requests
 from conftest import TF_DATA
 
+pytestmark = pytest.mark.slow  # starts real servers or subprocesses
+
 pytest.importorskip("tensorflow")
 pytest.importorskip("servekit_tensorflow")
 httpclient = pytest.importorskip("tritonclient.http")
