@@ -1,4 +1,4 @@
-"""The code base passes ruff with the rules in pyproject.toml (STYLE: ruff for lint)."""
+"""The code base passes ruff with the rules in pyproject.toml."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ __all__ = [
 TEMPLATES_ROOT = Path(__file__).parent / "scaffold_templates"
 CONTAINER_TEMPLATE = TEMPLATES_ROOT / "cookiecutter" / "container"
 PLUGIN_TEMPLATE = TEMPLATES_ROOT / "cookiecutter" / "plugin"
-#: The artifact that tells which extra a bare model folder needs (see SPEC "Models on disk").
+#: The artifact that tells which extra a bare model folder needs (the file names each plugin loads).
 _ARTIFACT_EXTRAS = (
     (("model.joblib", "model.pkl", "model.skops"), "sklearn"),
     (("model.pt", "model.pt2", "model.pth"), "torch"),

@@ -67,7 +67,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 
 def stream_requested(body: dict[str, Any], query: str | None = None, *, from_request: bool = True) -> bool:
-    """``?stream=true`` wins over a body ``"stream": true`` (SPEC: query parameter precedence).
+    """``?stream=true`` wins over a body ``"stream": true``: the query parameter takes precedence.
 
     ``query`` is the ``stream`` query parameter; under Flask it is read from the request
     unless ``from_request`` is false (the fast lane passes what it parsed).
