@@ -54,11 +54,18 @@ def fit_regressor(folder: Path, version: int = 1) -> Path:
 ECHO_MODEL = """
 import numpy as np
 import servekit
+from servekit.types import ModelMetadata, Signature, TensorSpec
 
 
 @servekit.hookimpl
 def load(path):
     return "echo"
+
+
+@servekit.hookimpl
+def metadata(model):
+    # a declared input: one V2/gRPC tensor arrives by name (a dict), so the answer keeps its name
+    return ModelMetadata(signatures={"serving_default": Signature(inputs=[TensorSpec("x", "FP32", None)])})
 
 
 @servekit.hookimpl

@@ -16,12 +16,18 @@ from conftest import TF_DATA, fit_iris, fit_regressor
 from servekit.testing import ServerProcess
 
 #: Returns its inputs unchanged: every dtype round-trips through the wire formats.
+#: It declares an input, so a single tensor reaches it by name (as a dict), not as one array.
 ECHO_MODEL = """
 import servekit
+from servekit.types import ModelMetadata, Signature, TensorSpec
 
 @servekit.hookimpl
 def load(path):
     return "echo"
+
+@servekit.hookimpl
+def metadata(model):
+    return ModelMetadata(signatures={"serving_default": Signature(inputs=[TensorSpec("x", "FP32", None)])})
 
 @servekit.hookimpl
 def predict(inputs):
@@ -38,7 +44,7 @@ def load(path):
 
 @servekit.hookimpl
 def predict(inputs):
-    x = inputs["x"]
+    x = inputs["x"] if isinstance(inputs, dict) else inputs  # one tensor arrives as one array
     return ({"y": x[i:i + 1] * 2} for i in range(len(x)))
 """
 

@@ -57,11 +57,18 @@ def predict(inputs, parameters):
 
 IDENTITY_MODEL = '''
 import servekit
+from servekit.types import ModelMetadata, Signature, TensorSpec
 
 
 @servekit.hookimpl
 def load(path):
     return "identity"
+
+
+@servekit.hookimpl
+def metadata(model):
+    # a declared input: one tensor arrives by name (a dict), so the answer keeps its name
+    return ModelMetadata(signatures={"serving_default": Signature(inputs=[TensorSpec("x", "FP32", None)])})
 
 
 @servekit.hookimpl

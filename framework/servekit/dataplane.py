@@ -70,6 +70,7 @@ class DataPlane:
     ) -> Any:
         """Run ``predict``; a generator result is returned as is, for streaming."""
         parameters = parameters or {}
+        inputs = single_tensor(mv, inputs)
         if mv.host is not None:  # the version runs in model host processes (servekit.hosts)
             return mv.host.call("predict", inputs, parameters=parameters,
                                 signature_name=signature_name, output_names=output_names)
@@ -99,6 +100,7 @@ class DataPlane:
         signature_name: str | None = None,
     ) -> Any:
         parameters = parameters or {}
+        inputs = single_tensor(mv, inputs)
         if mv.host is not None:
             return mv.host.call("explain", inputs, parameters=parameters, signature_name=signature_name)
         inputs = self._preprocess(mv, inputs, parameters)
@@ -166,6 +168,20 @@ class DataPlane:
             raise
         except Exception as exc:
             raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+
+
+def single_tensor(mv: ModelVersion, inputs: Tensors) -> Tensors:
+    """A request's only tensor as one array when the model's metadata declares no inputs.
+
+    V1 rows arrive as one array, V2 and gRPC always name their tensors; without
+    this, a ``model.py`` written for one array would answer V1 and fail on the
+    others.  A model that declares its inputs gets them by name, as declared.
+    """
+    if isinstance(inputs, dict) and len(inputs) == 1:
+        if not any(sig.inputs for sig in mv.metadata.signatures.values()):
+            (array,) = inputs.values()
+            return array
+    return inputs
 
 
 def _guarded(mv: ModelVersion, items: Iterator[Any]) -> Iterator[Any]:

@@ -90,9 +90,9 @@ def malformed(target: str):
 
     The WSGI server decodes ``%2F`` before routing, so ``..%2F..%2Fetc`` arrives
     as ``../../etc``; without this rule it would reach the ``POST`` rule and
-    answer 405.  TF Serving answers such paths with the same 400.
+    answer 405.  No model, version or label has a ``/`` in its name: 404.
     """
-    raise BadRequest(malformed_get())
+    raise NotFound(malformed_get() + "; expected GET /v1/models/NAME[/versions/V|/labels/L][/metadata]")
 
 
 def tensor_info(spec: TensorSpec) -> dict[str, Any]:
