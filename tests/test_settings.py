@@ -16,7 +16,28 @@ def parse(argv, environ=None):
 
 def test_defaults():
     got = parse(["models"])
-    assert (got.paths, got.http_port, got.grpc_port, got.workers) == (["models"], 8080, 8081, 1)
+    assert (got.paths, got.http_port, got.grpc_port, got.workers) == (["models"], 8080, 8081, "auto")
+    assert (got.server, got.strict_readiness, got.model_control_mode, got.preload, got.fast_lane) == (
+        "gunicorn", True, "none", None, True)
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--log-level", "verbose"], "--log-level"),
+    (["--http-port", "99999"], "--http-port"),
+    (["--grpc-port", "-1"], "--grpc-port"),
+    (["--workers", "0"], "--workers"),
+    (["--workers", "many"], "--workers"),
+])
+def test_values_no_server_could_start_with_name_the_flag(argv, flag):
+    with pytest.raises(ValueError, match=flag):
+        parse(["models", *argv])
+
+
+def test_negative_flags_and_choices():
+    got = parse(["models", "--no-strict-readiness", "--no-preload", "--server", "granian"])
+    assert (got.strict_readiness, got.preload, got.server) == (False, False, "granian")
+    with pytest.raises(ValueError, match="expected one of explicit, none|expected one of none, explicit"):
+        parse([], {"SERVEKIT_MODEL_CONTROL_MODE": "sometimes", "SERVEKIT_PATHS": "m"})
 
 
 def test_every_flag_has_an_environment_twin_and_flags_win(tmp_path):
@@ -24,7 +45,7 @@ def test_every_flag_has_an_environment_twin_and_flags_win(tmp_path):
            "SERVEKIT_PLUGIN": "a.py,b.py", "SERVEKIT_PRELOAD": "true", "SERVEKIT_PATHS": "m1,m2"}
     got = parse([], env)
     assert (got.http_port, got.workers, got.api_key, got.plugin, got.preload, got.paths) == (
-        9000, 3, "k", ["a.py", "b.py"], True, ["m1", "m2"])
+        9000, "3", "k", ["a.py", "b.py"], True, ["m1", "m2"])
     assert parse(["--http-port", "9100"], env).http_port == 9100
 
 

@@ -27,9 +27,11 @@ DEFAULT_OUTPUT = "output_0"
 
 
 class DataPlane:
-    def __init__(self, repository: ModelRepository, *, load_wait: float = 60.0):
+    def __init__(self, repository: ModelRepository, *, load_wait: float = 60.0, strict_readiness: bool = True):
         self.repository = repository
         self.draining = False
+        #: Triton's --strict-readiness: every model AVAILABLE (else: one AVAILABLE, every first load done)
+        self.strict_readiness = strict_readiness
         #: how long a request waits for this worker's first load instead of failing
         self.load_wait = load_wait
 
@@ -41,7 +43,14 @@ class DataPlane:
 
     @property
     def ready(self) -> bool:
-        return self.repository.ready and not self.draining
+        """Whether this server should get traffic (``/v2/health/ready``, gRPC ``ServerReady``, the status page)."""
+        return self.readiness()[0]
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness and, when not ready, why."""
+        if self.draining:
+            return False, "shutting down (SIGTERM): finishing in-flight requests"
+        return self.repository.readiness(self.strict_readiness)
 
     def model_names(self) -> list[str]:
         return sorted(self.repository.models)
@@ -85,8 +94,8 @@ class DataPlane:
 
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
-        outputs = run(inputs) if options is None else batcher.submit(inputs, run, options)
         stat.submitted()
+        outputs = run(inputs) if options is None else batcher.submit(inputs, run, options)
         if inspect.isgenerator(outputs):
             return _guarded(mv, outputs)
         return stat.time("compute_output", self._postprocess, mv, outputs, parameters)

@@ -11,9 +11,8 @@ model is down.  Each model's own state stays visible on its status and
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app
+from flask import Blueprint
 
-from ..dataplane import DataPlane
 from .http import dataplane, json_response
 
 bp = Blueprint("health", __name__)
@@ -26,19 +25,7 @@ def live():
 
 @bp.get("/v2/health/ready")
 def ready():
-    is_ready, reason = readiness(dataplane(), strict_readiness())
+    is_ready, reason = dataplane().readiness()
     if is_ready:
         return json_response({"ready": True})
     return json_response({"ready": False, "reason": reason}, 503)
-
-
-def strict_readiness() -> bool:
-    settings = current_app.extensions.get("servekit.settings")
-    return True if settings is None else settings.strict_readiness
-
-
-def readiness(dp: DataPlane, strict: bool = True) -> tuple[bool, str]:
-    """Server readiness and, when not ready, why; gRPC's ``ServerReady`` asks the same."""
-    if dp.draining:
-        return False, "shutting down (SIGTERM): finishing in-flight requests"
-    return dp.repository.readiness(strict)
