@@ -38,13 +38,6 @@ OPTIONS = {"class", "init", "half", "inputs", "outputs", "explain_baseline", "ex
            "explain_output", "internal_batch_size"}
 
 
-def find_artifact(path: Path) -> Path | None:
-    for name in ARTIFACTS:
-        if (path / name).is_file():
-            return path / name
-    return None
-
-
 def load_model(file: Path, config: ModelConfig) -> TorchModel:
     """Load ``file`` on the configured device and work out its inputs and outputs."""
     options = dict(config.options or {})

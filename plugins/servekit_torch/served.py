@@ -9,9 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: ``model.pt`` (TorchScript), ``model.pt2`` (``torch.export``), ``model.pth`` + ``model.py``
-FORMS = ("torchscript", "export", "state_dict")
-
 
 @dataclass
 class InputSpec:
@@ -40,7 +37,7 @@ class TorchModel:
     """A loaded model version, as the ``load`` hook returns it."""
 
     module: Any  # torch.nn.Module, torch.jit.ScriptModule or an exported program's module
-    form: str
+    form: str  # torchscript (model.pt), export (model.pt2) or state_dict (model.pth + model.py)
     device: Any  # torch.device
     inputs: list[InputSpec]
     #: ``tensor``, ``tuple``, ``dict`` or ``unknown`` (learned from the first call)
