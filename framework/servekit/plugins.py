@@ -11,6 +11,7 @@ result (pluggy's tracer), to see which plugin answered and with what.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -190,9 +191,47 @@ def model_manager(base: pluggy.PluginManager, model_py: Path | None) -> pluggy.P
     for name, plugin in base.list_name_plugin():
         if plugin is not None:
             pm.register(plugin, name=name)
-    module = import_file(model_py)
-    _register(pm, module, f"{MODEL_PY_PREFIX}{model_py.parent.name}", str(model_py))
+    try:
+        module = import_file(model_py)
+    except Exception as exc:  # the user's code: any error, reported naming the file
+        raise PluginError(f"{model_py.name} could not be imported: {type(exc).__name__}: {exc}") from exc
+    name = f"{MODEL_PY_PREFIX}{model_py.parent.name}"
+    _register(pm, module, name, str(model_py))
+    try:
+        check_hook_names(pm, name, model_py.name)
+    except PluginError:
+        sys.modules.pop(module.__name__, None)  # a corrected file is imported afresh next time
+        raise
     return pm
+
+
+def check_hook_names(pm: pluggy.PluginManager, name: str, where: str) -> None:
+    """Refuse ``@hookimpl`` functions whose name is no hook spec (a typo such as ``predcit``).
+
+    pluggy keeps such an implementation pending, in case a later plugin adds the
+    spec; a ``model.py`` gets no later specs, so the hook would silently never
+    run and its endpoint would answer 501.  Checked for the model's own plugins
+    only: a third-party plugin may carry optional hooks for other hosts.
+    """
+    unknown = sorted({
+        caller.name
+        for plugin_name, plugin in pm.list_name_plugin()
+        if plugin_name == name or plugin_name.startswith(name + ".")
+        for caller in pm.get_hookcallers(plugin) or []
+        if caller.spec is None
+        for impl in caller.get_hookimpls()
+        if impl.plugin is plugin and not impl.optionalhook
+    })
+    if unknown:
+        specs = sorted(n for n in vars(pm.hook) if getattr(pm.hook, n).spec is not None)
+        hints = [
+            f"{n!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(n, specs, 1)) else repr(n)
+            for n in unknown
+        ]
+        raise PluginError(
+            f"{where}: {', '.join(hints)} {'is' if len(hints) == 1 else 'are'} marked @servekit.hookimpl "
+            f"but no servekit hook has that name; the hooks are {', '.join(specs)}"
+        )
 
 
 def load_caller(pm: pluggy.PluginManager, plugin: str | None) -> Any:

@@ -311,14 +311,15 @@ class ModelRepository:
                 mv.state = State.AVAILABLE
                 log.info("loaded %s version %d in %.2fs", model.name, version, mv.load_seconds)
             except Exception as exc:
-                self._fail(mv, _clean(_describe_error(exc), model.base_path))
+                self._fail(mv, _clean(_describe_error(exc), model.base_path), exc)
         with self._lock:
             model.versions[version] = mv
 
-    def _fail(self, mv: ModelVersion, message: str) -> None:
+    def _fail(self, mv: ModelVersion, message: str, exc: BaseException | None = None) -> None:
+        """Mark ``mv`` failed; the client reads ``message``, the log also gets the traceback."""
         mv.state = State.END
         mv.error = message
-        log.error("model %s version %d failed to load: %s", mv.name, mv.version, message)
+        log.error("model %s version %d failed to load: %s", mv.name, mv.version, message, exc_info=exc)
 
     def _describe(self, mv: ModelVersion) -> ModelMetadata:
         try:

@@ -1,6 +1,11 @@
-"""``GET /``: a small status page, with a form to send a request to a model.
+"""``GET /``: KServe V1's liveness for programs, a small status page for browsers.
 
-It lists every model with its versions, states, load errors and times, labels
+KServe's V1 protocol probes ``GET /`` for ``{"status": "alive"}`` (its
+``InferenceRESTClient.is_server_live`` reads that field), so a client that does
+not ask for HTML gets that JSON; a browser, which sends ``Accept: text/html``,
+gets the page.
+
+The page lists every model with its versions, states, load errors and times, labels
 and signatures, and pre-fills an example request (zeros of the right shape)
 for V1 ``:predict`` and V2 ``infer``.  The page is self-contained (inline CSS
 and JS, no CDN), so it works where nothing outside can be reached; every value
@@ -12,21 +17,37 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, current_app, render_template_string
+from flask import Blueprint, current_app, render_template_string, request
 
 from .. import __version__
 from ..repository import ModelVersion
 from ..types import Signature, TensorSpec
-from .http import dataplane
+from .http import dataplane, json_response
 
 bp = Blueprint("status_page", __name__)
 
 _TEMPLATE = Path(__file__).with_name("status_page.html")
 
 _ZERO = {"BOOL": False, "BYTES": ""}
+#: one URL, two representations: caches must key on Accept
+_VARY = {"Vary": "Accept"}
 
 
 @bp.get("/")
+def root():
+    """KServe V1 liveness (``{"status": "alive"}``); the status page when the client asks for HTML."""
+    if not wants_html():
+        return json_response({"status": "alive"}, headers=_VARY)
+    return status_page()
+
+
+def wants_html() -> bool:
+    """The client names HTML and prefers it to JSON (a browser; curl's ``*/*`` is not asking)."""
+    accept = request.accept_mimetypes
+    html = accept["text/html"] if "text/html" in accept.values() else 0
+    return bool(html) and html >= accept["application/json"]
+
+
 def status_page():
     """Models, versions, states and metadata, with a form to send a request."""
     dp = dataplane()
@@ -41,7 +62,7 @@ def status_page():
         examples={m["name"]: m["examples"] for m in models},
         needs_key=bool(settings and settings.api_key),
     )
-    return current_app.response_class(html, mimetype="text/html")
+    return current_app.response_class(html, mimetype="text/html", headers=_VARY)
 
 
 def _model_view(name: str, model: Any) -> dict[str, Any]:
