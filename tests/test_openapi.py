@@ -166,7 +166,7 @@ def test_docs_page_renders_the_document_offline_in_headless_chromium(server, tmp
 
 def test_status_page_form_sends_a_request(server):
     # what the form's script does: POST the pre-filled example body to the chosen endpoint
-    page = requests.get(server.url + "/").text
+    page = requests.get(server.url + "/", headers={"Accept": "text/html"}).text  # as a browser asks
     example = re.search(r'<script id="examples" type="application/json">(.*?)</script>', page, re.S).group(1)
     examples = json.loads(example)
     for path, body in examples["linear"].items():

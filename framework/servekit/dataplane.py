@@ -186,11 +186,12 @@ def single_tensor(mv: ModelVersion, inputs: Tensors) -> Tensors:
     this, a ``model.py`` written for one array would answer V1 and fail on the
     others.  A model that declares its inputs gets them by name, as declared.
     """
-    if isinstance(inputs, dict) and len(inputs) == 1:
-        if not any(sig.inputs for sig in mv.metadata.signatures.values()):
-            (array,) = inputs.values()
-            return array
-    return inputs
+    if not isinstance(inputs, dict) or len(inputs) != 1:
+        return inputs
+    if any(sig.inputs for sig in mv.metadata.signatures.values()):
+        return inputs
+    (array,) = inputs.values()
+    return array
 
 
 def _guarded(mv: ModelVersion, items: Iterator[Any]) -> Iterator[Any]:
