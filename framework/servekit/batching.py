@@ -37,7 +37,7 @@ import time
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -88,7 +88,7 @@ def stack(members: list[Tensors]) -> Tensors:
     """Concatenate requests along axis 0 (they share a :func:`batch_key`)."""
     first = members[0]
     if isinstance(first, np.ndarray):
-        return np.concatenate(members, axis=0)
+        return np.concatenate(cast(list[np.ndarray], members), axis=0)
     return {name: np.concatenate([m[name] for m in members], axis=0) for name in first}
 
 
@@ -194,7 +194,7 @@ class Batcher:
                 self._close(key, batch)  # full: its leader goes now, we start the next one
                 batch = None
             leader = batch is None
-            if leader:
+            if batch is None:
                 batch = _Batch(time.monotonic())
                 self._open[key] = batch
             batch.members.append(member)
@@ -318,7 +318,7 @@ def batcher_for(mv: Any) -> Batcher | None:
                 found = _make(mv)
                 _batchers[id(mv)] = found
                 weakref.finalize(mv, _batchers.pop, id(mv), None)
-    return None if found is _OFF else found
+    return found if isinstance(found, Batcher) else None  # else _OFF
 
 
 def active() -> list[Batcher]:

@@ -121,7 +121,7 @@ def select_versions(policy: Any, available: list[int]) -> list[int]:
         return ordered[-1:]
     ((kind, value),) = policy.items()
     if kind == "latest":
-        n = value.get("num_versions") if isinstance(value, dict) else value
+        n = value["num_versions"] if isinstance(value, dict) else value  # checked by check_version_policy
         return ordered[-n:]
-    versions = value.get("versions") if isinstance(value, dict) else value
+    versions = value["versions"] if isinstance(value, dict) else value
     return [v for v in ordered if v in set(versions)]

@@ -123,6 +123,7 @@ def _coerce(values: dict[str, Any]) -> Settings:
             continue
         raw = values[f.name]
         default = getattr(settings, f.name)
+        value: Any
         try:
             if isinstance(default, bool) or f.metadata.get("flag"):
                 value = raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")

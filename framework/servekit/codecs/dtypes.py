@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..errors import BadRequest
 
 # (V2 name, numpy dtype, TensorFlow DataType name)
-_TABLE = [
+_TABLE: list[tuple[str, np.dtype[Any], str]] = [
     ("BOOL", np.dtype(np.bool_), "DT_BOOL"),
     ("UINT8", np.dtype(np.uint8), "DT_UINT8"),
     ("UINT16", np.dtype(np.uint16), "DT_UINT16"),

@@ -30,7 +30,7 @@ from ..errors import BadRequest, ModelFailure
 try:  # optional: bfloat16, float8 and int4 dtypes
     import ml_dtypes
 except ImportError:  # pragma: no cover - depends on the environment
-    ml_dtypes = None
+    ml_dtypes = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,8 @@ def _walk(value: Any, where: str) -> tuple[tuple[int, ...], list[Any], str]:
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
+    return names.get(type(value), type(value).__name__)
 
 
 # ---------------------------------------------------------------------------
@@ -266,7 +267,7 @@ def _rows(outputs: dict[str, Any]) -> list[dict[str, Any]]:
         )
     encoded = {name: encode_tensor(v, name) for name, v in arrays.items()}
     (size,) = distinct
-    return [{name: v[i] for name, v in encoded.items()} for i in range(size)]
+    return [{name: v[i] for name, v in encoded.items()} for i in range(size or 0)]  # None was refused above
 
 
 def encode_explain_response(explanations: Any, row_format: bool) -> dict[str, Any]:

@@ -97,4 +97,4 @@ def install(app: Flask, settings: Any) -> None:
     if pm.get_plugin("servekit.metrics") is None:
         pm.register(metrics.BatchSizePlugin(dp), name="servekit.metrics")
     request_log.install(app, settings)
-    app.wsgi_app = ObserveMiddleware(app.wsgi_app, dp, log_access=settings.access_log)
+    app.wsgi_app = ObserveMiddleware(app.wsgi_app, dp, log_access=settings.access_log)  # type: ignore[method-assign]

@@ -79,10 +79,10 @@ def prepare_multiprocess_dir() -> str:
         for entry in folder.glob("*.db"):
             entry.unlink()
         return str(folder)
-    folder = tempfile.mkdtemp(prefix="servekit-metrics-")
-    os.environ[ENV] = folder
+    made = tempfile.mkdtemp(prefix="servekit-metrics-")
+    os.environ[ENV] = made
     os.environ["SERVEKIT_OWN_METRICS_DIR"] = "1"
-    return folder
+    return made
 
 
 def remove_multiprocess_dir() -> None:

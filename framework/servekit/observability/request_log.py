@@ -193,7 +193,7 @@ def _after(response: Response) -> Response:
     rid = response.headers.get(REQUEST_LOG_HEADER) or request_log_id()
     response.headers[REQUEST_LOG_HEADER] = rid
     record = _record(rid, bytes(tee.head) if tee else b"", response.status_code)
-    app = current_app._get_current_object()
+    app = current_app._get_current_object()  # type: ignore[attr-defined]  # the app behind the proxy
     if response.is_streamed:
         response.response = _StreamLog(response.response, record, started, app)
         return response
