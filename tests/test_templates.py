@@ -302,7 +302,7 @@ def test_build_keeps_an_edited_dockerfile(model_folder, capsys):
 
 
 @pytest.mark.slow
-def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder):
+def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsys):
     """servekit 0.1.0 from this checkout is on no index: the image must install the wheel in the context."""
     assert scaffold.installed_from() == ("source", ROOT)  # the editable install the tests run from
     result = subprocess.run(
@@ -327,8 +327,10 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder):
     assert cli(["build", str(model_folder), "--context-only", "--wheel", str(mine)]) == 0
     assert [p.name for p in (model_folder / "wheels").iterdir()] == [mine.name]
     assert f"/build/wheels/{mine.name} -r requirements.txt" in (model_folder / "Dockerfile").read_text()
+    assert "warning: requirements.txt pins servekit==0.1.0" in capsys.readouterr().out  # pip would refuse
     assert cli(["build", str(model_folder), "--context-only", "--no-wheel"]) == 0
     assert "RUN pip install --no-cache-dir -r requirements.txt" in (model_folder / "Dockerfile").read_text()
+    assert list((model_folder / "wheels").iterdir()) == []
 
 
 def test_wheel_option_refuses_what_is_not_a_wheel(model_folder, capsys):

@@ -232,31 +232,42 @@ def vendor_wheel(folder: Path, wheel: str | None) -> Path | None:
     from an index), ``"build"`` (always one, built from the source tree) or
     ``None`` (never).
     """
+    given = _checked_wheel(Path(wheel)) if wheel not in (None, "auto", "build") else None
+    into = folder / WHEELS
+    for stale in into.glob("servekit-*.whl"):
+        stale.unlink()  # only the wheel of this build stays in the context
     if wheel is None:
         return None
     origin, where = installed_from()
     if wheel == "auto" and origin == "index":
         return None
-    into = folder / WHEELS
     into.mkdir(exist_ok=True)
-    for stale in into.glob("servekit-*.whl"):
-        stale.unlink()
-    if wheel not in ("auto", "build"):
-        return _copy_wheel(Path(wheel), into)
+    if given is not None:
+        return Path(shutil.copy2(given, into / given.name))
     if origin == "wheel" and where is not None and where.is_file():
-        return _copy_wheel(where, into)
+        return Path(shutil.copy2(where, into / where.name))
     if origin == "source" and where is not None:
         return build_wheel(where, into)
     raise ScaffoldError(
-        "servekit was not installed from a package index or a local source tree; "
-        "pass --wheel PATH to a servekit wheel for the image"
+        "servekit was installed from a URL or a file that is gone, so there is no wheel of it to put "
+        "in the image; pass --wheel PATH to a servekit wheel"
     )
 
 
-def _copy_wheel(wheel: Path, into: Path) -> Path:
+def _checked_wheel(wheel: Path) -> Path:
     if not wheel.is_file() or not re.match(r"servekit-[^-]+-.*\.whl$", wheel.name):
         raise ScaffoldError(f"--wheel: expected a servekit wheel file (servekit-VERSION-....whl), found {wheel}", 2)
-    return Path(shutil.copy2(wheel, into / wheel.name))
+    return wheel
+
+
+def pin_mismatch(requirements: str, wheel: str) -> str | None:
+    """The servekit version ``requirements.txt`` pins when the wheel is another one (pip would refuse)."""
+    version = wheel.split("-")[1]
+    for line in requirements.splitlines():
+        match = re.match(r"^\s*servekit\s*(?:\[[^\]]*\])?\s*==\s*([^\s;#]+)", line)
+        if match and match.group(1) != version:
+            return match.group(1)
+    return None
 
 
 # -- docker -----------------------------------------------------------------------
@@ -277,6 +288,11 @@ def build_command(folder: Path, tag: str) -> list[str]:
     return ["docker", "build", "--tag", tag, str(folder)]
 
 
+def _with_wheel(options: _render.BuildOptions, wheel: Path | None) -> _render.BuildOptions:
+    options.servekit_wheel = wheel.name if wheel is not None else None
+    return options
+
+
 def build(
     folder: Path, options: _render.BuildOptions, *, run_docker: bool | None = None, wheel: str | None = "auto",
     echo=print,
@@ -290,10 +306,15 @@ def build(
     if not folder.is_dir():
         raise ScaffoldError(f"not a folder: {folder}", 2)
     vendored = vendor_wheel(folder, wheel)
+    files = write_build_files(folder, _with_wheel(options, vendored))
     if vendored is not None:
-        options.servekit_wheel = vendored.name
         echo(f"wrote {vendored.relative_to(folder)} (the image installs servekit from it)")
-    files = write_build_files(folder, options)
+        pinned = pin_mismatch((folder / "requirements.txt").read_text(), vendored.name)
+        if pinned:
+            echo(f"warning: requirements.txt pins servekit=={pinned} but the wheel is {vendored.name}; "
+                 "pip will refuse both: change the pin")
+        if folder / "Dockerfile" in files.kept and vendored.name not in (folder / "Dockerfile").read_text():
+            echo(f"warning: your Dockerfile does not install {WHEELS}/{vendored.name}")
     for path in files.written:
         echo(f"wrote {path.relative_to(folder)}")
     for path in files.kept:
