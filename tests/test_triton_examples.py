@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import grpc
@@ -66,6 +67,16 @@ def check_sum_and_difference(result, a=INPUT0, b=INPUT1) -> None:
     assert result.as_numpy("OUTPUT1").tolist() == (a - b).tolist()
 
 
+def settled(fetch, done, attempts: int = 50):
+    """``fetch()`` until ``done(result)`` (workers flush statistics every half second), at most ~5 s."""
+    for _ in range(attempts):
+        got = fetch()
+        if done(got):
+            return got
+        time.sleep(0.1)
+    return got
+
+
 def stat_counts(stats: dict, version: str = "1") -> tuple[int, int]:
     (entry,) = [s for s in stats["model_stats"] if s["version"] == version]
     return int(entry.get("inference_count", 0)), int(entry["inference_stats"]["success"].get("count", 0))
@@ -88,7 +99,9 @@ def test_simple_http_infer_client(server):
         check_sum_and_difference(result)
     stats = client.get_inference_statistics(model_name="simple")
     assert len(stats["model_stats"]) == 1
-    after = stat_counts(stats)
+    # each worker flushes its tally into the shared counters within half a second
+    after = settled(lambda: stat_counts(client.get_inference_statistics(model_name="simple")),
+                    lambda got: (got[0] - before[0], got[1] - before[1]) == (4, 4))
     assert (after[0] - before[0], after[1] - before[1]) == (4, 4)
     check_sum_and_difference(client.infer("simple", inputs, outputs=None))
     with pytest.raises(InferenceServerException):
@@ -130,9 +143,11 @@ def test_simple_grpc_infer_client(server):
     before = client.get_inference_statistics(model_name="simple")
     for _ in range(3):
         check_sum_and_difference(client.infer("simple", inputs, outputs=outputs))
-    stats = client.get_inference_statistics(model_name="simple")
+    success = before.model_stats[0].inference_stats.success.count
+    stats = settled(lambda: client.get_inference_statistics(model_name="simple"),
+                    lambda got: got.model_stats[0].inference_stats.success.count - success == 3)
     assert len(stats.model_stats) == 1
-    done = stats.model_stats[0].inference_stats.success.count - before.model_stats[0].inference_stats.success.count
+    done = stats.model_stats[0].inference_stats.success.count - success
     assert done == 3
     assert stats.model_stats[0].inference_stats.compute_infer.ns > 0
 

@@ -14,6 +14,14 @@ that exits keeps its counts, as ``/metrics`` does).  They also appear at
 ``/metrics`` as ``servekit_inference_*``.  Without that folder (an in-process
 app) the process's own counters are read.
 
+Recording is on every request's path, and a Prometheus counter in multiprocess
+mode costs a label lookup and a file write per increment (about 18 per
+request).  So a request only adds its numbers to a plain in-process tally; the
+tally is flushed into the counters by a background thread every
+:data:`FLUSH_SECONDS` and by the process itself before it reads a snapshot.  A
+stats call that another worker answers may therefore miss the last fraction of
+a second of this worker's requests; the same worker's never.
+
 What each duration means here (Triton's names, cumulative nanoseconds):
 
 - ``success`` / ``fail``: the data plane's whole ``predict``, by outcome;
@@ -45,6 +53,8 @@ DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "comp
 #: The per-execution durations of ``batch_stats``.
 BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
 _PREFIX = "servekit_inference_"
+#: How often a worker's tally reaches the shared counters.
+FLUSH_SECONDS = 0.5
 
 
 class _Counters:
@@ -129,22 +139,75 @@ class Request:
 
 
 def _record_request(req: Request, outcome: str, total: int, rows: int) -> None:
-    c = counters()
-    c.count.labels(req.name, req.version, outcome).inc()
-    c.ns.labels(req.name, req.version, outcome).inc(total)
+    key = (req.name, req.version)
+    adds = [("count", (*key, outcome), 1), ("ns", (*key, outcome), total)]
     if outcome == "success":
         for phase, ns in req.phases.items():
-            c.count.labels(req.name, req.version, phase).inc()
-            c.ns.labels(req.name, req.version, phase).inc(ns)
-        c.rows.labels(req.name, req.version).inc(rows)
-        c.last.labels(req.name, req.version).set(time.time_ns() // 1_000_000)
+            adds += [("count", (*key, phase), 1), ("ns", (*key, phase), ns)]
+        adds.append(("rows", key, rows))
+    _tally.add(adds, last=(key, time.time_ns() // 1_000_000) if outcome == "success" else None)
 
 
 def _record_execution(name: str, version: str, rows: int, ns: int) -> None:
-    c = counters()
-    c.executions.labels(name, version).inc()
-    c.batch_count.labels(name, version, str(rows)).inc()
-    c.batch_ns.labels(name, version, str(rows)).inc(ns)
+    size = (name, version, str(rows))
+    _tally.add([("executions", (name, version), 1), ("batch_count", size, 1), ("batch_ns", size, ns)])
+
+
+class _Tally:
+    """Sums recorded in this process since the last flush into the shared counters."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums: dict[tuple[str, tuple[str, ...]], int] = {}
+        self._last: dict[tuple[str, str], int] = {}
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._flusher: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, adds: list[tuple[str, tuple[str, ...], int]], last: tuple[Any, int] | None = None) -> None:
+        with self._lock:
+            sums = self._sums
+            for metric, labels, amount in adds:
+                key = (metric, labels)
+                sums[key] = sums.get(key, 0) + amount
+            if last is not None:
+                self._last[last[0]] = last[1]
+        if self._pid != os.getpid():  # first record in this process (a worker after the fork)
+            self._start()
+
+    def flush(self) -> None:
+        with self._lock:
+            sums, self._sums = self._sums, {}
+            last, self._last = self._last, {}
+        c = counters()
+        for (metric, labels), amount in sums.items():
+            self._child(getattr(c, metric), metric, labels).inc(amount)
+        for labels, when in last.items():
+            self._child(c.last, "last", labels).set(when)
+
+    def _child(self, family: Any, metric: str, labels: tuple[str, ...]) -> Any:
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._children = {}  # a parent's children belong to its own files
+            self._flusher = threading.Thread(target=self._run, name="servekit-statistics", daemon=True)
+            self._flusher.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(FLUSH_SECONDS)
+            self.flush()
+
+
+_tally = _Tally()
 
 
 _current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
@@ -202,6 +265,7 @@ class ModelStats:
 
 def snapshot() -> dict[tuple[str, str], ModelStats]:
     """Every recorded model version's totals, keyed by ``(name, version)``."""
+    _tally.flush()  # this process's own requests are always counted
     found: dict[tuple[str, str], ModelStats] = {}
     for name, labels, value in _samples():
         key = (labels.get("model", ""), labels.get("version", ""))
