@@ -210,6 +210,11 @@ class _Tally:
 _tally = _Tally()
 
 
+def flush() -> None:
+    """Write this process's tally into the shared counters now (a worker about to exit)."""
+    _tally.flush()
+
+
 _current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
     "servekit_statistics", default=None
 )

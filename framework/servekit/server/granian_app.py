@@ -119,9 +119,11 @@ def _spawn_target() -> Any:
         try:
             serve_wsgi(*args, **kwargs)
         finally:
+            from .. import statistics
             from ..protocols import grpc
 
             grpc.stop_in_worker(_WORKER)
+            statistics.flush()
             metrics.mark_process_dead(os.getpid())
 
     return serve

@@ -95,9 +95,11 @@ class ServekitApplication(BaseApplication):
             grpc.start_in_worker(worker, self.settings)
 
     def _worker_exit(self, server, worker) -> None:
+        from .. import statistics
         from ..protocols import grpc
 
         grpc.stop_in_worker(worker)
+        statistics.flush()
 
 
     def _child_exit(self, server, worker) -> None:
