@@ -18,7 +18,7 @@ _settings = resolve()
 if _settings.server != "gunicorn":
     print(f"servekit: SERVEKIT_SERVER={_settings.server} does not apply: this image's command runs gunicorn "
           f"(make it `servekit serve --server {_settings.server}` to change engines)", file=sys.stderr)
-prepare_server(_settings)  # shared folders (metrics, request log) before the workers fork
+_cleanup = prepare_server(_settings)  # shared folders (metrics, request log, model hosts) before the workers fork
 _servekit = ServekitApplication(_settings)
 _defaults = Config()
 for _name, _setting in _servekit.cfg.settings.items():
@@ -30,3 +30,8 @@ def post_worker_init(worker):
     """Each worker polls the model folders itself (also with preload), then servekit's own setup."""
     worker.wsgi.extensions["servekit"].repository.start()
     _servekit._post_worker_init(worker)
+
+
+def on_exit(server):
+    """The master is leaving: stop model hosts and remove the shared folders, as ``servekit serve`` does."""
+    _cleanup()
