@@ -71,7 +71,7 @@ class Encoder:
         return vectors.cpu().numpy()
 
     def _encode(self, texts: list[str]) -> Any:
-        ids = [getattr(text, "token_ids", None) for text in texts]
+        ids: list[Any] = [getattr(text, "token_ids", None) for text in texts]
         if all(row is not None for row in ids):
             rows = {"input_ids": [row[: self.max_length] for row in ids]}
             return self.tokenizer.pad(rows, padding=True, return_tensors="pt")

@@ -106,7 +106,7 @@ def load_folder(path: Path, config: ModelConfig) -> Any | None:
         from .causal import CausalLM
 
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-        return CausalLM(model.to(device).eval(), tokenizer, device, options)
+        return CausalLM(model.to(device).eval(), tokenizer, device, options)  # type: ignore[arg-type]  # transformers' typing of .to
     from .encoder import Encoder
 
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype)

@@ -147,15 +147,15 @@ def classify(
         raise BadRequest(
             f"signature {sig_name!r} returned {scores.dtype} scores; classify expects floats"
         )
-    width = (classes if classes is not None else scores).shape[1]
+    width = next(iter(fetched.values())).shape[1]  # classes and scores agree (checked above)
     results = []
     for i in range(n):
         if classes is not None:
             labels = [_label(classes[i, c]) for c in range(width)]
         else:
             labels = [""] * width
-        values = scores[i].astype(float).tolist() if scores is not None else [0.0] * width
-        results.append(list(zip(labels, values)))
+        row_scores: list[float] = scores[i].astype(float).tolist() if scores is not None else [0.0] * width
+        results.append(list(zip(labels, row_scores)))
     return results
 
 

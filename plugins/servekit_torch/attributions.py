@@ -165,7 +165,7 @@ def _baselines(model: TorchModel, names: list[str], floats: tuple[torch.Tensor, 
         raise ModelFailure("options.explain_baseline must be a number or {input: baseline} for several inputs")
     else:
         per_input = [raw] * len(floats)
-    baselines = []
+    baselines: list[Any] = []  # numbers or tensors, as Captum takes them
     for name, value, tensor in zip(names, per_input, floats):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             baselines.append(float(value))
