@@ -95,7 +95,7 @@ class DataPlane:
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         stat.submitted()
-        outputs = run(inputs) if options is None else batcher.submit(inputs, run, options)
+        outputs = run(inputs) if batcher is None or options is None else batcher.submit(inputs, run, options)
         if inspect.isgenerator(outputs):
             return _guarded(mv, outputs)
         return stat.time("compute_output", self._postprocess, mv, outputs, parameters)

@@ -14,7 +14,7 @@ appears), counts tokens where the model did not, and decides the finish reason.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -286,7 +286,7 @@ def make_choice(
     return Choice(text, reason, prompt_tokens, completion_tokens, result.reasoning)
 
 
-def stream_pieces(request: GenerationRequest, output: Any) -> Iterator[GenerationChunk]:
+def stream_pieces(request: GenerationRequest, output: Any) -> Generator[GenerationChunk, None, None]:
     """Normalise a streaming ``complete`` to chunks, stop sequences applied.
 
     The last chunk carries the finish reason (``"stop"`` when a stop sequence

@@ -16,7 +16,7 @@ import base64
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,7 +277,7 @@ def stream_job(job: Job) -> Any:
                         {REQUEST_LOG_HEADER: job.request_id})
 
 
-def _chain(head: Iterator[Any], rest: Iterator[Any]) -> Iterator[Any]:
+def _chain(head: Iterator[Any], rest: Generator[Any, None, None]) -> Generator[Any, None, None]:
     """``head`` then ``rest``, closing ``rest`` when closed early (client gone)."""
     try:
         yield from head
@@ -286,12 +286,12 @@ def _chain(head: Iterator[Any], rest: Iterator[Any]) -> Iterator[Any]:
         rest.close()
 
 
-def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Iterator[gen.GenerationChunk],
+def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Generator[gen.GenerationChunk, None, None],
                 generations: Iterator[gen.GenerationRequest]) -> Iterator[bytes]:
     extra = {"usage": None} if job.sampling.include_usage else {}
     prompt_tokens: dict[int, int] = {}
     completion_tokens = 0
-    current: Iterator[gen.GenerationChunk] | None = None
+    current: Generator[gen.GenerationChunk, None, None] | None = None
     try:
         pending = [(first, first_pieces)]
         while pending:

@@ -51,9 +51,9 @@ def routes(app: Flask) -> dict[str, set[str]]:
             continue
         methods = set(rule.methods or ()) - {"HEAD", "OPTIONS"}
         found.setdefault(rule.rule, set()).update(methods)
-    for rule in [r for r in found if r.endswith("/") and r != "/"]:
-        if rule.rstrip("/") in found:
-            found.pop(rule)
+    for path in [r for r in found if r.endswith("/") and r != "/"]:
+        if path.rstrip("/") in found:
+            found.pop(path)
     return found
 
 

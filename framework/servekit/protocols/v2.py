@@ -125,14 +125,14 @@ def infer_answer(
     outputs = filter_outputs(outputs, req.output_names)
     arrays = {n: codec.as_v2_array(v, n) for n, v in outputs.items()}
     requested = {o.name: o.binary for o in req.outputs or []}
-    binary = {n: requested[n] if requested.get(n) is not None else req.binary_output for n in arrays}
-    encoded, header_length = codec.encode_infer_response(
+    binary = {n: b if (b := requested.get(n)) is not None else req.binary_output for n in arrays}
+    encoded, binary_length = codec.encode_infer_response(
         arrays, model_name=name, model_version=str(mv.version), request_id=req.id, binary=binary
     )
-    if header_length is None:
+    if binary_length is None:
         return Answer(encoded)
     return Answer(encoded, content_type="application/octet-stream",
-                  headers={codec.HEADER_LENGTH: str(header_length)})
+                  headers={codec.HEADER_LENGTH: str(binary_length)})
 
 
 def _signature_name(parameters: dict[str, Any]) -> str | None:

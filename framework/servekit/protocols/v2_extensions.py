@@ -150,9 +150,9 @@ def version_policy(policy: Any) -> dict[str, Any]:
         return {"latest": {"num_versions": 1}}
     ((kind, value),) = policy.items()
     if kind == "latest":
-        n = value.get("num_versions") if isinstance(value, dict) else value
+        n = value["num_versions"] if isinstance(value, dict) else value  # checked by check_version_policy
         return {"latest": {"num_versions": int(n)}}
-    versions = value.get("versions") if isinstance(value, dict) else value
+    versions = value["versions"] if isinstance(value, dict) else value
     return {"specific": {"versions": [int(v) for v in versions]}}
 
 
