@@ -140,7 +140,7 @@ class Request:
 
 def _record_request(req: Request, outcome: str, total: int, rows: int) -> None:
     key = (req.name, req.version)
-    adds = [("count", (*key, outcome), 1), ("ns", (*key, outcome), total)]
+    adds: list[tuple[str, tuple[str, ...], int]] = [("count", (*key, outcome), 1), ("ns", (*key, outcome), total)]
     if outcome == "success":
         for phase, ns in req.phases.items():
             adds += [("count", (*key, phase), 1), ("ns", (*key, phase), ns)]

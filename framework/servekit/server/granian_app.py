@@ -130,7 +130,7 @@ def _spawn_target() -> Any:
 
 
 def _server_class(base: type) -> type:
-    class ServekitGranian(base):  # type: ignore[misc, valid-type]
+    class ServekitGranian(base):  # type: ignore[misc, valid-type, unused-ignore]  # older mypy refuses a variable base
         """granian's server with servekit's SIGTERM: readiness 503 first, stop accepting later."""
 
         servekit_settings: Settings
