@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import TF_DATA
 from servekit import tfserving_cli
+from servekit.settings import channel_arguments
 from servekit.testing import free_port
 from servekit.tfserving_cli import FlagError
 
@@ -79,7 +80,7 @@ def test_flags_map_to_settings(tmp_path):
     assert settings.paths == [str(HALF_PLUS_TWO)] and settings.model_name == "default"
     assert (settings.max_batch_size, settings.max_batch_time_ms) == (128, 2.5)
     assert settings.grpc_tensor_content and settings.poll_interval == 3.0
-    assert settings.grpc_channel_arguments == [("grpc.max_connection_age_ms", 2000)]
+    assert channel_arguments(settings.grpc_channel_arguments) == [("grpc.max_connection_age_ms", 2000)]
     assert settings.grpc_socket_path == "/tmp/x.sock"
 
 

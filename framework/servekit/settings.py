@@ -45,6 +45,8 @@ class Settings:
     fast_lane: bool = _opt(True, "answer inference routes (V2 infer, V1 predict/classify/regress, /predict) without Flask's request machinery; --no-fast-lane sends them through Flask", flag=True)
     strict_readiness: bool = _opt(True, "/v2/health/ready is 200 only when every model has an AVAILABLE version; --no-strict-readiness: every first load finished and one model AVAILABLE", flag=True)
     model_control_mode: str = _opt("none", "V2 repository load/unload: 'none' refuses them (4xx), 'explicit' allows them (Triton's flag)", choices=("none", "explicit"))
+    grpc_socket_path: str = _opt("", "also serve gRPC on this Unix socket (TF Serving's --grpc_socket_path)")
+    grpc_channel_arguments: str = _opt("", "extra gRPC server arguments as key=value,key=value (TF Serving's --grpc_channel_arguments)")
     grpc_tensor_content: bool = _opt(False, "TF Serving gRPC answers in tensor_content instead of the typed fields (TF Serving's --enable_serialization_as_tensor_content)", flag=True)
     placement: str = _opt("worker", "where models run unless servekit.yaml says: 'worker' (inside each HTTP worker) or 'process' (a model host process shared by all workers)", choices=("worker", "process"))
     # -- production hardening (docs/operations.md) --
@@ -157,8 +159,20 @@ def _validate(settings: Settings) -> None:
         raise ValueError(f"--http-port: expected a port between 1 and 65535, found {settings.http_port}")
     if not 0 <= settings.grpc_port <= 65535:
         raise ValueError(f"--grpc-port: expected a port between 1 and 65535 (0 disables gRPC), found {settings.grpc_port}")
+    channel_arguments(settings.grpc_channel_arguments)
     if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) > 0):
         raise ValueError(f"--workers: expected a positive number or 'auto', found {settings.workers!r}")
+
+
+def channel_arguments(text: str) -> list[tuple[str, Any]]:
+    """``--grpc-channel-arguments``: ``key=value,key=value``, integers as numbers."""
+    out: list[tuple[str, Any]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--grpc-channel-arguments: expected key=value, found {part!r}")
+        out.append((key, int(value) if value.lstrip("-").isdigit() else value))
+    return out
 
 
 def worker_count(settings: Settings) -> int:

@@ -267,17 +267,6 @@ def check_monitoring_file(path: str) -> None:
         )
 
 
-def channel_arguments(text: str) -> list[tuple[str, Any]]:
-    """``--grpc_channel_arguments``: ``key=value,key=value``, integers as numbers."""
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, value = part.partition("=")
-        if not eq or not key:
-            raise FlagError(f"--grpc_channel_arguments: expected key=value, found {part!r}")
-        out.append((key, int(value) if value.lstrip("-").isdigit() else value))
-    return out
-
-
 # -- serving a model config file ----------------------------------------------------------------
 
 _CONFIG = "servekit.yaml"
@@ -391,6 +380,12 @@ def settings_values(flags: dict[str, Any]) -> dict[str, Any]:
         values["max_batch_size"], values["max_batch_time_ms"] = size, ms
     if get("monitoring_config_file"):
         check_monitoring_file(get("monitoring_config_file"))
+    values["grpc_socket_path"] = get("grpc_socket_path")
+    values["grpc_channel_arguments"] = get("grpc_channel_arguments")
+    try:
+        settings_mod.channel_arguments(values["grpc_channel_arguments"])
+    except ValueError as exc:
+        raise FlagError(str(exc).replace("--grpc-channel-arguments", "--grpc_channel_arguments")) from None
     return values
 
 
@@ -415,8 +410,6 @@ def build(flags: dict[str, Any]) -> tuple[settings_mod.Settings, Mirror | None]:
         if mirror:
             mirror.close()
         raise
-    settings.grpc_socket_path = flags.get("grpc_socket_path", "")  # read by protocols/grpc/server.py
-    settings.grpc_channel_arguments = channel_arguments(flags.get("grpc_channel_arguments", ""))
     return settings, mirror
 
 

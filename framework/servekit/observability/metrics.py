@@ -222,7 +222,10 @@ class ModelStateCollector:
 def render(dataplane: Served) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
+    from .. import statistics
+
     metrics()  # every family appears from the first scrape on, even at zero
+    statistics.flush()  # this worker's latest inference statistics, as a stats call sees them
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get(ENV):
         from prometheus_client import multiprocess

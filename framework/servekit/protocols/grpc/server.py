@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from ...dataplane import DataPlane
-from ...settings import Settings
+from ...settings import Settings, channel_arguments
 from . import tf_serving, v2
 
 log = logging.getLogger("servekit.grpc")
@@ -46,7 +46,7 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
         # several gunicorn workers bind the same port
         ("grpc.so_reuseport", 1),
         # TF Serving's --grpc_channel_arguments (servekit.tfserving_cli), after ours so they win
-        *getattr(settings, "grpc_channel_arguments", ()),
+        *channel_arguments(settings.grpc_channel_arguments),
     ]
 
 
@@ -76,7 +76,7 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
             f"cannot bind gRPC to {address}: port {settings.grpc_port} is in use or not allowed "
             "(another server holds it?); choose a free port with --grpc-port"
         )
-    _bind_unix_socket(server, getattr(settings, "grpc_socket_path", ""))
+    _bind_unix_socket(server, settings.grpc_socket_path)
     server.start()
     return server, port
 
