@@ -17,7 +17,6 @@ worker side.  See docs/model-processes.md.
 from __future__ import annotations
 
 import logging
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,6 @@ from .runtime import cleanup, default_placement, in_host, prepare_server
 __all__ = ["attach", "cleanup", "placement_of", "prepare_server"]
 
 log = logging.getLogger("servekit.hosts")
-
-#: every live client of this process (reset in a forked child)
-_clients: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def placement_of(config: Any) -> tuple[str, int]:
@@ -61,7 +57,7 @@ def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
     }
     host = client.HostClient(spec, replicas)
     host.start()
-    _clients.add(host)
+    client.clients.add(host)
     mv.host = host
     mv.model = host
     mv.hooks = plugins.new_manager().hook  # nothing of the model runs in this process

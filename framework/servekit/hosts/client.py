@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ log = logging.getLogger("servekit.hosts")
 #: The longest a host may take to load its model before the start is abandoned.
 START_TIMEOUT = 600.0
 _children: list[subprocess.Popen] = []
+#: every live client of this process (reset in a forked child)
+clients: weakref.WeakSet[HostClient] = weakref.WeakSet()
 
 
 class Connection:
@@ -336,9 +339,7 @@ def _quietly(fn: Any) -> None:
 
 def _after_fork() -> None:
     """A forked worker must not share its parent's connections (``--preload``)."""
-    from . import _clients
-
-    for client in list(_clients):
+    for client in list(clients):
         for replica in client.replicas:
             replica.idle = []
             replica.lock = threading.Lock()
