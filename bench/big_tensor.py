@@ -33,7 +33,7 @@ def via_json(session: requests.Session, url: str, x: np.ndarray) -> np.ndarray:
 def via_binary(session: requests.Session, url: str, x: np.ndarray) -> np.ndarray:
     header = orjson.dumps({
         "inputs": [{"name": "x", "shape": [N], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}],
-        "outputs": [{"name": "x", "parameters": {"binary_data": True}}],
+        "parameters": {"binary_data_output": True},  # every output binary, whatever the model names it
     })
     resp = session.post(url, data=header + x.tobytes(), headers={
         "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))})

@@ -3,8 +3,9 @@
     python bench/chart.py bench/results/results.json   (needs matplotlib: bench/.venvs/tools)
 
 One column per scenario (model, rows, protocol); the top row is throughput,
-the bottom row p99 latency (log scale), one line per server across 1, 8 and
-64 connections, so the standing is visible at a glance.
+the bottom row p99 latency (log scale), one line per server across the
+connection levels (colour: servekit, MLServer, KServe, the plain-WSGI
+ceilings), so the standing is visible at a glance.
 """
 
 from __future__ import annotations
@@ -18,8 +19,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-COLOURS = {"servekit": "#1b7837", "mlserver": "#2166ac", "kserve": "#b2182b", "flask": "#888888"}
-STYLES = ["-", "--", ":"]
+COLOURS = {"servekit": "#1b7837", "mlserver": "#2166ac", "kserve": "#b2182b", "ceiling": "#888888"}
+STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "v"), ("--", "x")]  # one per server of a family
+
+
+def styles(servers: list[dict]) -> dict[str, tuple[str, str]]:
+    """Colour by family, then line and marker by the server's place within its family."""
+    counts: dict[str, int] = {}
+    found = {}
+    for server in servers:
+        nth = counts.get(server["family"], 0)
+        counts[server["family"]] = nth + 1
+        found[server["server"]] = STYLES[nth % len(STYLES)]
+    return found
 
 
 def main(path: Path) -> None:
@@ -27,7 +39,7 @@ def main(path: Path) -> None:
     scenarios = sorted({(r["model"], r["rows"], r["protocol"]) for s in results["servers"] for r in s["runs"]},
                        key=lambda k: (k[2], k[0], k[1]))
     fig, axes = plt.subplots(2, len(scenarios), figsize=(3.2 * len(scenarios), 6.5), squeeze=False)
-    seen: dict[str, int] = {}
+    style = styles(results["servers"])
     for col, (model, rows, protocol) in enumerate(scenarios):
         top, bottom = axes[0][col], axes[1][col]
         for server in results["servers"]:
@@ -36,9 +48,10 @@ def main(path: Path) -> None:
             if not runs:
                 continue
             family = server["family"]
-            style = STYLES[seen.setdefault(server["server"], sum(1 for n in seen if n.split("-")[0] == family)) % 3]
+            line, marker = style[server["server"]]
             conns = [str(r["connections"]) for r in runs]
-            kw = {"color": COLOURS.get(family, "black"), "linestyle": style, "marker": "o", "label": server["server"]}
+            kw = {"color": COLOURS.get(family, "black"), "linestyle": line, "marker": marker,
+                  "label": server["server"]}
             top.plot(conns, [r["rps"] for r in runs], **kw)
             bottom.plot(conns, [r["p99_ms"] for r in runs], **kw)
         top.set_title(f"{model}, {rows} row{'s' if rows > 1 else ''}, {protocol.upper()}", fontsize=9)

@@ -1,14 +1,40 @@
-"""servekit against Seldon MLServer and KServe, side by side, on the same models and load.
+"""servekit against Seldon MLServer, KServe and a plain WSGI ceiling: one run, same models, same load.
 
-    python bench/run.py                 # everything (about 12-15 minutes on 2 cores)
-    python bench/run.py --duration 3    # shorter wrk runs
-    python bench/run.py --only servekit,kserve-1w --skip-install
+    python bench/run.py                        # everything: about 12 minutes on 2 cores
+    python bench/run.py --skip-install         # reuse bench/.venvs as they are
+    python bench/run.py --duration 1 --skip-install --only servekit,wsgi-gunicorn   # a smoke run
+    python bench/run.py --only kserve-1w --merge   # re-measure one server, keep the others' numbers
 
-Installs what it needs (``wrk`` from Debian, the peers' virtualenvs under
-``bench/.venvs``), fits the models once, starts each server in turn on
-127.0.0.1, measures cold start, idle memory of the whole process tree, load
-with ``wrk`` at 1, 8 and 64 connections, and SIGTERM exit time, then writes
-``bench/results/results.json``, ``results.md`` and ``chart.png``.
+Installs what it needs (``wrk`` from Debian; under ``bench/.venvs`` the peers'
+virtualenvs and ``tools`` with py-spy and matplotlib), fits an iris
+LogisticRegression and a 100-tree RandomForest once, then starts each server in
+turn on 127.0.0.1 and measures cold start to ready, idle memory (PSS and RSS of
+the whole process tree), ``wrk`` at 8 and 64 connections after a 1 s warm-up,
+and the exit time after SIGTERM.
+
+The line-up (``--only`` takes these names):
+
+- ``servekit``: the defaults (gunicorn, ``--workers auto``, ``--preload`` auto,
+  batching off), V2 and V1, iris and rf, 1 and 100 rows; one worker is profiled
+  with py-spy under iris 1 row V2 at 64 connections, and a 1M-element FP32
+  tensor goes through V2 JSON and the binary extension (the echo model);
+- ``servekit-granian``: the same cells under ``--server granian``;
+- ``servekit-batch`` / ``servekit-granian-batch``: ``--max-batch-size 32
+  --max-batch-time-ms 2`` in each worker, 1-row V2 (rf for batching on vs off
+  and vs MLServer's adaptive batching, iris as the in-worker reference);
+- ``servekit-host`` / ``servekit-granian-host``: the same batching in model
+  host processes (``--placement process``, docs/model-processes.md);
+- ``mlserver`` (default settings, V2) and ``mlserver-batch`` (adaptive
+  batching, 1-row V2); ``kserve-1w`` and ``kserve-2w`` (V2 and V1, every cell);
+- ``wsgi-gunicorn`` and ``wsgi-granian``: ``peers/plain_wsgi.py`` (orjson, one
+  numpy array, ``model.predict``) on each engine with 2 workers: the ceilings.
+
+servekit serves only the iris and rf folders (scikit-learn artifacts, so
+``--preload`` is on for several workers); batched servekit runs read
+``servekit_batch_size`` (and ``servekit_host_batch_size``) from ``/metrics``
+around each run to report the mean batch.  Writes ``bench/results/results.json``,
+then ``results.md`` (bench/report.py: every target of the performance issues,
+met or missed) and ``chart.png`` (bench/chart.py).
 
 Standard library only: it runs under any Python 3.9+, and finds servekit's
 interpreter (this one if it imports servekit, else the repository's ``.venv``).
@@ -19,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,6 +56,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyspy
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VENVS = HERE / ".venvs"
@@ -37,8 +66,11 @@ WORK = RESULTS / "work"
 
 MLSERVER_VERSION = "1.7.1"
 KSERVE_VERSION = "0.21.0"
-CONNECTIONS = (1, 8, 64)
+CONNECTIONS = (8, 64)
 ROWS = (1, 100)
+STOP_TIMEOUT_S = 10.0  # after SIGTERM, seconds before the tree is killed
+PROFILE_CELL = ("iris", 1, "v2", 64)  # model, rows, protocol, connections
+PROFILE_SECONDS = 5
 
 
 # ---------------------------------------------------------------------------
@@ -139,7 +171,7 @@ def memory(pid: int) -> dict[str, float]:
 @dataclass
 class Server:
     name: str
-    family: str  # servekit | mlserver | kserve | flask
+    family: str  # servekit | mlserver | kserve | ceiling
     command: list[str]
     port: int
     env: dict[str, str] = field(default_factory=dict)
@@ -148,10 +180,19 @@ class Server:
     rows: tuple[int, ...] = ROWS
     connections: tuple[int, ...] = CONNECTIONS
     note: str = ""
+    batching: bool = False  # read servekit_batch_size from /metrics around each run
+    profile: bool = False  # py-spy one worker under PROFILE_CELL's load
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def url(self, model: str, protocol: str) -> str:
-        base = f"http://127.0.0.1:{self.port}"
-        return f"{base}/v2/models/{model}/infer" if protocol == "v2" else f"{base}/v1/models/{model}:predict"
+        return f"{self.base}/v2/models/{model}/infer" if protocol == "v2" else f"{self.base}/v1/models/{model}:predict"
+
+    def scenarios(self) -> list[tuple[str, str, int]]:
+        """(protocol, model, rows) in the order they are measured."""
+        return [(p, m, r) for p in self.protocols for m in self.models for r in self.rows]
 
 
 class Running:
@@ -185,7 +226,7 @@ class Running:
             raise TimeoutError(f"{self.server.name} not ready after {timeout}s")
         return time.monotonic() - self.started
 
-    def stop(self, timeout: float = 20.0) -> float | None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> float | None:
         """SIGTERM the main process; seconds until the whole tree is gone, None if it had to be killed."""
         pids = tree(self.proc.pid)
         started = time.monotonic()
@@ -237,10 +278,15 @@ def check_answer(server: Server, model: str, rows: int, protocol: str) -> None:
         raise RuntimeError(f"{server.name} {model} {protocol}: {count} predictions for {rows} rows")
 
 
+def wrk_command(url: str, connections: int, seconds: float) -> list[str]:
+    return ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+            "-s", str(HERE / "wrk_report.lua"), url]
+
+
 def wrk(url: str, body: Path, connections: int, seconds: float) -> dict:
     env = {**os.environ, "BENCH_BODY": str(body)}
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(HERE / "wrk_report.lua"), url]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 60)
+    out = subprocess.run(wrk_command(url, connections, seconds), capture_output=True, text=True, env=env,
+                         timeout=seconds + 60)
     for line in out.stdout.splitlines():
         if line.startswith("BENCH_JSON "):
             raw = json.loads(line[len("BENCH_JSON "):])
@@ -255,9 +301,79 @@ def wrk(url: str, body: Path, connections: int, seconds: float) -> dict:
     raise RuntimeError(f"wrk failed: {out.stdout[-500:]} {out.stderr[-500:]}")
 
 
-def bench_server(server: Server, seconds: float) -> dict:
+_BATCH_LINE = re.compile(r"^(servekit_(?:host_)?batch_size)_(sum|count)\{([^}]*)\} (\S+)$")
+
+
+def batch_counters(server: Server, model: str) -> dict[str, float]:
+    """``servekit_batch_size`` and ``servekit_host_batch_size`` sums and counts for ``model``, from /metrics."""
+    try:
+        status, text = http("GET", f"{server.base}/metrics", timeout=10)
+    except (OSError, urllib.error.URLError):
+        return {}
+    found: dict[str, float] = {}
+    if status != 200:
+        return found
+    for line in text.decode(errors="replace").splitlines():
+        match = _BATCH_LINE.match(line)
+        if match and f'model="{model}"' in match[3]:
+            key = f"{match[1]}_{match[2]}"
+            found[key] = found.get(key, 0.0) + float(match[4])
+    return found
+
+
+def mean_batches(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Rows per predict call between two scrapes: in the workers' view and, with hosts, in the hosts'."""
+    means = {}
+    for metric, key in (("servekit_batch_size", "mean_batch"), ("servekit_host_batch_size", "mean_host_batch")):
+        calls = after.get(f"{metric}_count", 0.0) - before.get(f"{metric}_count", 0.0)
+        rows = after.get(f"{metric}_sum", 0.0) - before.get(f"{metric}_sum", 0.0)
+        if calls > 0:
+            means[key] = round(rows / calls, 2)
+    return means
+
+
+def measure(server: Server, protocol: str, model: str, rows: int, seconds: float) -> list[dict]:
+    """One scenario at each connection level, after a check and a 1 s warm-up."""
+    check_answer(server, model, rows, protocol)
+    url, body = server.url(model, protocol), body_path(model, rows, protocol)
+    wrk(url, body, 8, 1)  # warm-up
+    runs = []
+    for conns in server.connections:
+        before = batch_counters(server, model) if server.batching else {}
+        run = {"model": model, "rows": rows, "protocol": protocol, "connections": conns,
+               **wrk(url, body, conns, seconds)}
+        if server.batching:
+            run.update(mean_batches(before, batch_counters(server, model)))
+        runs.append(run)
+        batch = f"  mean batch {run['mean_batch']}" if "mean_batch" in run else ""
+        print(f"   {protocol} {model:4s} rows={rows:<3d} c={conns:<2d} {run['rps']:8.1f} req/s "
+              f"p50 {run['p50_ms']:7.2f} ms p99 {run['p99_ms']:7.2f} ms{batch}"
+              + (f"  ERRORS {run['errors']}" if run["errors"] else ""), flush=True)
+    return runs
+
+
+def profile_under_load(server: Server, running: Running, py_spy: str) -> dict:
+    """py-spy on the busiest worker while wrk drives PROFILE_CELL; the summary or the reason it failed."""
+    model, rows, protocol, conns = PROFILE_CELL
+    env = {**os.environ, "BENCH_BODY": str(body_path(model, rows, protocol))}
+    load = subprocess.Popen(wrk_command(server.url(model, protocol), conns, PROFILE_SECONDS + 2),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        time.sleep(1.0)
+        found = pyspy.profile_worker(py_spy, running.proc.pid, tree(running.proc.pid), PROFILE_SECONDS,
+                                     RESULTS / f"{server.name}.pyspy.txt")
+    finally:
+        load.wait(PROFILE_SECONDS + 60)
+    found.update({"server": server.name, "model": model, "rows": rows, "protocol": protocol, "connections": conns})
+    print(f"   profile: {found.get('error') or str(found['samples']) + ' samples of pid ' + str(found['pid'])}",
+          flush=True)
+    return found
+
+
+def bench_server(server: Server, seconds: float, py_spy: str = "") -> dict:
     print(f"== {server.name}", flush=True)
     load_before = os.getloadavg()[0]
+    started = time.monotonic()
     running = Running(server, RESULTS / f"{server.name}.log")
     result: dict = {"server": server.name, "family": server.family, "note": server.note, "runs": []}
     try:
@@ -265,33 +381,46 @@ def bench_server(server: Server, seconds: float) -> dict:
         time.sleep(2.0)  # let start-up threads settle before reading memory
         result["idle_memory"] = memory(running.proc.pid)
         print(f"   cold start {result['cold_start_s']} s, idle {result['idle_memory']}", flush=True)
-        for protocol in server.protocols:
-            for model in server.models:
-                for rows in server.rows:
-                    check_answer(server, model, rows, protocol)
-                    url = server.url(model, protocol)
-                    wrk(url, body_path(model, rows, protocol), 8, 1)  # warm-up
-                    for conns in server.connections:
-                        run = {"model": model, "rows": rows, "protocol": protocol, "connections": conns,
-                               **wrk(url, body_path(model, rows, protocol), conns, seconds)}
-                        result["runs"].append(run)
-                        print(f"   {protocol} {model:4s} rows={rows:<3d} c={conns:<2d} {run['rps']:8.1f} req/s "
-                              f"p50 {run['p50_ms']:7.2f} ms p99 {run['p99_ms']:7.2f} ms"
-                              + (f"  ERRORS {run['errors']}" if run["errors"] else ""), flush=True)
+        for protocol, model, rows in server.scenarios():
+            result["runs"] += measure(server, protocol, model, rows, seconds)
+        if server.profile and py_spy:
+            result["profile"] = profile_under_load(server, running, py_spy)
     finally:
         result["sigterm_exit_s"] = running.stop()
+        result["sigterm_timeout_s"] = STOP_TIMEOUT_S
         result["load_average_at_start"] = round(load_before, 2)
-    print(f"   SIGTERM exit: {result['sigterm_exit_s']}", flush=True)
+        result["elapsed_s"] = round(time.monotonic() - started, 1)
+    print(f"   SIGTERM exit: {result['sigterm_exit_s']}; {result['elapsed_s']} s in all", flush=True)
     return result
 
 
-def big_tensor(python: str, port: int) -> dict:
-    """The 1M-element FP32 round trip through servekit, V2 JSON vs the binary extension."""
-    out = subprocess.run([python, str(HERE / "big_tensor.py"), f"http://127.0.0.1:{port}"],
-                         capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def big_tensor(sk: str, port: int) -> dict:
+    """The 1M-element FP32 round trip through servekit's echo model, V2 JSON vs the binary extension."""
+    server = Server("servekit-big", "servekit", servekit_command(sk, [WORK / "models" / "echo"], port), port,
+                    models=())
+    running = Running(server, RESULTS / "servekit-big.log")
+    try:
+        deadline = time.monotonic() + 120
+        while http_ok(f"{server.base}/v2/models/echo/ready") is False:
+            if time.monotonic() > deadline or running.proc.poll() is not None:
+                raise RuntimeError("the echo model did not become ready")
+            time.sleep(0.05)
+        out = subprocess.run([sk, str(HERE / "big_tensor.py"), server.base], capture_output=True, text=True,
+                             timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-2000:])
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except Exception as exc:
+        return {"error": str(exc)}
+    finally:
+        running.stop()
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return http("GET", url, timeout=2)[0] == 200
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 # ---------------------------------------------------------------------------
@@ -299,47 +428,143 @@ def big_tensor(python: str, port: int) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def lineup(sk: str, mls: str, ks: str, port: int) -> list[Server]:
-    models = str(WORK / "models")
-    serve = [sk, "-m", "servekit", "serve", models, "--host", "127.0.0.1", "--http-port", str(port),
-             "--grpc-port", "0", "--log-level", "warning"]
-    mls_dir = WORK / "mlserver"
+def servekit_command(sk: str, paths: list[Path], port: int) -> list[str]:
+    return [sk, "-m", "servekit", "serve", *map(str, paths), "--host", "127.0.0.1", "--http-port", str(port),
+            "--grpc-port", "0", "--log-level", "warning"]
+
+
+def servekit_lineup(sk: str, port: int) -> list[Server]:
+    serve = servekit_command(sk, [WORK / "models" / "iris", WORK / "models" / "rf"], port)
+    granian = ["--server", "granian"]
+    batch = ["--max-batch-size", "32", "--max-batch-time-ms", "2"]
+    host = ["--placement", "process", *batch]
+    both = ("v2", "v1")
+    one_row = {"rows": (1,), "batching": True}
+    return [
+        Server("servekit", "servekit", serve, port, protocols=both, profile=True,
+               note="defaults: gunicorn, --workers auto, --preload auto, fast lane, batching off"),
+        Server("servekit-granian", "servekit", serve + granian, port, protocols=both, note="--server granian"),
+        Server("servekit-batch", "servekit", serve + batch, port, **one_row,
+               note="--max-batch-size 32 --max-batch-time-ms 2: batching in each worker"),
+        Server("servekit-granian-batch", "servekit", serve + granian + batch, port, **one_row,
+               note="--server granian, batching in each worker"),
+        Server("servekit-host", "servekit", serve + host, port, **one_row,
+               note="--placement process + batching: one model host per model, batching there"),
+        Server("servekit-granian-host", "servekit", serve + granian + host, port, **one_row,
+               note="--server granian --placement process + batching"),
+    ]
+
+
+def peer_lineup(mls: str, ks: str, port: int) -> list[Server]:
+    mlserver = str(Path(mls).parent / "mlserver")
     mls_env = {"MLSERVER_HTTP_PORT": str(port), "MLSERVER_HOST": "127.0.0.1", "MLSERVER_GRPC_PORT": str(port + 1),
                "MLSERVER_METRICS_PORT": str(port + 2), "MLSERVER_LOGGING_LEVEL": "WARNING"}
-    ks_cmd = [ks, str(HERE / "peers" / "kserve_server.py"), "--model_dir", models, "--http_port", str(port),
-              "--enable_grpc", "false", "--configure_logging", "false"]
-    one_row = {"rows": (1,)}
+    ks_cmd = [ks, str(HERE / "peers" / "kserve_server.py"), "--model_dir", str(WORK / "models"),
+              "--http_port", str(port), "--enable_grpc", "false", "--configure_logging", "false"]
+    both = ("v2", "v1")
     return [
-        Server("servekit", "servekit", serve, port, protocols=("v2", "v1"),
-               note="defaults: gthread, workers and threads from settings.py, batching off"),
-        Server("servekit-batch", "servekit", serve + ["--threads", "32", "--max-batch-size", "32", "--max-batch-time-ms", "2"],
-               port, **one_row, note="--threads 32 --max-batch-size 32 --max-batch-time-ms 2"),
-        Server("servekit-2w", "servekit", serve + ["--workers", "2", "--preload"], port, protocols=("v2", "v1"),
-               note="--workers 2 --preload (models shared copy-on-write)"),
-        Server("servekit-2w-batch", "servekit",
-               serve + ["--workers", "2", "--preload", "--threads", "32", "--max-batch-size", "32",
-                        "--max-batch-time-ms", "2"],
-               port, **one_row, note="--workers 2 --preload --threads 32 --max-batch-size 32 --max-batch-time-ms 2"),
-        Server("mlserver", "mlserver", [str(Path(mls).parent / "mlserver"), "start", str(mls_dir)], port,
-               env=mls_env, note=f"MLServer {MLSERVER_VERSION}, mlserver-sklearn, default settings"),
-        Server("mlserver-batch", "mlserver", [str(Path(mls).parent / "mlserver"), "start", str(WORK / "mlserver-batch")],
-               port, env=mls_env, **one_row,
-               note="adaptive batching: max_batch_size 32, max_batch_time 2 ms"),
-        Server("kserve-1w", "kserve", ks_cmd + ["--workers", "1"], port, protocols=("v2", "v1"),
-               note=f"KServe {KSERVE_VERSION} custom kserve.Model, 1 worker"),
-        Server("kserve-2w", "kserve", ks_cmd + ["--workers", "2"], port, protocols=("v2", "v1"), **one_row,
-               note="2 workers"),
-        Server("flask", "flask", [sk, "-m", "gunicorn", "-w", "2", "-k", "gthread", "--threads", "8",
-                                  "-b", f"127.0.0.1:{port}", "--chdir", str(HERE / "peers"), "bare_flask:app"],
-               port, env={"BENCH_MODEL": str(WORK / "models" / "iris" / "1" / "model.joblib")},
-               models=("iris",), rows=(1,), note="bare Flask + orjson, gunicorn 2 workers gthread: our ceiling"),
+        Server("mlserver", "mlserver", [mlserver, "start", str(WORK / "mlserver")], port, env=mls_env,
+               note=f"MLServer {MLSERVER_VERSION}, mlserver-sklearn, default settings (V2 only)"),
+        Server("mlserver-batch", "mlserver", [mlserver, "start", str(WORK / "mlserver-batch")], port, env=mls_env,
+               rows=(1,), note="adaptive batching: max_batch_size 32, max_batch_time 2 ms"),
+        Server("kserve-1w", "kserve", ks_cmd + ["--workers", "1"], port, protocols=both,
+               note=f"KServe {KSERVE_VERSION}, custom kserve.Model, 1 worker"),
+        Server("kserve-2w", "kserve", ks_cmd + ["--workers", "2"], port, protocols=both, note="2 workers"),
     ]
+
+
+def ceiling_lineup(sk: str, port: int) -> list[Server]:
+    env = {"BENCH_MODELS": str(WORK / "models")}
+    peers = str(HERE / "peers")
+    both = ("v2", "v1")
+    return [
+        Server("wsgi-gunicorn", "ceiling", [sk, "-m", "gunicorn", "-w", "2", "-k", "gthread", "--threads", "16",
+                                            "-b", f"127.0.0.1:{port}", "--chdir", peers, "plain_wsgi:app"],
+               port, env=env, protocols=both, note="peers/plain_wsgi.py on gunicorn, 2 gthread workers x 16 threads"),
+        Server("wsgi-granian", "ceiling", [sk, "-m", "granian", "--interface", "wsgi", "--workers", "2",
+                                           "--blocking-threads", "16", "--backpressure", "16", "--host", "127.0.0.1",
+                                           "--port", str(port), "--working-dir", peers, "--log-level", "warning",
+                                           "plain_wsgi:app"],
+               port, env=env, protocols=both, note="peers/plain_wsgi.py on granian (WSGI), 2 workers x 16 threads"),
+    ]
+
+
+def lineup(sk: str, mls: str, ks: str, port: int) -> list[Server]:
+    return servekit_lineup(sk, port) + peer_lineup(mls, ks, port) + ceiling_lineup(sk, port)
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+
+
+def environments(args: argparse.Namespace, sk: str) -> tuple[str, str, str]:
+    """The MLServer, KServe and tools interpreters, installed unless --skip-install."""
+    if args.skip_install:
+        mls, ks, tools = (str(VENVS / n / "bin" / "python") for n in ("mlserver", "kserve", "tools"))
+        return mls, ks, tools
+    pin = f"scikit-learn=={sklearn_version(sk)}"
+    # uvloop 0.22 made get_event_loop() raise outside a running loop, which kills
+    # MLServer 1.7.1's inference-pool workers at start: pin the one it was built against
+    mls = ensure_venv("mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin,
+                                   "uvloop<0.22"])
+    ks = ensure_venv("kserve", [f"kserve=={KSERVE_VERSION}", pin, "joblib"])
+    tools = ensure_venv("tools", ["matplotlib", "py-spy"])
+    return mls, ks, tools
+
+
+def chosen(servers: list[Server], only: str | None) -> list[Server]:
+    if not only:
+        return servers
+    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = set(wanted) - {s.name for s in servers}
+    if unknown:
+        sys.exit(f"--only: unknown server(s) {', '.join(sorted(unknown))}; "
+                 f"known: {', '.join(s.name for s in servers)}")
+    return [s for s in servers if s.name in wanted]
+
+
+def merged(results: dict, previous: Path, order: list[str]) -> dict:
+    """With --merge: the last results.json's other servers and this run's fresh ones, in line-up order."""
+    old = json.loads(previous.read_text())
+    fresh = {s["server"] for s in results["servers"]}
+    servers = [s for s in old["servers"] if s["server"] not in fresh] + results["servers"]
+    place = {name: i for i, name in enumerate(order)}
+    results["servers"] = sorted(servers, key=lambda s: place.get(s["server"], len(place)))
+    for key in ("big_tensor", "profile"):
+        if key not in results and key in old:
+            results[key] = old[key]
+    results["started"] = old["started"] + f" (re-run {results['started']}: {', '.join(sorted(fresh))})"
+    return results
+
+
+def run_all(servers: list[Server], args: argparse.Namespace, sk: str, py_spy: str) -> dict:
+    results = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg()[0]},
+        "duration_s": args.duration,
+        "connections": list(CONNECTIONS),
+        "servers": [],
+    }
+    for server in servers:
+        try:
+            outcome = bench_server(server, args.duration, py_spy)
+        except Exception as exc:  # one broken peer must not lose the others' numbers
+            print(f"   FAILED: {exc}", flush=True)
+            outcome = {"server": server.name, "family": server.family, "error": str(exc), "runs": []}
+        if "profile" in outcome:
+            results["profile"] = outcome.pop("profile")
+        results["servers"].append(outcome)
+        if server.name == "servekit":
+            results["big_tensor"] = big_tensor(sk, args.port)
+            print(f"   1M FP32: {results['big_tensor']}", flush=True)
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per wrk run (default 4)")
-    parser.add_argument("--only", help="comma-separated server names to run")
+    parser.add_argument("--only", help="comma-separated server names to run (see the line-up above)")
     parser.add_argument("--skip-install", action="store_true", help="use bench/.venvs as they are")
     parser.add_argument("--port", type=int, default=18600)
     parser.add_argument("--merge", action="store_true",
@@ -349,63 +574,28 @@ def main() -> None:
     sk = servekit_python()
     RESULTS.mkdir(parents=True, exist_ok=True)
     ensure_wrk()
-    pin = f"scikit-learn=={sklearn_version(sk)}"
-    if args.skip_install:
-        mls, ks, tools = (str(VENVS / n / "bin" / "python") for n in ("mlserver", "kserve", "tools"))
-    else:
-        # uvloop 0.22 made get_event_loop() raise outside a running loop, which kills
-        # MLServer 1.7.1's inference-pool workers at start: pin the one it was built against
-        mls = ensure_venv("mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin,
-                                       "uvloop<0.22"])
-        ks = ensure_venv("kserve", [f"kserve=={KSERVE_VERSION}", pin, "joblib"])
-        tools = ensure_venv("tools", ["matplotlib", "py-spy"])  # py-spy: for profiling by hand
-
-    if not args.merge:
+    mls, ks, tools = environments(args, sk)
+    everyone = lineup(sk, mls, ks, args.port)
+    servers = chosen(everyone, args.only)
+    if not args.merge or not (WORK / "bodies").exists():
         if WORK.exists():
             shutil.rmtree(WORK)
         WORK.mkdir(parents=True)
         subprocess.run([sk, str(HERE / "models.py"), str(WORK)], check=True)
 
-    servers = lineup(sk, mls, ks, args.port)
-    if args.only:
-        wanted = set(args.only.split(","))
-        servers = [s for s in servers if s.name in wanted]
-    results = {
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg()[0]},
-        "duration_s": args.duration,
-        "servers": [],
-    }
-    for server in servers:
-        try:
-            results["servers"].append(bench_server(server, args.duration))
-        except Exception as exc:  # one broken peer must not lose the others' numbers
-            print(f"   FAILED: {exc}", flush=True)
-            results["servers"].append({"server": server.name, "family": server.family, "error": str(exc), "runs": []})
-        if server.name == "servekit":
-            running = Running(Server("servekit-big", "servekit", lineup(sk, mls, ks, args.port)[0].command,
-                                     args.port, models=("iris",)), RESULTS / "servekit-big.log")
-            try:
-                running.wait_ready()
-                results["big_tensor"] = big_tensor(sk, args.port)
-                print(f"   1M FP32: {results['big_tensor']}", flush=True)
-            except Exception as exc:
-                results["big_tensor"] = {"error": str(exc)}
-            finally:
-                running.stop()
-
+    began = time.monotonic()
+    results = run_all(servers, args, sk, str(Path(tools).parent / "py-spy"))
+    results["elapsed_s"] = round(time.monotonic() - began, 1)
     previous = RESULTS / "results.json"
     if args.merge and previous.exists():
-        old = json.loads(previous.read_text())
-        fresh = {s["server"] for s in results["servers"]}
-        results["servers"] = [s for s in old["servers"] if s["server"] not in fresh] + results["servers"]
-        results.setdefault("big_tensor", old.get("big_tensor"))
-        results["started"] = old["started"] + f" (re-run {results['started']}: {', '.join(sorted(fresh))})"
+        results = merged(results, previous, [s.name for s in everyone])
     previous.write_text(json.dumps(results, indent=2))
-    subprocess.run([sk, str(HERE / "report.py"), str(RESULTS / "results.json")], check=True)
+    subprocess.run([sk, str(HERE / "report.py"), str(previous)], check=True, stdout=subprocess.DEVNULL)
     if Path(tools).exists():
-        subprocess.run([tools, str(HERE / "chart.py"), str(RESULTS / "results.json")], check=False)
-    print(f"wrote {RESULTS / 'results.md'}, results.json and chart.png")
+        subprocess.run([tools, str(HERE / "chart.py"), str(previous)], check=False)
+    targets = (RESULTS / "results.md").read_text().split("## Targets", 1)[-1].split("\n## ", 1)[0]
+    print(f"== targets{targets}wrote {RESULTS / 'results.md'}, results.json and chart.png "
+          f"({results['elapsed_s']} s of measuring)")
 
 
 if __name__ == "__main__":
