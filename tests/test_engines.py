@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from servekit.cpus import available_cpus, cgroup_quota
 from servekit.settings import Settings, worker_count
 from servekit.testing import ServerProcess

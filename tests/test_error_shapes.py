@@ -6,7 +6,6 @@ import gzip
 
 import pytest
 import requests
-
 from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow

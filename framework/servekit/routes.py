@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-#: Default of ``--open-paths``: what stays open when ``--api-key`` is set.
-OPEN_PATHS = ("/v2/health/", "/metrics")
+#: Default of ``--open-paths``: what stays open when ``--api-key`` is set: the health
+#: probes (V2's, and KServe V1's liveness at ``/``) and the metrics.
+OPEN_PATHS = ("/v2/health/", "/metrics", "/")
 
 #: Never queued or timed out by the limits: orchestrators must reach them under load.
 UNQUEUED_PATHS = ("/v2/health/", "/metrics")

@@ -50,7 +50,7 @@ class Settings:
     grpc_tensor_content: bool = _opt(False, "TF Serving gRPC answers in tensor_content instead of the typed fields (TF Serving's --enable_serialization_as_tensor_content)", flag=True)
     placement: str = _opt("worker", "where models run unless servekit.yaml says: 'worker' (inside each HTTP worker) or 'process' (a model host process shared by all workers)", choices=("worker", "process"))
     # -- production hardening (docs/operations.md) --
-    open_paths: list[str] = field(default_factory=lambda: ["/v2/health/", "/metrics"], metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True})
+    open_paths: list[str] = field(default_factory=lambda: ["/v2/health/", "/metrics", "/"], metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True})
     max_inflight: int = _opt(0, "requests one worker runs at once; 0 means its thread count")
     max_queue: int = _opt(16, "requests one worker keeps waiting for a free slot; more are answered 429")
     drain_seconds: float = _opt(30.0, "after SIGTERM, seconds in-flight requests and streams get to finish")
