@@ -245,8 +245,25 @@ def test_gunicorn_conf_matches_servekit_serve(monkeypatch):
         assert loaded.settings[key].value == cfg.settings[key].value, key
     assert loaded.bind == ["127.0.0.1:9123"] and loaded.workers == 3 and loaded.threads == 5
     assert loaded.timeout == 180 and loaded.preload_app is True and loaded.worker_class_str == "gthread"
-    for hook in ("post_worker_init", "worker_exit", "child_exit"):
+    for hook in ("post_worker_init", "worker_exit", "child_exit", "when_ready"):
         assert callable(getattr(conf, hook)), hook
+
+
+def test_gunicorn_conf_refuses_a_taken_port_in_one_line(monkeypatch):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        monkeypatch.setenv("SERVEKIT_HOST", "127.0.0.1")
+        monkeypatch.setenv("SERVEKIT_HTTP_PORT", str(port))
+        monkeypatch.setenv("SERVEKIT_GRPC_PORT", "0")
+        spec = importlib.util.spec_from_file_location("taken_conf", scaffold.DOCKER_TEMPLATES / "gunicorn.conf.py")
+        with pytest.raises(SystemExit) as exited:
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    message = str(exited.value)
+    assert message.startswith("servekit: ") and str(port) in message and "\n" not in message
 
 
 # -- servekit build ----------------------------------------------------------------------

@@ -11,10 +11,17 @@ import sys
 
 from gunicorn.config import Config
 
+from servekit import plugins
+from servekit.repository import discover
+from servekit.server import ports
 from servekit.server.gunicorn_app import ServekitApplication, prepare_server
 from servekit.settings import resolve
 
 _settings = resolve()
+try:
+    ports.check_ports(_settings)  # one line naming the port and its variable, as `servekit serve` says
+except ports.PortTaken as _taken:
+    sys.exit(f"servekit: {_taken}")
 if _settings.server != "gunicorn":
     print(f"servekit: SERVEKIT_SERVER={_settings.server} does not apply: this image's command runs gunicorn "
           f"(make it `servekit serve --server {_settings.server}` to change engines)", file=sys.stderr)
@@ -24,6 +31,14 @@ _defaults = Config()
 for _name, _setting in _servekit.cfg.settings.items():
     if _setting.value != _defaults.settings[_name].value:
         globals()[_name] = _setting.value
+
+
+def when_ready(server):
+    """The start-up summary `servekit serve` logs: models, plugins, and which URL serves what."""
+    models = sorted(discover(_settings.model_paths, _settings.model_name))
+    names = [info.name for info in plugins.describe(plugins.build_manager(_settings.plugin))]
+    for line in ports.startup_lines(_settings, models, names):
+        server.log.info("%s", line)
 
 
 def post_worker_init(worker):
