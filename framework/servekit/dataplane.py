@@ -4,11 +4,16 @@ Protocols decode their wire format into numpy tensors, call the data plane,
 and encode what comes back.  The data plane resolves the model version, runs
 the hooks (preprocess, predict/explain/..., postprocess), turns a hook's failure
 into :class:`ModelFailure` and a missing hook into :class:`NotImplementedByModel`.
+
+What checks a request against its model lives here, not in a protocol:
+:func:`check_inputs` (shapes against the metadata), naming a model's outputs
+(:func:`named_outputs`), the one way a streamed prediction is joined into a
+single answer (:func:`join_stream`), and :meth:`DataPlane.infer`, which runs a
+V2 :class:`~servekit.inference.InferRequest` whichever wire it came on.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -17,7 +22,9 @@ import numpy as np
 
 from . import batching, statistics
 from .errors import BadRequest, ModelFailure, NotImplementedByModel, NotReady, ServekitError
+from .inference import InferRequest
 from .repository import ModelRepository, ModelVersion
+from .streams import close, is_stream
 from .types import ModelMetadata, Tensors
 
 log = logging.getLogger("servekit.dataplane")
@@ -96,9 +103,32 @@ class DataPlane:
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         stat.submitted()
         outputs = run(inputs) if batcher is None or options is None else batcher.submit(inputs, run, options)
-        if inspect.isgenerator(outputs):
+        if is_stream(outputs):
             return _guarded(mv, outputs)
         return stat.time("compute_output", self._postprocess, mv, outputs, parameters)
+
+    def infer(self, mv: ModelVersion, request: InferRequest) -> dict[str, np.ndarray]:
+        """A V2 request's named outputs; a streaming model's items joined into one answer."""
+        result = self._infer(mv, request)
+        if is_stream(result):
+            result = join_stream(named_outputs(mv, item, request.signature_name) for item in result)
+            return filter_outputs(result, request.output_names)
+        return filter_outputs(named_outputs(mv, result, request.signature_name), request.output_names)
+
+    def infer_stream(self, mv: ModelVersion, request: InferRequest) -> Iterator[dict[str, np.ndarray]]:
+        """A V2 request's named outputs, one dict per item a streaming model yields."""
+        result = self._infer(mv, request)
+        items = result if is_stream(result) else iter([result])
+        try:
+            for item in items:
+                yield filter_outputs(named_outputs(mv, item, request.signature_name), request.output_names)
+        finally:
+            close(items)  # the client went away: stop the model's generator
+
+    def _infer(self, mv: ModelVersion, request: InferRequest) -> Any:
+        check_inputs(mv, request.inputs, request.signature_name)
+        return self.predict(mv, request.inputs, parameters=request.parameters,
+                            signature_name=request.signature_name, output_names=request.output_names)
 
     def explain(
         self,
@@ -179,6 +209,29 @@ class DataPlane:
             raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
 
 
+def check_inputs(mv: ModelVersion, inputs: Tensors, signature_name: str | None) -> None:
+    """Refuse an input whose shape contradicts the model's metadata (``-1``: any size).
+
+    Only inputs the signature names, with a known shape, are checked; datatypes
+    are left to the model, which converts what it can.  A declared shape of
+    ``[]`` is not checked either: older SavedModels write an empty shape where
+    they mean "unknown" (TF Serving's own half_plus_three does), and TF Serving
+    does not hold requests to it.
+    """
+    signature = mv.metadata.signature(signature_name)
+    if signature is None or not isinstance(inputs, dict):
+        return
+    for spec in signature.inputs:
+        arr = inputs.get(spec.name)
+        if arr is None or not spec.shape:
+            continue
+        if len(spec.shape) != arr.ndim or any(d >= 0 and d != a for d, a in zip(spec.shape, arr.shape)):
+            raise BadRequest(
+                f"input {spec.name!r}: shape {list(arr.shape)} does not match the model's shape "
+                f"{spec.shape} (-1 means any size)"
+            )
+
+
 def single_tensor(mv: ModelVersion, inputs: Tensors) -> Tensors:
     """A request's only tensor as one array when the model's metadata declares no inputs.
 
@@ -240,30 +293,46 @@ def filter_outputs(outputs: dict[str, Any], requested: list[str] | None) -> dict
     return {n: outputs[n] for n in requested}
 
 
-def join_stream(items: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def join_stream(items: Iterable[Any], *, lenient: bool = False) -> Any:
     """A streaming model's items as one answer: each output concatenated along its first axis.
 
     Used where the protocol has room for one response only (unary ``Predict`` and
-    ``ModelInfer``, or ``return_single_response``).  Scalar items are stacked.
-    Every item must carry the same outputs.
+    ``ModelInfer``, V2 over HTTP, V1 without ``stream``, ``return_single_response``).
+    Items are named outputs (every item with the same names) or plain arrays;
+    scalar items are stacked.  Items that cannot be joined are a
+    :class:`ModelFailure`, or, with ``lenient`` (TF Serving's JSON, which can
+    carry any list), the list of items as they came.
     """
-    parts: dict[str, list[np.ndarray]] = {}
-    names: list[str] | None = None
+    collected = list(items)
+    try:
+        if collected and all(isinstance(i, dict) for i in collected):
+            return _join_named(collected)
+        if collected and all(isinstance(i, (np.ndarray, np.generic, int, float)) for i in collected):
+            return _concatenate([np.atleast_1d(i) for i in collected])
+        if not collected:
+            raise ModelFailure("the model's stream produced no items")
+        raise ModelFailure("a streamed item is neither a tensor nor named tensors; cannot join them")
+    except ModelFailure:
+        if lenient:
+            return collected
+        raise
+
+
+def _join_named(items: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    names = list(items[0])
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
     for item in items:
-        if names is None:
-            names = list(item)
-            parts = {n: [] for n in names}
-        elif sorted(item) != sorted(names):
+        if sorted(item) != sorted(names):
             raise ModelFailure(
                 f"a streamed item has outputs {sorted(item)}, the first had {sorted(names)}; cannot join them"
             )
         for n in names:
             parts[n].append(np.atleast_1d(item[n]))
-    if names is None:
-        raise ModelFailure("the model's stream produced no items")
+    return {n: _concatenate(chunks) for n, chunks in parts.items()}
+
+
+def _concatenate(chunks: list[np.ndarray]) -> np.ndarray:
     try:
-        return {n: np.concatenate(chunks, axis=0) for n, chunks in parts.items()}
+        return np.concatenate(chunks, axis=0)
     except ValueError as exc:
-        raise ModelFailure(
-            f"cannot join the model's streamed items along their first axis: {exc}"
-        ) from None
+        raise ModelFailure(f"cannot join the model's streamed items along their first axis: {exc}") from None

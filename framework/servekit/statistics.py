@@ -3,7 +3,7 @@
 The data plane records every ``predict`` (whatever protocol asked) with
 :func:`recorded` and :class:`Request`; :func:`snapshot` reads the totals back
 for ``GET /v2/models/NAME/stats`` and gRPC ``ModelStatistics``
-(:mod:`servekit.protocols.v2_extensions`).
+(:mod:`servekit.protocols.v2_documents`).
 
 gunicorn runs several worker processes, and a client's stats call reaches any
 one of them, so per-process numbers would jump between calls.  The values are

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import BadRequest, ModelFailure
+from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
 from . import json as jsonc
 from .dtypes import V2_TO_NUMPY, numpy_to_v2, v2_to_numpy
 
@@ -335,42 +335,6 @@ def tensor_to_json(arr: np.ndarray) -> np.ndarray | list[Any]:
 # ---------------------------------------------------------------------------
 
 
-@dataclass
-class RequestedOutput:
-    name: str
-    #: ``True``/``False`` from the output's ``binary_data`` parameter, ``None`` if unset
-    binary: bool | None = None
-
-
-@dataclass
-class InferRequest:
-    """A decoded V2 inference request."""
-
-    inputs: dict[str, np.ndarray]
-    id: str | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-    outputs: list[RequestedOutput] | None = None
-
-    @property
-    def output_names(self) -> list[str] | None:
-        return [o.name for o in self.outputs] if self.outputs else None
-
-    @property
-    def binary_output(self) -> bool:
-        """The request-level ``binary_data_output`` parameter."""
-        return self.parameters.get("binary_data_output") is True
-
-
-#: Tensor parameters of Triton extensions servekit does not implement; a request
-#: using them is refused instead of silently answered without them.
-_UNSUPPORTED_PARAMETERS = {
-    "shared_memory_region": "the shared-memory extension",
-    "shared_memory_byte_size": "the shared-memory extension",
-    "shared_memory_offset": "the shared-memory extension",
-    "classification": "the classification extension",
-}
-
-
 def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memoryview, memoryview]:
     """The JSON part and the binary part of a request body.
 
@@ -426,7 +390,8 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None = No
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest(f"'id' must be a string, found {request_id!r}")
-    return InferRequest(inputs, request_id, parameters, _requested_outputs(doc.get("outputs")))
+    outputs = _requested_outputs(doc.get("outputs"))
+    return InferRequest(inputs, request_id, parameters, outputs, signature_of(parameters))
 
 
 def _decode_input(spec: Any, i: int, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
@@ -442,7 +407,7 @@ def _decode_input(spec: Any, i: int, binary: memoryview, offset: int) -> tuple[s
     shape = check_shape(spec["shape"], where)
     datatype = check_datatype(spec["datatype"], where)
     params = _parameters(spec.get("parameters"), where)
-    _refuse_unsupported(params, where)
+    refuse_unsupported(params, where)
     size = params.get("binary_data_size")
     if size is not None:
         if type(size) is not int or size < 0:
@@ -475,13 +440,11 @@ def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
             raise BadRequest(f"outputs[{i}] must be an object with a 'name' string")
         where = f"requested output {spec['name']!r}"
         params = _parameters(spec.get("parameters"), where)
-        _refuse_unsupported(params, where)
+        refuse_unsupported(params, where)
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise BadRequest(f"{where}: 'binary_data' must be true or false, found {binary!r}")
-        if any(o.name == spec["name"] for o in outputs):
-            raise BadRequest(f"output {spec['name']!r} is requested twice")
-        outputs.append(RequestedOutput(spec["name"], binary))
+        add_output(outputs, spec["name"], binary)
     return outputs or None
 
 
@@ -491,12 +454,6 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise BadRequest(f"{where}: 'parameters' must be an object")
     return raw
-
-
-def _refuse_unsupported(params: dict[str, Any], where: str) -> None:
-    for key, extension in _UNSUPPORTED_PARAMETERS.items():
-        if key in params and params[key] not in (None, False, 0):
-            raise BadRequest(f"{where}: parameter {key!r} needs {extension}, which servekit does not implement")
 
 
 def encode_infer_response(

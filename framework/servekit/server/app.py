@@ -17,7 +17,7 @@ from .. import limits, observability, plugins
 from ..auth import ApiKey
 from ..dataplane import DataPlane
 from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render
-from ..protocols import generic, health, openai, openapi, status_page, v1, v2, v2_extensions
+from ..protocols import generic, health, openai, openapi, status_page, v1, v2
 from ..protocols.http import json_response
 from ..repository import ModelRepository, discover
 from ..settings import Settings
@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
 
-    for blueprint in (health.bp, v1.bp, v2.bp, v2_extensions.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
+    for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
     api_key = ApiKey(settings.api_key, settings.open_paths) if settings.api_key else None

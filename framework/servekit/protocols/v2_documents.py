@@ -1,43 +1,125 @@
-"""Triton's statistics and model configuration extensions of the V2 protocol, over HTTP.
+"""What the V2 protocol says about the server and its models, built once for HTTP and gRPC.
 
-- ``GET /v2/models/stats``, ``/v2/models/NAME/stats`` and
-  ``/v2/models/NAME/versions/V/stats``: counts and cumulative nanoseconds per
-  model version (:mod:`servekit.statistics` says what each one measures and how
-  the gunicorn workers' numbers are summed).
-- ``GET /v2/models/NAME[/versions/V]/config``: a Triton-shaped model
-  configuration derived from the model's metadata and ``servekit.yaml``.
+:mod:`.v2` answers these documents as JSON; :mod:`.grpc.v2` turns the same
+documents into its messages (``json_format.ParseDict``), so the two wires
+cannot drift apart:
 
-tritonclient's ``get_inference_statistics`` and ``get_model_config`` call these
-(Triton's example clients do after inferring), and gRPC's ``ModelStatistics`` and
-``ModelConfig`` answer the same documents (:mod:`.grpc.v2`), built here.
+- server metadata (the extensions both wires implement) and model metadata;
+- Triton's repository extension: the index, and what a load refuses or reports;
+- Triton's statistics extension: counts and cumulative nanoseconds per model
+  version (:mod:`servekit.statistics` says what each one measures and how the
+  gunicorn workers' numbers are summed);
+- Triton's model configuration extension, derived from the model's metadata
+  and ``servekit.yaml``.
+
+tritonclient's ``get_inference_statistics`` and ``get_model_config`` read the
+last two (Triton's example clients do after inferring).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint
-
-from .. import statistics
+from .. import __version__, statistics
 from ..dataplane import DataPlane
 from ..errors import BadRequest, NotFound
+from ..repository import Model, State
 from ..types import ModelConfig, TensorSpec
-from .http import dataplane, json_response
 
-bp = Blueprint("v2_extensions", __name__)
+#: What server metadata reports under ``extensions`` (Triton's names), on both wires.
+EXTENSIONS = ["binary_tensor_data", "model_repository", "parameters", "statistics", "model_configuration"]
 
-#: The extension names ``GET /v2`` and gRPC ``ServerMetadata`` add for this module.
-EXTENSIONS = ["statistics", "model_configuration"]
+
+def version_number(version: str | None) -> int | None:
+    """A version as a request names it: empty for the latest, else a positive integer."""
+    if not version:
+        return None
+    if not version.isdigit() or int(version) < 1:
+        raise BadRequest(
+            f"invalid model version {version!r}: expected a positive integer, or none for the latest"
+        )
+    return int(version)
+
+
+# -- metadata ------------------------------------------------------------------------------
+
+
+def server_metadata(extensions: list[str]) -> dict[str, Any]:
+    return {"name": "servekit", "version": __version__, "extensions": extensions}
+
+
+def model_metadata(dp: DataPlane, name: str, version: str | int | None) -> dict[str, Any]:
+    """``GET /v2/models/NAME[/versions/V]`` and gRPC ``ModelMetadata``."""
+    mv = dp.resolve(name, version)
+    meta = dp.metadata(mv)
+    signature = meta.signature()
+    return {
+        "name": name,
+        "versions": [str(v.version) for v in dp.repository.get_model(name).available()],
+        "platform": meta.platform,
+        "inputs": [_tensor_metadata(t) for t in (signature.inputs if signature else [])],
+        "outputs": [_tensor_metadata(t) for t in (signature.outputs if signature else [])],
+    }
+
+
+def _tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
+    # V2 has no "unknown rank"; a single -1 is the closest it can say.
+    return {"name": spec.name, "datatype": spec.datatype, "shape": spec.shape if spec.shape is not None else [-1]}
+
+
+# -- model repository extension ------------------------------------------------------------
+
+#: TF Serving's version states as the repository extension names them.
+_INDEX_STATE = {
+    State.AVAILABLE: "READY",
+    State.START: "LOADING",
+    State.LOADING: "LOADING",
+    State.UNLOADING: "UNLOADING",
+    State.END: "UNAVAILABLE",
+    State.UNKNOWN: "UNAVAILABLE",
+}
+
+
+def repository_index(dp: DataPlane, ready_only: bool) -> list[dict[str, Any]]:
+    """Every model (and version) with its state; ``ready_only`` keeps the ``READY`` ones."""
+    repository = dp.repository
+    entries = []
+    for name in sorted(repository.models):
+        entries += _index_entries(repository.models[name])
+    return [e for e in entries if e["state"] == "READY"] if ready_only else entries
+
+
+def _index_entries(model: Model) -> list[dict[str, Any]]:
+    if not model.versions:
+        if model.unloaded:
+            reason = "unloaded"
+        elif model.config_error:
+            reason = model.config_error
+        else:
+            reason = "not loaded yet"
+        return [{"name": model.name, "state": "UNAVAILABLE", "reason": reason}]
+    return [
+        {"name": model.name, "version": str(mv.version), "state": _INDEX_STATE[mv.state], "reason": mv.error}
+        for mv in sorted(model.versions.values(), key=lambda v: v.version)
+    ]
+
+
+def load_model(dp: DataPlane, name: str, parameters: Any) -> None:
+    """Load a model from its folder; file and config overrides are refused, a failed load reported."""
+    overrides = sorted(k for k in parameters if k == "config" or k.startswith("file:"))
+    if overrides:
+        raise BadRequest(
+            f"failed to load {name!r}: load parameters {', '.join(overrides)} are not supported; "
+            "servekit loads a model from its folder (edit servekit.yaml there instead)"
+        )
+    model = dp.repository.load_model(name)  # NotFound for a model no folder holds
+    if not model.available():
+        errors = [f"version {mv.version}: {mv.error}" for mv in model.versions.values() if mv.error]
+        detail = "; ".join(errors) or model.config_error or "no version folder found"
+        raise BadRequest(f"failed to load model {name!r}: {detail}")
 
 
 # -- statistics --------------------------------------------------------------------------------
-
-
-@bp.get("/v2/models/stats")
-@bp.get("/v2/models/<name>/stats")
-@bp.get("/v2/models/<name>/versions/<version>/stats")
-def model_stats(name: str | None = None, version: str | None = None):
-    return json_response({"model_stats": model_statistics(dataplane(), name, version)})
 
 
 def model_statistics(dp: DataPlane, name: str | None, version: str | None) -> list[dict[str, Any]]:
@@ -54,19 +136,13 @@ def model_statistics(dp: DataPlane, name: str | None, version: str | None) -> li
         model = dp.repository.get_model(model_name)  # NotFound for an unknown model
         known = sorted(model.versions)
         if version:
-            number = parse_version(version)
+            number = version_number(version)
             if number not in known:
                 raise NotFound(f"requested model version {version} of {model_name!r} is not available")
             known = [number]
         keys += [(model_name, str(v)) for v in known]
     totals = statistics.snapshot()
     return [_model_stats(n, v, totals.get((n, v), statistics.ModelStats())) for n, v in keys]
-
-
-def parse_version(version: str) -> int:
-    if not version.isdigit() or int(version) < 1:
-        raise BadRequest(f"invalid model version {version!r}: expected a positive integer")
-    return int(version)
 
 
 def _model_stats(name: str, version: str, stats: statistics.ModelStats) -> dict[str, Any]:
@@ -111,19 +187,13 @@ CONFIG_TYPES = {
 }
 
 
-@bp.get("/v2/models/<name>/config")
-@bp.get("/v2/models/<name>/versions/<version>/config")
-def model_config(name: str, version: str | None = None):
-    return json_response(model_configuration(dataplane(), name, version))
-
-
 def model_configuration(dp: DataPlane, name: str, version: str | None) -> dict[str, Any]:
     """Triton's model configuration of a served model version (the latest when none is named).
 
     ``max_batch_size`` is the model's adaptive batching size (0: off); with
     batching on, ``dims`` leave out the batch dimension, as Triton's do.
     """
-    mv = dp.resolve(name, parse_version(version) if version else None)
+    mv = dp.resolve(name, version_number(version))
     config: ModelConfig = mv.config
     batch = max(0, config.batching.max_batch_size)
     platform = mv.metadata.platform

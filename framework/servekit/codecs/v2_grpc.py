@@ -1,0 +1,151 @@
+"""The V2 protocol's gRPC messages (``ModelInferRequest`` / ``ModelInferResponse``) and numpy.
+
+A ``ModelInferRequest`` decodes into the same :class:`~servekit.inference.InferRequest`
+as an HTTP body (:func:`servekit.codecs.v2.decode_infer_request`), through the
+same checks: tensors arrive as typed ``contents`` or as ``raw_input_contents``
+(the binary layout of :mod:`.v2`); outputs go back as ``raw_output_contents``,
+as Triton answers whatever the request used.  Like :mod:`.tensor_proto`, this
+module reads the messages by their field names and imports no generated code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import BadRequest
+from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from . import v2 as codec
+
+#: The typed ``InferTensorContents`` field of each datatype; FP16 has none.
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+# -- parameters ---------------------------------------------------------------------------
+
+
+def parameters_of(params: Any) -> dict[str, Any]:
+    """A ``map<string, InferParameter>`` as plain values (``None`` where no choice is set)."""
+    out = {}
+    for key, value in params.items():
+        choice = value.WhichOneof("parameter_choice")
+        out[key] = getattr(value, choice) if choice else None
+    return out
+
+
+def set_parameter(params: Any, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        params[key].bool_param = value
+    elif isinstance(value, int):
+        params[key].int64_param = value
+    elif isinstance(value, float):
+        params[key].double_param = value
+    else:
+        params[key].string_param = str(value)
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+def decode_infer_request(request: Any) -> InferRequest:
+    """A ``ModelInferRequest`` as the request every V2 wire decodes into."""
+    parameters = parameters_of(request.parameters)
+    outputs: list[RequestedOutput] = []
+    for output in request.outputs:
+        refuse_unsupported(parameters_of(output.parameters), f"output {output.name!r}")
+        add_output(outputs, output.name)
+    return InferRequest(
+        decode_inputs(request), request.id or None, parameters, outputs or None, signature_of(parameters)
+    )
+
+
+def decode_inputs(request: Any) -> dict[str, np.ndarray]:
+    if not request.inputs:
+        raise BadRequest("ModelInferRequest has no inputs")
+    raw = request.raw_input_contents
+    for tensor in request.inputs if raw else ():
+        if tensor.HasField("contents"):
+            raise BadRequest(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"{tensor.name!r} for model {request.model_name!r}"
+            )
+    if raw and len(raw) != len(request.inputs):
+        raise BadRequest(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            "send one per input, or typed contents for all"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(request.inputs):
+        where = f"input {tensor.name!r}"
+        if not tensor.name:
+            raise BadRequest(f"input {i} has no name")
+        if tensor.name in inputs:
+            raise BadRequest(f"{where} is given twice")
+        inputs[tensor.name] = _decode_input(tensor, raw[i] if raw else None, where)
+    return inputs
+
+
+def _decode_input(tensor: Any, raw: bytes | None, where: str) -> np.ndarray:
+    refuse_unsupported(parameters_of(tensor.parameters), where)
+    codec.check_datatype(tensor.datatype, where)
+    shape = [int(d) for d in tensor.shape]
+    if any(d < 0 for d in shape):
+        raise BadRequest(f"{where}: shape {shape} has a negative dimension")
+    if raw is None:
+        return typed_to_numpy(tensor, shape, where)
+    try:
+        return codec.tensor_from_bytes(tensor.datatype, shape, raw)
+    except BadRequest as exc:
+        raise BadRequest(f"{where}: {exc.message}") from None
+
+
+def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
+    datatype = tensor.datatype
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise BadRequest(
+            f"{where}: {datatype} has no typed contents field; send it in raw_input_contents"
+        )
+    values = getattr(tensor.contents, field)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise BadRequest(
+            f"{where}: {field} holds {len(values)} values; shape {shape} needs {count}"
+        )
+    if datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = list(values)
+        return arr.reshape(shape)
+    dtype = codec.v2_to_numpy(datatype)
+    if dtype.kind in "iu" and dtype.itemsize < 4 and count:
+        wide = np.asarray(values, dtype=np.int64)
+        info = np.iinfo(dtype)
+        if wide.min() < info.min or wide.max() > info.max:
+            raise BadRequest(f"{where}: a value in {field} is out of range for {datatype}")
+    return np.asarray(values, dtype=dtype).reshape(shape)
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+def encode_outputs(response: Any, outputs: dict[str, np.ndarray]) -> None:
+    """Every output in ``raw_output_contents``, one entry per output, in order (as Triton)."""
+    for name, value in outputs.items():
+        arr = codec.as_v2_array(value, name)
+        response.outputs.add(name=name, datatype=codec.datatype_of(arr), shape=list(arr.shape))
+        response.raw_output_contents.append(codec.tensor_to_bytes(arr))

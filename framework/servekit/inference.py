@@ -1,0 +1,86 @@
+"""The one request type of the tensor protocols, and what every wire checks the same way.
+
+V2 over HTTP (:func:`servekit.codecs.v2.decode_infer_request`) and over gRPC
+(:func:`servekit.codecs.v2_grpc.decode_infer_request`) both decode into an
+:class:`InferRequest`, which :meth:`servekit.dataplane.DataPlane.infer` runs;
+the wire only decides how tensors travel.  What a request may ask for is
+decided here once: the ``signature_name`` parameter, the Triton parameters
+servekit refuses (and what counts as leaving them unset), requested outputs
+named twice.
+
+This module imports nothing from servekit but the error tree, so codecs and the
+data plane both build on it (KServe's ``InferRequest``, ``infer_type.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import BadRequest
+
+#: Tensor parameters of Triton extensions servekit does not implement; a request
+#: using them is refused instead of silently answered without them.
+UNSUPPORTED_PARAMETERS = {
+    "shared_memory_region": "the shared-memory extension",
+    "shared_memory_byte_size": "the shared-memory extension",
+    "shared_memory_offset": "the shared-memory extension",
+    "classification": "the classification extension",
+}
+#: What leaves a parameter unset: JSON's null, false, 0 and "", and proto3's
+#: defaults for every ``InferParameter`` choice (a gRPC map entry may hold one).
+UNSET = (None, False, 0, "")
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    #: ``True``/``False`` from the output's ``binary_data`` parameter (HTTP), ``None`` if unset
+    binary: bool | None = None
+
+
+@dataclass
+class InferRequest:
+    """A decoded V2 inference request, whichever wire it came on."""
+
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: list[RequestedOutput] | None = None
+    #: the ``signature_name`` parameter: a signature other than the model's default
+    signature_name: str | None = None
+
+    @property
+    def output_names(self) -> list[str] | None:
+        return [o.name for o in self.outputs] if self.outputs else None
+
+    @property
+    def binary_output(self) -> bool:
+        """The request-level ``binary_data_output`` parameter (HTTP's binary extension)."""
+        return self.parameters.get("binary_data_output") is True
+
+
+def signature_of(parameters: dict[str, Any]) -> str | None:
+    """The ``signature_name`` parameter, checked: a string, or unset."""
+    name = parameters.get("signature_name")
+    if name is not None and not isinstance(name, str):
+        raise BadRequest(f"parameter 'signature_name' must be a string, found {name!r}")
+    return name or None
+
+
+def refuse_unsupported(params: dict[str, Any], where: str) -> None:
+    """Refuse a tensor parameter of a Triton extension servekit does not implement."""
+    if not params:
+        return
+    for key, extension in UNSUPPORTED_PARAMETERS.items():
+        if params.get(key) not in UNSET:
+            raise BadRequest(f"{where}: parameter {key!r} needs {extension}, which servekit does not implement")
+
+
+def add_output(outputs: list[RequestedOutput], name: str, binary: bool | None = None) -> None:
+    """Add a requested output; the same name twice is a client error on every wire."""
+    if any(o.name == name for o in outputs):
+        raise BadRequest(f"output {name!r} is requested twice")
+    outputs.append(RequestedOutput(name, binary))
