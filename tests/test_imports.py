@@ -150,3 +150,29 @@ def test_an_acyclic_package_passes(tmp_path):
                                 "pkg/a.py": "from .b import y\nx = y\n", "pkg/b.py": "import os\ny = 1\n"})
     graph = import_graph([package])
     assert graph["pkg.a"] == {"pkg.b"} and cycles(graph) == []
+
+
+#: Modules the protocols share: helpers and documents, which import no protocol themselves.
+PROTOCOL_HELPERS = {
+    "servekit.protocols.http", "servekit.protocols.streaming", "servekit.protocols.openai_requests",
+    "servekit.protocols.v2_documents", "servekit.protocols.tf_documents",
+    "servekit.protocols.grpc.common", "servekit.protocols.grpc.predict_stream",
+}
+#: What assembles the gRPC server from its services (as server/app.py does for HTTP).
+GRPC_ASSEMBLY = {"servekit.protocols.grpc", "servekit.protocols.grpc.server", "servekit.protocols.grpc.generate"}
+
+
+def test_protocols_do_not_import_each_other():
+    """Each wire protocol reaches the others' work only through the shared helpers and the data plane."""
+    graph = import_graph(PACKAGES)
+    protocols = {
+        m for m in graph
+        if m.startswith("servekit.protocols.") and ".protos" not in m and m not in PROTOCOL_HELPERS | GRPC_ASSEMBLY
+    }
+    assert {"servekit.protocols.v1", "servekit.protocols.v2", "servekit.protocols.grpc.v2"} <= protocols
+    crossing = {
+        m: sorted(graph[m] & protocols)
+        for m in sorted(protocols | PROTOCOL_HELPERS)
+        if graph.get(m, set()) & protocols
+    }
+    assert not crossing, f"protocol modules importing protocols: {crossing}"

@@ -126,7 +126,8 @@ class DataPlane:
             close(items)  # the client went away: stop the model's generator
 
     def _infer(self, mv: ModelVersion, request: InferRequest) -> Any:
-        check_inputs(mv, request.inputs, request.signature_name)
+        if request.check_shapes:
+            check_inputs(mv, request.inputs, request.signature_name)
         return self.predict(mv, request.inputs, parameters=request.parameters,
                             signature_name=request.signature_name, output_names=request.output_names)
 

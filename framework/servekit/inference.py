@@ -51,6 +51,9 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None
     #: the ``signature_name`` parameter: a signature other than the model's default
     signature_name: str | None = None
+    #: hold inputs to the shapes the model declares (V2, as Triton does); TF Serving's
+    #: Predict does not, and a model there may take what its signature does not say
+    check_shapes: bool = True
 
     @property
     def output_names(self) -> list[str] | None:

@@ -12,8 +12,8 @@ from ..codecs import tf_json
 from ..dataplane import DataPlane
 from ..errors import BadRequest
 from ..repository import ModelVersion
-from . import v1
 from .http import Answer, dataplane, json_object, json_response, parameters_of, parse_json_object, stream_requested
+from .streaming import predict_answer as answer_of
 
 bp = Blueprint("generic", __name__)
 
@@ -45,7 +45,7 @@ def predict_answer(dp: DataPlane, raw: bytes, stream_query: str | None) -> Answe
     body = parse_json_object(raw)
     mv = _only_model(dp)
     outputs = dp.predict(mv, _decode(body), parameters=parameters_of(body))
-    return v1.predict_answer(outputs, True, stream_requested(body, stream_query, from_request=False))
+    return answer_of(outputs, True, stream_requested(body, stream_query, from_request=False))
 
 
 @bp.post("/explain")

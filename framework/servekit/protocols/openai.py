@@ -41,7 +41,7 @@ from .streaming import (
     request_log_id,
     sse_response,
 )
-from .v1 import model_status
+from .tf_documents import model_status
 
 log = logging.getLogger("servekit.openai")
 
@@ -119,7 +119,7 @@ def list_models():
 @bp.get("/openai/v1/models/<name>")
 @bp.get("/models/<name>")
 def get_model(name: str):
-    return json_response(model_status(name))
+    return json_response(model_status(dataplane(), name))
 
 
 def resolve_model(body: dict[str, Any]) -> ModelVersion:

@@ -1,4 +1,4 @@
-"""Server-Sent Events: the encoder, log ids, and streaming predict.
+"""Server-Sent Events: the encoder, log ids, and TF Serving JSON's predict answer, streamed or not.
 
 Every stream ends with the comment
 ``: servekit-metadata {"requestLogId": ..., "predictionLogIds": [...]}``; a
@@ -21,6 +21,7 @@ from flask import Response
 
 from ..codecs import json as jsonc
 from ..codecs import tf_json
+from ..dataplane import join_stream
 from ..errors import ModelFailure, ServekitError
 from ..observability.request_log import (
     METADATA_COMMENT,
@@ -29,6 +30,8 @@ from ..observability.request_log import (
     prediction_log_id,
     request_log_id,
 )
+from ..streams import close, is_stream
+from .http import Answer
 
 log = logging.getLogger("servekit.sse")
 
@@ -80,10 +83,6 @@ def sse_response(events: Iterable[bytes], headers: dict[str, str] | None = None)
 # -- generators -----------------------------------------------------------------------
 
 
-def is_generator(value: Any) -> bool:
-    return hasattr(value, "__next__") and not isinstance(value, (dict, list, str, bytes))
-
-
 def first_item(items: Iterator[Any], what: str) -> tuple[bool, Any]:
     """Pull the first item before any byte is sent: ``(False, None)`` for an empty stream.
 
@@ -94,17 +93,11 @@ def first_item(items: Iterator[Any], what: str) -> tuple[bool, Any]:
     except StopIteration:
         return False, None
     except ServekitError:
-        _close(items)
+        close(items)
         raise
     except Exception as exc:
-        _close(items)
+        close(items)
         raise ModelFailure(f"{what} failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _close(items: Any) -> None:
-    close = getattr(items, "close", None)
-    if close is not None:
-        close()
 
 
 # -- streaming predict ----------------------------------------------------------------
@@ -113,12 +106,12 @@ def _close(items: Any) -> None:
 def sse_predict(outputs: Any, row_format: bool) -> Response:
     """One event per item a generator ``predict`` yields (one event for a plain result)."""
     request_id = request_log_id()
-    items = outputs if is_generator(outputs) else iter([outputs])
+    items = outputs if is_stream(outputs) else iter([outputs])
     has_first, first = first_item(items, "predict")
     try:
         head = [event(tf_json.encode_predict_response(first, row_format))] if has_first else []
     except BaseException:
-        _close(items)
+        close(items)
         raise
     return sse_response(_predict_events(items, head, row_format, request_id),
                         {REQUEST_LOG_HEADER: request_id})
@@ -140,5 +133,18 @@ def _predict_events(items: Iterator[Any], head: list[bytes], row_format: bool,
         log.warning("stream failed: %s", exc)
         yield error_event(exc)
     finally:
-        _close(items)  # client gone (GeneratorExit) or done: stop the model's generator
+        close(items)  # client gone (GeneratorExit) or done: stop the model's generator
     yield metadata_comment(request_id, prediction_ids)
+
+
+def predict_answer(outputs: Any, row_format: bool, stream: bool) -> Answer | Response:
+    """A TF Serving JSON predict answer (V1 and the generic paths): SSE when asked to stream.
+
+    A streaming model asked for one answer has its items joined (:func:`join_stream`).
+    """
+    if stream:
+        return sse_predict(outputs, row_format)
+    if is_stream(outputs):
+        outputs = join_stream(outputs, lenient=True)
+    ids = log_headers(request_log_id(), [prediction_log_id()])
+    return Answer(jsonc.dumps(tf_json.encode_predict_response(outputs, row_format)), headers=ids)

@@ -10,16 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import numpy as np
 from flask import Blueprint, Response, request
 
-from ..codecs import json as jsonc
 from ..codecs import tf_json
-from ..codecs.dtypes import V2_TO_TF
-from ..dataplane import DataPlane, join_stream
-from ..errors import BadRequest, ModelFailure, NotFound
-from ..repository import ModelVersion
-from ..types import ModelMetadata, Signature, TensorSpec
+from ..dataplane import DataPlane
+from ..errors import BadRequest, NotFound
+from . import tf_documents as documents
 from .http import (
     Answer,
     dataplane,
@@ -29,7 +25,7 @@ from .http import (
     parse_json_object,
     stream_requested,
 )
-from .streaming import log_headers, prediction_log_id, request_log_id, sse_predict
+from .streaming import predict_answer
 
 bp = Blueprint("v1", __name__)
 
@@ -40,30 +36,6 @@ _TARGET = re.compile(
 
 
 # -- status and metadata ----------------------------------------------------------
-
-
-def version_status(mv: ModelVersion) -> dict[str, Any]:
-    return {
-        "version": str(mv.version),
-        "state": mv.state.value,
-        "status": {"error_code": "UNKNOWN" if mv.error else "OK", "error_message": mv.error},
-    }
-
-
-def model_status(name: str, version: str | None = None, label: str | None = None) -> dict[str, Any]:
-    """One document every client of the path reads: TF Serving, KServe V1 and OpenAI."""
-    statuses = dataplane().repository.statuses(name, version, label)
-    return {
-        # KServe V1's model readiness ({"name", "ready"}), as its InferenceRESTClient reads it
-        "name": name,
-        "ready": any(mv.ready for mv in statuses),
-        # OpenAI's model object, so OpenAI clients read the same route
-        "id": name,
-        "object": "model",
-        "created": 0,
-        "owned_by": "servekit",
-        "model_version_status": [version_status(mv) for mv in statuses],
-    }
 
 
 def check_get_path(name: str, label: str | None = None) -> None:
@@ -81,7 +53,7 @@ def malformed_get() -> str:
 @bp.get("/v1/models/<name>/labels/<label>")
 def status(name: str, version: str | None = None, label: str | None = None):
     check_get_path(name, label)
-    return json_response(model_status(name, version, label))
+    return json_response(documents.model_status(dataplane(), name, version, label))
 
 
 @bp.get("/v1/models/<path:target>")
@@ -95,41 +67,6 @@ def malformed(target: str):
     raise NotFound(malformed_get() + "; expected GET /v1/models/NAME[/versions/V|/labels/L][/metadata]")
 
 
-def tensor_info(spec: TensorSpec) -> dict[str, Any]:
-    if spec.shape is None:
-        shape: dict[str, Any] = {"dim": [], "unknown_rank": True}
-    else:
-        shape = {"dim": [{"size": str(d), "name": ""} for d in spec.shape], "unknown_rank": False}
-    return {
-        "dtype": V2_TO_TF.get(spec.datatype, "DT_INVALID"),
-        "tensor_shape": shape,
-        "name": spec.tensor_name if spec.tensor_name is not None else spec.name,
-    }
-
-
-def signature_def(signature: Signature) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "inputs": {t.name: tensor_info(t) for t in signature.inputs},
-        "outputs": {t.name: tensor_info(t) for t in signature.outputs},
-        "method_name": signature.method_name,
-    }
-    if signature.defaults is not None:
-        out["defaults"] = signature.defaults
-    return out
-
-
-def metadata_json(mv: ModelVersion, meta: ModelMetadata) -> dict[str, Any]:
-    """TF Serving's GetModelMetadataResponse as JSON."""
-    return {
-        "model_spec": {"name": mv.name, "signature_name": "", "version": str(mv.version)},
-        "metadata": {
-            "signature_def": {
-                "signature_def": {name: signature_def(sig) for name, sig in meta.signatures.items()}
-            }
-        },
-    }
-
-
 @bp.get("/v1/models/<name>/metadata")
 @bp.get("/v1/models/<name>/versions/<version>/metadata")
 @bp.get("/v1/models/<name>/labels/<label>/metadata")
@@ -137,7 +74,7 @@ def metadata(name: str, version: str | None = None, label: str | None = None):
     check_get_path(name, label)
     dp = dataplane()
     mv = dp.resolve(name, version, label)
-    return json_response(metadata_json(mv, dp.metadata(mv)))
+    return json_response(documents.metadata_json(mv, dp.metadata(mv)))
 
 
 # -- inference ----------------------------------------------------------------------
@@ -178,28 +115,6 @@ def infer_answer(dp: DataPlane, target: str, raw: bytes, stream_query: str | Non
         return json_answer(tf_json.encode_explain_response(explanations, row_format))
     outputs = dp.predict(mv, inputs, parameters=parameters, signature_name=signature)
     return predict_answer(outputs, row_format, stream_requested(body, stream_query, from_request=False))
-
-
-def predict_answer(outputs: Any, row_format: bool, stream: bool) -> Answer | Response:
-    """A predict answer: SSE when asked to stream, else TF Serving's JSON."""
-    if stream:
-        return sse_predict(outputs, row_format)
-    if not isinstance(outputs, (dict, list)) and hasattr(outputs, "__next__"):
-        outputs = _joined(list(outputs))  # a streaming model asked for a plain answer
-    ids = log_headers(request_log_id(), [prediction_log_id()])
-    return Answer(jsonc.dumps(tf_json.encode_predict_response(outputs, row_format)), headers=ids)
-
-
-def _joined(items: list[Any]) -> Any:
-    """Tensor items joined along the first axis, as V2 and gRPC answer; anything else as a list."""
-    if items and all(isinstance(i, dict) for i in items):
-        try:
-            return join_stream(items)
-        except ModelFailure:
-            return items
-    if items and all(isinstance(i, (np.ndarray, np.generic, int, float)) for i in items):
-        return np.concatenate([np.atleast_1d(i) for i in items])
-    return items
 
 
 def signature_name(body: dict[str, Any]) -> str | None:

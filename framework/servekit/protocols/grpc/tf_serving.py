@@ -15,24 +15,24 @@ read ``result.outputs["y"].float_val``.  ``--grpc-tensor-content`` (TF Serving's
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from ...codecs import tensor_proto
-from ...codecs.dtypes import V2_TO_TF
-from ...dataplane import DataPlane, filter_outputs, join_stream, named_outputs
+from ...dataplane import DataPlane
 from ...errors import BadRequest
+from ...inference import InferRequest, RequestedOutput
 from ...repository import ModelVersion
-from ...types import CLASSIFY_METHOD, REGRESS_METHOD, Signature, TensorSpec
+from ...types import CLASSIFY_METHOD, REGRESS_METHOD, Signature
+from .. import tf_documents as documents
 from .common import rpc, streaming_rpc
 from .predict_stream import PredictStream, Turn
-from .protos.tensorflow.core.framework import types_pb2
-from .protos.tensorflow.core.protobuf import error_codes_pb2, meta_graph_pb2
+from .protos.tensorflow.core.protobuf import meta_graph_pb2
 from .protos.tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -95,35 +95,22 @@ def predict_responses(
 ) -> Iterator[predict_pb2.PredictResponse]:
     """Run one logical Predict; a streaming model yields one response per item unless ``single``.
 
+    The turn runs as the request type every tensor wire shares (:meth:`DataPlane.infer`).
     :param tensor_content: outputs as raw bytes rather than typed fields.
     """
     mv = resolve(dp, turn.model_spec)
     signature = turn.model_spec.signature_name or None
-    result = dp.predict(mv, turn.inputs, signature_name=signature, output_names=turn.output_filter)
-
-    def respond(outputs: dict[str, Any]) -> predict_pb2.PredictResponse:
-        return _response(mv, signature, outputs, turn.output_filter, tensor_content)
-
-    if inspect.isgenerator(result):
-        items = (named_outputs(mv, item, signature) for item in result)
-        if single:
-            yield respond(join_stream(items))
-        else:
-            yield from (respond(item) for item in items)
-        return
-    yield respond(named_outputs(mv, result, signature))
+    wanted = [RequestedOutput(name) for name in turn.output_filter or ()]  # checked by output_filter
+    request = InferRequest(turn.inputs, outputs=wanted or None, signature_name=signature, check_shapes=False)
+    results = [dp.infer(mv, request)] if single else dp.infer_stream(mv, request)
+    for result in results:
+        yield _response(mv, signature, result, tensor_content)
 
 
-def _response(
-    mv: ModelVersion,
-    signature: str | None,
-    outputs: dict[str, Any],
-    wanted: list[str] | None,
-    tensor_content: bool,
-):
+def _response(mv: ModelVersion, signature: str | None, outputs: dict[str, Any], tensor_content: bool):
     response = predict_pb2.PredictResponse()
     effective_spec(response.model_spec, mv, signature or "")
-    for name, value in filter_outputs(outputs, wanted).items():
+    for name, value in outputs.items():
         tensor_proto.from_numpy(
             value, response.outputs[name], use_tensor_content=tensor_content, name=name
         )
@@ -172,22 +159,9 @@ def regression_result(values: list[float], out: Any) -> None:
 # -- metadata ---------------------------------------------------------------------------
 
 
-def tensor_info(spec: TensorSpec, out: meta_graph_pb2.TensorInfo) -> None:
-    out.name = spec.tensor_name if spec.tensor_name is not None else spec.name
-    out.dtype = types_pb2.DataType.Value(V2_TO_TF.get(spec.datatype, "DT_INVALID"))
-    if spec.shape is None:
-        out.tensor_shape.unknown_rank = True
-    else:
-        for size in spec.shape:
-            out.tensor_shape.dim.add(size=size)
-
-
 def signature_def(signature: Signature, out: meta_graph_pb2.SignatureDef, where: str) -> None:
-    for spec in signature.inputs:
-        tensor_info(spec, out.inputs[spec.name])
-    for spec in signature.outputs:
-        tensor_info(spec, out.outputs[spec.name])
-    out.method_name = signature.method_name
+    """The REST document's ``SignatureDef`` (:mod:`..tf_documents`), with defaults as tensors."""
+    json_format.ParseDict(documents.signature_def(signature), out)
     for name, value in (signature.defaults or {}).items():
         try:
             tensor_proto.from_numpy(np.asarray(value), out.defaults[name], name=name)
@@ -329,15 +303,10 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         choice = spec.WhichOneof("version_choice")
         version = spec.version.value if choice == "version" else None
         label = spec.version_label if choice == "version_label" else None
-        response = get_model_status_pb2.GetModelStatusResponse()
-        state_enum = get_model_status_pb2.ModelVersionStatus.State
-        for mv in self.dp.repository.statuses(spec.name, version, label):
-            status = response.model_version_status.add(
-                version=mv.version, state=state_enum.Value(mv.state.value)
-            )
-            status.status.error_code = error_codes_pb2.UNKNOWN if mv.error else error_codes_pb2.OK
-            status.status.error_message = mv.error
-        return response
+        statuses = [documents.version_status(mv) for mv in self.dp.repository.statuses(spec.name, version, label)]
+        return json_format.ParseDict(
+            {"model_version_status": statuses}, get_model_status_pb2.GetModelStatusResponse()
+        )
 
 
 def add_to_server(server: grpc.Server, dataplane: DataPlane, *, tensor_content: bool = False) -> None:
