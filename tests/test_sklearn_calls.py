@@ -26,10 +26,10 @@ from sklearn.ensemble import (
     RandomForestRegressor,
 )
 from sklearn.impute import SimpleImputer
-from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.linear_model import LinearRegression, LogisticRegression, RidgeClassifier, SGDClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
-from sklearn.svm import SVC
+from sklearn.svm import SVC, LinearSVC
 
 N_FEATURES = 5
 RNG = np.random.default_rng(7)
@@ -48,6 +48,10 @@ def _mixed_frame() -> pd.DataFrame:
 KINDS = {
     "classifier": lambda: LogisticRegression(max_iter=500).fit(X_FIT, Y_CLASS),
     "classifier, pandas-fitted": lambda: LogisticRegression(max_iter=500).fit(FRAME, Y_CLASS),
+    "binary classifier, integer classes": lambda: LogisticRegression().fit(X_FIT, (X_FIT[:, 2] > 0).astype(int)),
+    "linear svm": lambda: LinearSVC().fit(X_FIT, Y_CLASS),
+    "sgd classifier": lambda: SGDClassifier(random_state=0).fit(X_FIT, Y_CLASS),
+    "ridge classifier (predict of its own)": lambda: RidgeClassifier().fit(X_FIT, Y_CLASS),
     "regressor": lambda: LinearRegression().fit(X_FIT, Y_REG),
     "svm decision_function": lambda: SVC().fit(X_FIT, Y_CLASS),
     "forest classifier": lambda: RandomForestClassifier(12, random_state=0).fit(X_FIT, Y_CLASS),
@@ -71,6 +75,12 @@ KINDS = {
 
 #: kinds whose calls are expected to take a shortcut (so the equality below covers it)
 SHORTCUTS = {
+    "classifier": {"predict", "decision_function"},
+    "binary classifier, integer classes": {"predict", "decision_function"},
+    "linear svm": {"predict", "decision_function"},
+    "sgd classifier": {"predict", "decision_function"},
+    "ridge classifier (predict of its own)": {"decision_function"},
+    "pipeline": set(),
     "classifier, pandas-fitted": {"predict", "predict_proba", "decision_function"},
     "forest classifier": {"predict", "predict_proba"},
     "forest classifier, pandas-fitted": {"predict", "predict_proba"},
