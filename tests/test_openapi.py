@@ -14,7 +14,7 @@ import pytest
 import requests
 from conftest import fit_regressor
 from hypothesis import HealthCheck, Phase, given, settings
-from servekit.protocols.openapi import routes, template_of
+from servekit.server.pages.openapi import routes, template_of
 from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses

@@ -17,12 +17,13 @@ from .. import limits, observability, plugins
 from ..auth import ApiKey
 from ..dataplane import DataPlane
 from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render
-from ..protocols import generic, health, openai, openapi, status_page, v1, v2
+from ..protocols import generic, health, openai, v1, v2
 from ..protocols.http import json_response
 from ..repository import ModelRepository, discover
 from ..settings import Settings
 from ..types import BatchingConfig
 from . import fastlane
+from .pages import openapi, status_page
 
 log = logging.getLogger("servekit.server")
 

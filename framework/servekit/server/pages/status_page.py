@@ -19,10 +19,10 @@ from typing import Any
 
 from flask import Blueprint, current_app, render_template_string, request
 
-from .. import __version__
-from ..repository import ModelVersion
-from ..types import Signature, TensorSpec
-from .http import dataplane, json_response
+from ... import __version__
+from ...protocols.http import dataplane, json_response
+from ...repository import ModelVersion
+from ...types import Signature, TensorSpec
 
 bp = Blueprint("status_page", __name__)
 
