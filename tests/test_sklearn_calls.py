@@ -176,3 +176,16 @@ def test_classify_and_regress_answer_the_estimators_numbers(tmp_path: Path):
     assert plugin.regress(examples=examples, model=load_estimator(tmp_path / "r", {})) == (
         regressor.predict(rows).tolist()
     )
+
+
+def test_infinity_to_a_model_that_takes_nan_is_the_clients_mistake(tmp_path: Path):
+    from servekit.errors import BadRequest
+
+    joblib.dump(RandomForestClassifier(5, random_state=0).fit(X_FIT, Y_CLASS), tmp_path / "model.joblib")
+    model = load_estimator(tmp_path, {})
+    rows = np.array(X_FIT[:2])
+    rows[1, 3] = np.inf
+    with pytest.raises(BadRequest, match="contains infinity"):
+        plugin.predict(inputs=rows, model=model, signature_name=None)
+    rows[1, 3] = np.nan  # NaN it takes, as scikit-learn does
+    assert plugin.predict(inputs=rows, model=model, signature_name=None)["predict"].shape == (2,)

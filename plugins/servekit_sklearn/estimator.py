@@ -21,6 +21,8 @@ from .calls import Call, bind
 from .inputs import Accepts
 
 ARTIFACTS = ("model.skops", "model.joblib", "model.pkl")
+#: How scikit-learn's input validation words a value it refuses (``check_array``).
+_REFUSED_VALUES = ("contains infinity", "contains NaN", "value too large for dtype")
 #: signatures beyond ``serving_default`` (``predict``, or ``transform`` for a transformer)
 EXTRA_METHODS = ("predict_proba", "decision_function", "transform")
 
@@ -101,13 +103,13 @@ class SklearnModel:
             raise BadRequest(
                 f"unknown signature {signature_name!r}; this model has {', '.join(self._methods)}"
             )
-        return {method: self._calls[method](self.rows(inputs))}
+        return {method: self._checked_call(method, self.rows(inputs))}
 
     def classify(self, X: Any) -> list[list[tuple[str, float]]]:
         if "predict_proba" not in self._calls:
             raise BadRequest("this model has no predict_proba, so :classify cannot score classes")
         labels = [str(c) for c in self.estimator.classes_]
-        scores = self._calls["predict_proba"](X)
+        scores = self._checked_call("predict_proba", X)
         return [list(zip(labels, row.tolist())) for row in scores]
 
     def regress(self, X: Any) -> list[float]:
@@ -115,7 +117,17 @@ class SklearnModel:
             raise BadRequest("this model is a classifier; use :classify (regress needs a regressor)")
         if "predict" not in self._calls:
             raise BadRequest("this model has no predict method, so :regress cannot answer")
-        return self._calls["predict"](X).astype(float).tolist()
+        return self._checked_call("predict", X).astype(float).tolist()
+
+    def _checked_call(self, method: str, X: Any) -> Any:
+        """The call; scikit-learn's own refusal of a value servekit let through (infinity sent to a
+        model that takes NaN) is the client's mistake, a 400, not the model's failure."""
+        try:
+            return self._calls[method](X)
+        except ValueError as exc:
+            if any(phrase in str(exc) for phrase in _REFUSED_VALUES):
+                raise BadRequest(f"the model refuses the input: {exc}") from None
+            raise
 
     def matrix(self, inputs: Any) -> Any:
         """The ``X`` the estimator's own methods take: :meth:`rows`, as a DataFrame when fitted on one."""
