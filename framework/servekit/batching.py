@@ -42,6 +42,7 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
+from .streams import close, is_stream
 from .types import BatchingConfig, Tensors
 
 log = logging.getLogger("servekit.batching")
@@ -256,8 +257,8 @@ class Batcher:
             self.stats.largest = max(self.stats.largest, len(members))
             try:
                 outputs = members[0].run(stack([m.inputs for m in members]))
-                if inspect.isgenerator(outputs):
-                    outputs.close()
+                if is_stream(outputs):
+                    close(outputs)
                     raise Unsplittable("the model returned a generator")
                 parts = split(outputs, [m.rows for m in members])
             except Unsplittable as exc:
@@ -300,30 +301,31 @@ class Batcher:
 # One batcher per model version
 # ---------------------------------------------------------------------------
 
-_OFF = object()
-_batchers: dict[int, Any] = {}
+#: A version whose batching is off (``batching.max_batch_size`` below 2, or a streaming ``predict``).
+OFF = "off"
 _lock = threading.Lock()
+#: Every live batcher, for :func:`queued_rows`; a batcher goes with its version.
+_live: weakref.WeakSet[Batcher] = weakref.WeakSet()
 
 
 def batcher_for(mv: Any) -> Batcher | None:
     """The batcher of a :class:`~servekit.repository.ModelVersion`, ``None`` when batching is off.
 
-    Created on first use from ``mv.config.batching``; dropped with the version.
+    Made on first use from ``mv.config.batching`` and kept on the version
+    (``mv.batcher``), so it lives exactly as long as the version does.
     """
-    found = _batchers.get(id(mv))
+    found = mv.batcher
     if found is None:
         with _lock:
-            found = _batchers.get(id(mv))
-            if found is None:
-                found = _make(mv)
-                _batchers[id(mv)] = found
-                weakref.finalize(mv, _batchers.pop, id(mv), None)
-    return found if isinstance(found, Batcher) else None  # else _OFF
+            if mv.batcher is None:
+                mv.batcher = _make(mv)
+            found = mv.batcher
+    return found if found is not OFF else None
 
 
 def active() -> list[Batcher]:
     """Every live batcher in this process."""
-    return [b for b in list(_batchers.values()) if b is not _OFF]
+    return list(_live)
 
 
 def queued_rows() -> int:
@@ -331,14 +333,16 @@ def queued_rows() -> int:
     return sum(b.queued_rows() for b in active())
 
 
-def _make(mv: Any) -> Batcher | object:
+def _make(mv: Any) -> Batcher | str:
     config: BatchingConfig = getattr(mv.config, "batching", None) or BatchingConfig()
     if config.max_batch_size < 2:
-        return _OFF
+        return OFF
     if _streams(mv):
         log.info("model %s streams from predict; it is not batched", mv.name)
-        return _OFF
-    return Batcher(config.max_batch_size, config.max_batch_time_ms, name=mv.name)
+        return OFF
+    batcher = Batcher(config.max_batch_size, config.max_batch_time_ms, name=mv.name)
+    _live.add(batcher)
+    return batcher
 
 
 def _streams(mv: Any) -> bool:

@@ -168,6 +168,19 @@ class DataPlane:
     def embed(self, mv: ModelVersion, texts: list[str], parameters: dict[str, Any] | None = None) -> Any:
         return self._call(mv, "embed", texts=texts, parameters=parameters or {})
 
+    def tokenizer(self, mv: ModelVersion) -> Any | None:
+        """The model's tokenizer (the ``tokenizer`` hook), ``None`` when it has none.
+
+        Generation cuts stop sequences and counts tokens with it; OpenAI's token-id
+        inputs are checked against its vocabulary.
+        """
+        try:
+            return mv.hooks.tokenizer(model=mv.model)
+        except ServekitError:
+            raise
+        except Exception as exc:
+            raise ModelFailure(f"model {mv.name!r} failed in tokenizer: {type(exc).__name__}: {exc}") from exc
+
     # -- helpers ----------------------------------------------------------------
 
     def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:

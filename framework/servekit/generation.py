@@ -13,12 +13,12 @@ appears), counts tokens where the model did not, and decides the finish reason.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .errors import BadRequest, ModelFailure
+from .streams import close, is_stream
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -224,12 +224,6 @@ class Choice:
     reasoning: str | None = None
 
 
-def is_stream(value: Any) -> bool:
-    return inspect.isgenerator(value) or (
-        hasattr(value, "__next__") and not isinstance(value, (str, bytes, dict, GenerationResult))
-    )
-
-
 def finish_reason(given: str | None, completion_tokens: int, max_tokens: int | None) -> str:
     if given in (FINISH_STOP, FINISH_LENGTH):
         return given
@@ -318,9 +312,7 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
             if text or item.reasoning:
                 yield GenerationChunk(text, None, prompt_tokens, completion_tokens, item.reasoning)
     finally:
-        close = getattr(output, "close", None)
-        if close is not None:
-            close()  # stop sequence, client gone or done: the model stops generating
+        close(output)  # stop sequence, client gone or done: the model stops generating
     yield GenerationChunk(scanner.flush(), reason, prompt_tokens, completion_tokens)
 
 

@@ -57,6 +57,7 @@ class ModelVersion:
     load_seconds: float = 0.0
     fingerprint: float = 0.0  # newest mtime in the folder when the load was tried
     host: Any = None  # servekit.hosts.client.HostClient when the version runs in model host processes
+    batcher: Any = None  # servekit.batching: made on the first predict (batching.batcher_for)
 
     @property
     def ready(self) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
+from .streams import close
+
 
 class Once:
     """A callable that runs ``fn`` on its first call only, from any thread."""
@@ -39,8 +41,6 @@ class ClosingBody:
 
     def close(self) -> None:
         try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()
+            close(self._body)
         finally:
             self._on_close()

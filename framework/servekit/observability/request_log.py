@@ -26,6 +26,7 @@ import orjson
 from flask import Blueprint, Flask, Response, current_app, g, has_request_context, request
 
 from ..errors import NotFound
+from ..streams import close
 from ..types import PredictionLog, RequestLog, maybe_json
 from . import labels
 from .logging import current_request_id
@@ -308,9 +309,7 @@ class _StreamLog:
 
     def close(self) -> None:
         try:
-            close = getattr(self._body, "close", None)
-            if close is not None:
-                close()
+            close(self._body)
         finally:
             ids = self._trailer_ids or [prediction_log_id() for _ in self._events]
             self._record.predictions = [

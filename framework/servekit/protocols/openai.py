@@ -28,6 +28,7 @@ from .. import generation as gen
 from ..codecs import tf_json
 from ..errors import BadRequest, ModelFailure, ServekitError
 from ..repository import ModelVersion
+from ..streams import close
 from . import openai_requests as req
 from .http import dataplane, json_object, json_response
 from .streaming import (
@@ -138,13 +139,6 @@ def resolve_model(body: dict[str, Any]) -> ModelVersion:
     return mv
 
 
-def tokenizer_of(mv: ModelVersion) -> Any | None:
-    try:
-        return mv.hooks.tokenizer(model=mv.model)
-    except Exception as exc:
-        raise ModelFailure(f"model {mv.name!r} failed in tokenizer: {type(exc).__name__}: {exc}") from exc
-
-
 # -- completions and chat ------------------------------------------------------------------
 
 
@@ -211,7 +205,7 @@ def completions():
     prompts = req.prompts(body)
     sampling = req.completion_request(body, stream)
     mv = resolve_model(body)
-    job = Job(mv, body, False, prompts, sampling, tokenizer_of(mv), echo=req.boolean(body, "echo"))
+    job = Job(mv, body, False, prompts, sampling, dataplane().tokenizer(mv), echo=req.boolean(body, "echo"))
     if stream:
         return stream_job(job)
     payload = complete_job(job)
@@ -230,7 +224,7 @@ def chat_completions():
     messages = req.messages(body)
     sampling = req.chat_request(body, stream)
     mv = resolve_model(body)
-    tokenizer = tokenizer_of(mv)
+    tokenizer = dataplane().tokenizer(mv)
     prompt = gen.format_chat(messages, tokenizer, req.template_kwargs(body))
     job = Job(mv, body, True, [prompt], sampling, tokenizer, messages=messages)
     if stream:
@@ -283,7 +277,7 @@ def _chain(head: Iterator[Any], rest: Generator[Any, None, None]) -> Generator[A
         yield from head
         yield from rest
     finally:
-        rest.close()
+        close(rest)
 
 
 def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Generator[gen.GenerationChunk, None, None],
@@ -327,8 +321,7 @@ def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Generator[
         log.warning("completion stream failed: %s", exc)
         yield event(error_body(exc), name="error")
     finally:
-        if current is not None:
-            current.close()
+        close(current)
     yield DONE
     yield metadata_comment(job.request_id, job.prediction_ids)
 
@@ -360,7 +353,7 @@ def embeddings():
     body = json_object()
     spec = req.embedding_request(body)
     mv = resolve_model(body)
-    tokenizer = tokenizer_of(mv)
+    tokenizer = dataplane().tokenizer(mv)
     if spec.token_ids is not None:
         spec.texts = token_inputs(mv, tokenizer, spec.token_ids)
     vectors = _as_matrix(dataplane().embed(mv, spec.texts, body), len(spec.texts))
