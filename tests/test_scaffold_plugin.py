@@ -104,6 +104,7 @@ def test_framework_plugin_files(framework_install):
     assert baked == {"README.md", "pyproject.toml", "src/servekit_linear_npz/__init__.py", "tests/test_plugin.py"}
     code = (project / "src" / "servekit_linear_npz" / "__init__.py").read_text()
     assert 'PATTERN = "*.linear.npz"' in code and "wrapper=True" not in code
+    assert "isinstance(model" not in code  # servekit routes a model's hooks to the plugin that loaded it
 
 
 def test_framework_plugin_is_listed(framework_install):

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import servekit_tensorflow as plugin
 from conftest import TF_DATA, fit_regressor
+from servekit import plugins
 from servekit.errors import BadRequest
+from servekit.repository import ModelRepository, discover
 from servekit.types import ModelConfig
 
 THREE = TF_DATA / "saved_model_half_plus_three" / "00000123"
@@ -66,13 +68,19 @@ def test_load_returns_none_for_other_folders(tmp_path):
     assert plugin.load(path=THREE, config=ModelConfig(plugin="sklearn")) is None
 
 
-def test_hooks_ignore_models_they_did_not_load():
-    other = object()
-    assert plugin.predict(inputs=np.zeros(1), model=other, signature_name=None, output_names=None) is None
-    assert plugin.metadata(model=other) is None
-    assert plugin.classify(examples=[{}], model=other, signature_name=None) is None
-    assert plugin.regress(examples=[{}], model=other, signature_name=None) is None
-    assert plugin.unload(model=other) is None
+def test_only_the_models_it_loaded_reach_its_hooks(tmp_path):
+    # the hooks carry no "is this mine?" guard: the repository routes each model to its loader
+    fit_regressor(tmp_path / "linear")
+    repo = ModelRepository(discover([THREE.parent, tmp_path / "linear"]), plugins.build_manager(), poll_interval=0)
+    repo.load_now()
+    hooks = ("predict", "metadata", "classify", "regress", "unload")
+    answering = {
+        name: {i.plugin_name for hook in hooks for i in getattr(repo.resolve(name).hooks, hook).get_hookimpls()}
+        for name in ("saved_model_half_plus_three", "linear")
+    }
+    assert repo.resolve("saved_model_half_plus_three").loaded_by == "tensorflow"
+    assert answering["saved_model_half_plus_three"] == {"tensorflow"}
+    assert "tensorflow" not in answering["linear"]
 
 
 def test_unknown_tags_fail_the_load_clearly():

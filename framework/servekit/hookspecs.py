@@ -5,12 +5,17 @@ a file given with ``--plugin``, or a model folder's ``model.py``) implements any
 subset of these with ``@servekit.hookimpl``.  Implementations name only the
 arguments they need; pluggy passes them by keyword.
 
-Model hooks are called through the model's own hook relay: the globally
-registered plugins plus that model's ``model.py``, which is registered last and
-so is called first.  Hooks marked *first result* stop at the first
-implementation that returns something other than ``None``: a framework plugin
-returns ``None`` for a model it did not load, and a ``model.py`` overrides a
-framework plugin for its own model only.
+``load`` is asked of the model folder's ``model.py`` first, then of every
+plugin; the first to return a model *loaded* it.  Every other hook that
+receives ``model`` is called through that model's own hook relay: the plugin
+that loaded it, the folder's ``model.py`` (registered last, so called first)
+and every wrapper; other plugins' plain implementations are not called, so a
+framework plugin only ever sees models its ``load`` returned.  When
+``model.py`` loaded the model, the plugin ``servekit.yaml`` names (``plugin:``)
+joins the relay too.  Hooks marked *first result* stop at the first
+implementation that returns something other than ``None``, so a ``model.py``
+overrides the loading plugin for its own model only.  Hooks without ``model``
+(``register_routes``, ``server_started``, ``log_request``) go to every plugin.
 
 Every inference hook (``predict``, ``explain``, ``classify``, ``regress``,
 ``complete``, ``embed``, ``preprocess``, ``postprocess``) may also take ``name``
@@ -58,8 +63,10 @@ def load(path: Path, config: ModelConfig, name: str, version: int) -> Any | None
     :param name: the served model name.
     :param version: the version number.
     :returns: the loaded model, or ``None`` when this plugin does not handle the
-        folder's artifact (first result wins).  Raise to report a failed load:
-        the version's state becomes END with the message as its error.
+        folder's artifact (first result wins).  The plugin that returns it owns
+        the model: the model's other hooks are called on that plugin (and the
+        folder's ``model.py`` and wrappers) alone.  Raise to report a failed
+        load: the version's state becomes END with the message as its error.
     """
 
 
@@ -68,8 +75,9 @@ def unload(model: Any) -> bool | None:
     """Release a model version that leaves the repository (GPU memory, files).
 
     :param model: the object ``load`` returned.
-    :returns: ``True`` once handled (first result wins); ``None`` to let other
-        plugins try.  The framework drops its reference either way.
+    :returns: ``True`` once handled (first result wins); ``None`` to let the
+        next implementation in the model's relay try.  The framework drops its
+        reference either way.
     """
 
 

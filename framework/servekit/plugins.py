@@ -5,6 +5,13 @@ entry-point group exactly like third-party ones.  A plugin that fails to import
 is warned about and skipped; two plugins registered under one name is an error
 that names both.  ``SERVEKIT_LOAD_PLUGINS`` (comma-separated entry-point names)
 limits which installed plugins load; an empty value loads none.
+
+Work goes to the plugin that owns it: the repository calls ``load`` through
+:func:`call_load`, which says which plugin answered, and the loaded model's
+other hooks go through :func:`model_hooks`, a relay of just that plugin, the
+folder's ``model.py`` and every wrapper.  So a framework plugin never sees
+another plugin's model and needs no "is this mine?" guard (as llm hands back
+model objects and MLServer calls ``model.predict``).
 ``SERVEKIT_TRACE_PLUGINS=1`` logs every hook call with its arguments and
 result (pluggy's tracer), to see which plugin answered and with what.
 """
@@ -20,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -252,6 +260,72 @@ def load_caller(pm: pluggy.PluginManager, plugin: str | None) -> Any:
         and not (i.wrapper or i.hookwrapper)
     ]
     return pm.subset_hook_caller("load", remove_plugins=others)
+
+
+def call_load(pm: pluggy.PluginManager, caller: Any, **kwargs: Any) -> tuple[Any, str | None]:
+    """Call ``load`` (``caller`` from :func:`load_caller`) and say who answered: ``(model, plugin name)``.
+
+    pluggy returns the first result but not whose it was, so the plain
+    implementations are asked here, in pluggy's order (the last registered and
+    ``tryfirst`` first), as one temporary implementation (``call_extra``) that
+    notes the answering plugin; wrappers around ``load`` still run once,
+    around the whole call.
+    """
+    plain = [i for i in caller.get_hookimpls() if not (i.wrapper or i.hookwrapper)]
+    every_plain = [i.plugin for i in pm.hook.load.get_hookimpls() if not (i.wrapper or i.hookwrapper)]
+    answered: list[str] = []
+
+    def load(path: Path, config: Any, name: str, version: int) -> Any:
+        args = {"path": path, "config": config, "name": name, "version": version}
+        for impl in reversed(plain):
+            model = impl.function(*(args[arg] for arg in impl.argnames))
+            if model is not None:
+                answered.append(impl.plugin_name)
+                return model
+        return None
+
+    model = pm.subset_hook_caller("load", remove_plugins=every_plain).call_extra([load], kwargs)
+    return model, (answered[0] if answered else None)
+
+
+def model_hooks(pm: pluggy.PluginManager, loaded_by: str | None, plugin: str | None = None) -> pluggy.HookRelay:
+    """The hook relay of one loaded model: the plugin that loaded it, its ``model.py``, every wrapper.
+
+    Each hook that receives ``model`` is a :meth:`~pluggy.PluginManager.subset_hook_caller`
+    without the plain implementations of other plugins, so a framework plugin is
+    called only with models its own ``load`` returned.  When the folder's
+    ``model.py`` loaded the model, the plugin ``servekit.yaml`` names (``plugin:``)
+    joins too: a ``model.py`` that only changes how a scikit-learn model is read
+    keeps the sklearn plugin's ``predict``, as a subclass of MLServer's
+    ``SKLearnModel`` that overrides ``load`` does.  Hooks without ``model``
+    (``register_routes``, ``log_request``, ...) are the manager's own.
+    """
+    owners = [loaded_by] if loaded_by else []
+    if plugin and (not loaded_by or loaded_by.startswith(MODEL_PY_PREFIX)):
+        owners.append(plugin)
+    roots = {_root(pm, name) for name in owners}
+    relay = pluggy.HookRelay()
+    for name, caller in vars(pm.hook).items():
+        if caller.spec is not None and "model" in caller.spec.argnames:
+            others = [
+                impl.plugin for impl in caller.get_hookimpls()
+                if not (impl.wrapper or impl.hookwrapper) and not _owned(impl.plugin_name, roots)
+            ]
+            caller = pm.subset_hook_caller(name, remove_plugins=others)
+        setattr(relay, name, caller)
+    return relay
+
+
+def _root(pm: pluggy.PluginManager, name: str) -> str:
+    """The name a plugin was registered under: ``model.py:iris`` for its class ``model.py:iris.Model``."""
+    parent = name.rsplit(".", 1)[0]
+    return parent if "." in name and pm.has_plugin(parent) else name
+
+
+def _owned(name: str, roots: Iterable[str]) -> bool:
+    if name.startswith(MODEL_PY_PREFIX):  # a per-model manager holds only this model's model.py
+        return True
+    return any(name == root or name.startswith(root + ".") for root in roots)
 
 
 def describe(pm: pluggy.PluginManager) -> list[PluginInfo]:

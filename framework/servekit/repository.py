@@ -52,7 +52,8 @@ class ModelVersion:
     state: State = State.START
     error: str = ""
     model: Any = None
-    hooks: Any = None  # the per-model pluggy hook relay
+    hooks: Any = None  # the model's hook relay: the plugin that loaded it, its model.py, wrappers
+    loaded_by: str | None = None  # the registered name of the plugin whose ``load`` answered
     metadata: ModelMetadata = field(default_factory=ModelMetadata)
     load_seconds: float = 0.0
     fingerprint: float = 0.0  # newest mtime in the folder when the load was tried
@@ -300,21 +301,32 @@ class ModelRepository:
                     with self._lock:
                         model.versions[version] = mv
                     return
-                pm = self._manager_for(model, path)
-                mv.hooks = pm.hook
-                load = plugins.load_caller(pm, model.config.plugin)
-                loaded = load(path=path, config=model.config, name=model.name, version=version)
-                if loaded is None:
-                    raise RuntimeError(_no_plugin_message(path))
-                mv.model = loaded
-                mv.metadata = self._describe(mv)
+                self._load_here(model, mv)
                 mv.load_seconds = time.perf_counter() - started
                 mv.state = State.AVAILABLE
-                log.info("loaded %s version %d in %.2fs", model.name, version, mv.load_seconds)
+                log.info("loaded %s version %d in %.2fs (plugin %s)", model.name, version, mv.load_seconds, mv.loaded_by)
             except Exception as exc:
                 self._fail(mv, _clean(_describe_error(exc), model.base_path), exc)
         with self._lock:
             model.versions[version] = mv
+
+    def _load_here(self, model: Model, mv: ModelVersion) -> None:
+        """Load ``mv`` in this process; its hooks then go to the plugin whose ``load`` answered.
+
+        That plugin, the folder's ``model.py`` and the wrappers make the
+        version's relay (:func:`servekit.plugins.model_hooks`): no other
+        framework plugin is asked to predict with a model it did not load.
+        """
+        pm = self._manager_for(model, mv.path)
+        load = plugins.load_caller(pm, model.config.plugin)
+        loaded, mv.loaded_by = plugins.call_load(
+            pm, load, path=mv.path, config=model.config, name=model.name, version=mv.version
+        )
+        if loaded is None:
+            raise RuntimeError(_no_plugin_message(mv.path))
+        mv.model = loaded
+        mv.hooks = plugins.model_hooks(pm, mv.loaded_by, model.config.plugin)
+        mv.metadata = self._describe(mv)
 
     def _fail(self, mv: ModelVersion, message: str, exc: BaseException | None = None) -> None:
         """Mark ``mv`` failed; the client reads ``message``, the log also gets the traceback."""

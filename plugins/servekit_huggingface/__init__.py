@@ -26,13 +26,9 @@ from .loader import LoadError, load_folder
 __all__ = ["LoadError"]
 
 
-def _kind(model: Any) -> str | None:
-    # The classes live in modules that import torch; compare by name to keep this import light.
-    name = type(model).__name__
-    module = type(model).__module__
-    if module.startswith("servekit_huggingface.") and name in ("CausalLM", "Encoder"):
-        return name
-    return None
+# The hooks below get only models this plugin's ``load`` returned (a CausalLM or an
+# Encoder); each kind has the methods of what it can do, and a hook the kind
+# cannot answer returns None, which the client sees as a 501 naming the hook.
 
 
 @servekit.hookimpl
@@ -41,9 +37,7 @@ def load(path: Path, config: servekit.ModelConfig) -> Any | None:
 
 
 @servekit.hookimpl
-def unload(model: Any) -> bool | None:
-    if _kind(model) is None:
-        return None
+def unload(model: Any) -> bool:
     import torch
 
     model.model = None
@@ -53,35 +47,29 @@ def unload(model: Any) -> bool | None:
 
 
 @servekit.hookimpl
-def metadata(model: Any) -> ModelMetadata | None:
-    if _kind(model) is None:
-        return None
+def metadata() -> ModelMetadata:
     return ModelMetadata(platform="huggingface")
 
 
 @servekit.hookimpl
-def tokenizer(model: Any) -> Any | None:
-    return model.tokenizer if _kind(model) is not None else None
+def tokenizer(model: Any) -> Any:
+    return model.tokenizer
 
 
 @servekit.hookimpl
 def complete(request: Any, model: Any) -> Any | None:
-    if _kind(model) != "CausalLM":
-        return None
-    return model.complete(request)
+    return model.complete(request) if hasattr(model, "complete") else None  # an encoder generates nothing
 
 
 @servekit.hookimpl
 def embed(texts: list[str], model: Any) -> Any | None:
-    if _kind(model) != "Encoder":
-        return None
-    return model.embed(texts)
+    return model.embed(texts) if hasattr(model, "embed") else None
 
 
 @servekit.hookimpl
 def explain(inputs: Any, model: Any) -> Any | None:
     """Per-token attributions (gradient x input) for each prompt's most likely next token."""
-    if _kind(model) != "CausalLM":
+    if not hasattr(model, "attributions"):
         return None
     import numpy as np
 

@@ -31,38 +31,32 @@ def load(path: Path, config: servekit.ModelConfig) -> SklearnModel | None:
     return load_estimator(path, config.options)
 
 
-@servekit.hookimpl
-def metadata(model: Any) -> servekit.ModelMetadata | None:
-    if isinstance(model, SklearnModel):
-        return model.describe()
-    return None
+# The hooks below get only models this plugin's ``load`` returned: servekit routes
+# each model's hooks to the plugin that loaded it, so there is no ownership check.
 
 
 @servekit.hookimpl
-def predict(inputs: Any, model: Any, signature_name: str | None) -> Any:
-    if not isinstance(model, SklearnModel):
-        return None
+def metadata(model: SklearnModel) -> servekit.ModelMetadata:
+    return model.describe()
+
+
+@servekit.hookimpl
+def predict(inputs: Any, model: SklearnModel, signature_name: str | None) -> Any:
     return model.predict(inputs, signature_name)
 
 
 @servekit.hookimpl
-def classify(examples: list[dict[str, list[Any]]], model: Any) -> Any:
-    if not isinstance(model, SklearnModel):
-        return None
+def classify(examples: list[dict[str, list[Any]]], model: SklearnModel) -> Any:
     return model.classify(model.examples_to_matrix(examples))
 
 
 @servekit.hookimpl
-def regress(examples: list[dict[str, list[Any]]], model: Any) -> Any:
-    if not isinstance(model, SklearnModel):
-        return None
+def regress(examples: list[dict[str, list[Any]]], model: SklearnModel) -> Any:
     return model.regress(model.examples_to_matrix(examples))
 
 
 @servekit.hookimpl
-def explain(inputs: Any, model: Any) -> Any:
-    if not isinstance(model, SklearnModel):
-        return None
+def explain(inputs: Any, model: SklearnModel) -> Any:
     from .attributions import attributions
 
     return attributions(model, model.matrix(inputs))

@@ -7,8 +7,9 @@ names in the metadata, ``:classify``/``:regress`` through serialized
 ``tf.Example`` protos.  See ``docs/tensorflow.md``.
 
 TensorFlow is imported only when a SavedModel is loaded, so a server with no
-SavedModel never pays for it.  Each hook returns ``None`` for a model it did not
-load, so other plugins (and a model's own ``model.py``) keep their models.
+SavedModel never pays for it.  Only ``load`` looks at a folder and returns
+``None`` when it holds no SavedModel; the other hooks are called with the
+models this plugin loaded, and no others.
 """
 
 from __future__ import annotations
@@ -38,27 +39,21 @@ def load(path: Path, config: servekit.ModelConfig) -> TFModel | None:
 
 
 @servekit.hookimpl
-def unload(model: Any) -> bool | None:
-    if not isinstance(model, TFModel):
-        return None
+def unload(model: TFModel) -> bool:
     model.close()
     return True
 
 
 @servekit.hookimpl
-def metadata(model: Any) -> servekit.ModelMetadata | None:
-    if not isinstance(model, TFModel):
-        return None
+def metadata(model: TFModel) -> servekit.ModelMetadata:
     return describe(model.signature_defs)
 
 
 @servekit.hookimpl
 def predict(
-    inputs: Any, model: Any, signature_name: str | None, output_names: list[str] | None
-) -> dict[str, Any] | None:
+    inputs: Any, model: TFModel, signature_name: str | None, output_names: list[str] | None
+) -> dict[str, Any]:
     """Named outputs of one signature; the V1 codec drops the name of a single output."""
-    if not isinstance(model, TFModel):
-        return None
     sig_name, sig_def = model.signature_def(signature_name)
     outputs = dict(sig_def.outputs)
     keys = list(output_names) if output_names else sorted(outputs)
@@ -79,14 +74,10 @@ def predict(
 
 
 @servekit.hookimpl
-def classify(examples: list[dict[str, list[Any]]], model: Any, signature_name: str | None) -> Any:
-    if not isinstance(model, TFModel):
-        return None
+def classify(examples: list[dict[str, list[Any]]], model: TFModel, signature_name: str | None) -> Any:
     return _examples.classify(model, examples, signature_name)
 
 
 @servekit.hookimpl
-def regress(examples: list[dict[str, list[Any]]], model: Any, signature_name: str | None) -> Any:
-    if not isinstance(model, TFModel):
-        return None
+def regress(examples: list[dict[str, list[Any]]], model: TFModel, signature_name: str | None) -> Any:
     return _examples.regress(model, examples, signature_name)

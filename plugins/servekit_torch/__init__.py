@@ -45,9 +45,7 @@ def load(path: Path, config: servekit.ModelConfig) -> TorchModel | None:
 
 
 @servekit.hookimpl
-def unload(model: Any) -> bool | None:
-    if not isinstance(model, TorchModel):
-        return None
+def unload(model: TorchModel) -> bool:
     # The module itself is freed once in-flight requests drop it; here only the
     # allocator's cached blocks go back to the GPU for the next version.
     if getattr(model.device, "type", "cpu") == "cuda":
@@ -58,27 +56,21 @@ def unload(model: Any) -> bool | None:
 
 
 @servekit.hookimpl
-def metadata(model: Any) -> servekit.ModelMetadata | None:
-    if not isinstance(model, TorchModel):
-        return None
+def metadata(model: TorchModel) -> servekit.ModelMetadata:
     from .signature import describe
 
     return describe(model)
 
 
 @servekit.hookimpl
-def predict(inputs: Any, model: Any) -> Any:
-    if not isinstance(model, TorchModel):
-        return None
+def predict(inputs: Any, model: TorchModel) -> Any:
     from .inference import predict as run
 
     return run(model, inputs)
 
 
 @servekit.hookimpl
-def explain(inputs: Any, parameters: dict[str, Any], model: Any) -> Any:
-    if not isinstance(model, TorchModel):
-        return None
+def explain(inputs: Any, parameters: dict[str, Any], model: TorchModel) -> Any:
     from .attributions import integrated_gradients
 
     return integrated_gradients(model, inputs, parameters)

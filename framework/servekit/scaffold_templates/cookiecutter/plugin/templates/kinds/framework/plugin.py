@@ -5,6 +5,9 @@ own sklearn, torch and TensorFlow plugins do.  Ownership is decided once, in
 ``load``: a version folder holding a file that matches :data:`PATTERN` is this
 plugin's, and it returns the loaded model; for any other folder it returns
 ``None``, so the next plugin (or the folder's ``model.py``) gets its turn.
+servekit remembers which plugin loaded each model and sends that model's
+other hooks (``metadata``, ``predict``, ...) to that plugin and the folder's
+``model.py``, never to another framework plugin.
 
 The worked format is a linear model in a NumPy ``.npz`` file: a weight matrix
 ``w`` (features x outputs) and a bias ``b``; ``predict`` answers
@@ -69,12 +72,15 @@ def load(path: Path) -> LinearModel | None:
     return LinearModel(artifact)
 
 
-@servekit.hookimpl
-def metadata(model: Any) -> servekit.ModelMetadata | None:
-    # A model another plugin loaded may pass through here (first result wins): answer only for ours.
-    return model.metadata() if isinstance(model, LinearModel) else None
+# servekit calls the hooks below only with models this plugin's ``load`` returned
+# (a folder's model.py and wrapper plugins may run beside them): no "is this mine?" check.
 
 
 @servekit.hookimpl
-def predict(inputs: Any, model: Any) -> np.ndarray | None:
-    return model.predict(inputs) if isinstance(model, LinearModel) else None
+def metadata(model: LinearModel) -> servekit.ModelMetadata:
+    return model.metadata()
+
+
+@servekit.hookimpl
+def predict(inputs: Any, model: LinearModel) -> np.ndarray:
+    return model.predict(inputs)
