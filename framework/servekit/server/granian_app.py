@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -116,6 +117,7 @@ def _spawn_target() -> Any:
 
     @WorkerProcess.wrap_target
     def serve(*args: Any, **kwargs: Any) -> None:
+        _wake_main_thread()
         try:
             serve_wsgi(*args, **kwargs)
         finally:
@@ -127,6 +129,34 @@ def _spawn_target() -> Any:
             metrics.mark_process_dead(os.getpid())
 
     return serve
+
+
+#: Sent to the worker's own main thread, a few times a second, so it runs pending signal handlers.
+WAKE_SIGNAL = signal.SIGUSR2
+_WAKE_SECONDS = 0.25
+
+
+def _wake_main_thread() -> None:
+    """Let the worker's main thread notice SIGTERM whichever thread the kernel gave it to.
+
+    granian's worker waits for its shutdown in the main thread, blocked on a lock;
+    Python runs signal handlers only in the main thread, and the kernel may deliver
+    a process's SIGTERM to any thread that does not block it — servekit's polling,
+    statistics and request threads included.  The handler then waits until the main
+    thread next wakes, which it never does: the worker hangs until it is killed.  A
+    no-op signal sent to the main thread itself interrupts its wait, and the pending
+    handlers run.
+    """
+    main = threading.main_thread().ident
+    signal.signal(WAKE_SIGNAL, lambda signum, frame: None)
+
+    def wake() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, DRAIN_SIGNAL, WAKE_SIGNAL})
+        while True:
+            time.sleep(_WAKE_SECONDS)
+            signal.pthread_kill(main, WAKE_SIGNAL)
+
+    threading.Thread(target=wake, name="servekit-signal-wake", daemon=True).start()
 
 
 def _server_class(base: type) -> type:
