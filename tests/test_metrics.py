@@ -13,7 +13,6 @@ import pytest
 import requests
 import servekit
 from hardening_models import hardening_repo
-from servekit.observability.request_log import split_predictions
 from servekit.testing import ServerProcess
 from servekit.types import RequestLog
 
@@ -240,15 +239,3 @@ def test_a_failing_log_request_hook_fails_neither_the_request_nor_the_other_stor
         ids.append(r.headers["X-Request-Log-Id"])
     assert [record.request_log_id for record in recorder.records] == ids
 
-
-@pytest.mark.parametrize("body, rows", [
-    ({"predictions": [1, 2, 3]}, 3),
-    ({"outputs": {"a": [1, 2], "b": [3, 4]}}, 2),
-    ({"outputs": [{"name": "y", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3, 4]}]}, 2),
-    ({"choices": [{"text": "a"}]}, 1),
-    ({"data": [{"embedding": [0.1]}, {"embedding": [0.2]}]}, 2),
-    ({"results": [[["a", 0.5]]]}, 1),
-    ({"something": "else"}, 1),
-])
-def test_split_predictions(body, rows):
-    assert len(split_predictions(body)) == rows

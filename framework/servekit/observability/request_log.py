@@ -1,11 +1,13 @@
 """The request/prediction log: every inference request and its predictions, retrievable by id.
 
 Each inference request (a POST on V1, V2, OpenAI or the generic paths) has a
-``requestLogId`` and each prediction in its answer (a row of ``predictions``, an
-OpenAI choice, a V2 batch row, a streamed event) a ``predictionLogId``.  The
-protocols hand them out (``X-Request-Log-Id`` / ``X-Prediction-Log-Ids``
-headers, or a stream's closing ``: servekit-metadata`` comment) and the log
-stores what the client got, making ids only for answers that carry none.
+``requestLogId`` and each prediction in its answer (a V1 answer, an OpenAI
+choice, a V2 batch row, a streamed event) a ``predictionLogId``.  The protocols
+hand each prediction to the request's :class:`Predictions` as they produce it
+(:func:`predictions`), and send the ids it gives (``X-Request-Log-Id`` /
+``X-Prediction-Log-Ids`` headers, or a stream's closing ``: servekit-metadata``
+comment); the log never reads the server's own answers back.  An answer whose
+protocol handed nothing is stored whole, as one prediction.
 ``GET /v1/logs/requests/ID`` and ``GET /v1/logs/predictions/ID`` read them back.
 
 Records reach storage through the ``log_request`` hook, so any plugin can ship
@@ -20,6 +22,7 @@ import logging
 import os
 import time
 import uuid
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -37,7 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("servekit.request_log")
 
 MAX_BODY = 64 * 1024
-MAX_PARSED = 1024 * 1024  # larger answers are not split (one id, no outputs): parsing costs
 MAX_ID_HEADER = 100  # more predictions than this: ids only through the log API
 
 
@@ -46,16 +48,15 @@ MAX_ID_HEADER = 100  # more predictions than this: ids only through the log API
 REQUEST_LOG_HEADER = "X-Request-Log-Id"
 PREDICTION_LOG_HEADER = "X-Prediction-Log-Ids"
 METADATA_COMMENT = "servekit-metadata"  # a stream's closing ``: servekit-metadata {...}``
-_TRAILER = b": " + METADATA_COMMENT.encode() + b" "
+
+#: The predictions of the request being logged; ``None`` when the log is off for it.
+_logging: ContextVar[Predictions | None] = ContextVar("servekit_request_log", default=None)
 
 
 def request_log_id() -> str:
     """The current request's ``requestLogId``, shared with the protocols through ``flask.g``.
 
-    The protocols put the ids they hand out in the response (headers, or a
-    stream's closing comment); the log stores what the client got and makes ids
-    only for answers that carry none.  A logging plugin that sets
-    ``g.request_log_id`` first has its id reused.
+    A logging plugin that sets ``g.request_log_id`` first has its id reused.
     """
     if not has_request_context():
         return str(uuid.uuid4())
@@ -69,46 +70,76 @@ def prediction_log_id() -> str:
     return str(uuid.uuid4())
 
 
-# -- splitting an answer into predictions -----------------------------------------------
+class Predictions:
+    """The predictions of one answer, handed over by the protocol as it produces them.
+
+    Each :meth:`add` gives the prediction's id; while the request is logged
+    (``keep``) the prediction itself is kept too, as JSON text, up to
+    :data:`MAX_BODY` bytes over the whole answer.
+    """
+
+    def __init__(self, request_log_id: str, keep: bool):
+        self.request_log_id = request_log_id
+        self.keep = keep
+        self.records: list[PredictionLog] = []
+        self._kept = 0
+
+    def add(self, output: Any) -> str:
+        pid = prediction_log_id()
+        text = ""
+        if self.keep and self._kept < MAX_BODY:
+            text = _as_json(output)
+            text = text if self._kept + len(text) <= MAX_BODY else ""
+            self._kept += len(text)
+        self.records.append(PredictionLog(pid, len(self.records), text))
+        return pid
+
+    def add_rows(self, outputs: dict[str, Any]) -> None:
+        """Named tensors sharing a first (batch) dimension: one prediction per row."""
+        sizes = {len(v) if getattr(v, "ndim", 0) else None for v in outputs.values()}
+        if len(sizes) != 1 or None in sizes:
+            self.add(outputs)
+            return
+        for i in range(sizes.pop() or 0):
+            self.add({name: value[i:i + 1].reshape(-1) for name, value in outputs.items()})
+
+    @property
+    def ids(self) -> list[str]:
+        return [p.prediction_log_id for p in self.records]
+
+    def headers(self) -> dict[str, str]:
+        """The ids as headers of a whole (not streamed) answer."""
+        return {REQUEST_LOG_HEADER: self.request_log_id, PREDICTION_LOG_HEADER: ",".join(self.ids)}
+
+    def trailer(self) -> bytes:
+        """A stream's closing comment, carrying the ids of every event it sent."""
+        doc = orjson.dumps({"requestLogId": self.request_log_id, "predictionLogIds": self.ids})
+        return b": " + METADATA_COMMENT.encode() + b" " + doc + b"\n\n"
 
 
-def split_predictions(body: Any) -> list[Any]:
-    """The predictions in a response document, one per row / choice / item."""
-    if not isinstance(body, dict):
-        return [body]
-    for key in ("predictions", "results", "explanations", "choices", "data"):
-        if isinstance(body.get(key), list):
-            return list(body[key])
-    outputs = body.get("outputs")
-    if isinstance(outputs, list) and outputs and all(isinstance(o, dict) and "data" in o for o in outputs):
-        return _v2_rows(outputs)
-    if isinstance(outputs, dict) and outputs:
-        columns = {k: v for k, v in outputs.items() if isinstance(v, list)}
-        lengths = {len(v) for v in columns.values()}
-        if len(columns) == len(outputs) and len(lengths) == 1:
-            n = lengths.pop()
-            return [{k: v[i] for k, v in columns.items()} for i in range(n)]
-    if isinstance(outputs, list):
-        return list(outputs)
-    return [body]
+def predictions() -> Predictions:
+    """The current request's predictions: the logged ones, or ids only when the log is off."""
+    return _logging.get() or Predictions(request_log_id(), keep=False)
 
 
-def _v2_rows(outputs: list[dict[str, Any]]) -> list[Any]:
-    """V2 tensors are flat ``data`` with a ``shape``: row i is each output's i-th slice."""
+def logged() -> Predictions | None:
+    """The current request's predictions only while it is logged (a protocol then hands rows)."""
+    return _logging.get()
+
+
+def _as_json(output: Any) -> str:
     try:
-        rows = {int(o["shape"][0]) for o in outputs if o.get("shape")}
-        if len(rows) != 1:
-            return [{"outputs": outputs}]
-        n = rows.pop()
-        split: list[dict[str, Any]] = [{} for _ in range(n)]
-        for o in outputs:
-            data = o["data"]
-            width = len(data) // n if n else 0
-            for i in range(n):
-                split[i][o["name"]] = data[i * width:(i + 1) * width]
-        return split
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return [{"outputs": outputs}]
+        return orjson.dumps(output, option=orjson.OPT_SERIALIZE_NUMPY, default=_plain).decode()
+    except TypeError:
+        return ""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError
 
 
 def _clip(data: bytes | str) -> str:
@@ -184,25 +215,30 @@ def _before() -> None:
     if request.method == "POST" and labels.protocol_of(request.path) in labels.INFERENCE:
         g.servekit_log_started = time.perf_counter()
         g.servekit_log_tee = request.environ["wsgi.input"] = _TeeInput(request.environ["wsgi.input"])
+        g.servekit_predictions = Predictions(request_log_id(), keep=True)
+        _logging.set(g.servekit_predictions)
+
+
+def _teardown(_exc: BaseException | None) -> None:
+    _logging.set(None)  # the thread's next request starts unlogged
 
 
 def _after(response: Response) -> Response:
     started = g.pop("servekit_log_started", None)
     tee = g.pop("servekit_log_tee", None)
-    if started is None:
+    handed: Predictions | None = g.pop("servekit_predictions", None)
+    if started is None or handed is None:
         return response
-    rid = response.headers.get(REQUEST_LOG_HEADER) or request_log_id()
-    response.headers[REQUEST_LOG_HEADER] = rid
-    record = _record(rid, bytes(tee.head) if tee else b"", response.status_code)
+    response.headers[REQUEST_LOG_HEADER] = handed.request_log_id
+    record = _record(handed.request_log_id, bytes(tee.head) if tee else b"", response.status_code)
     app = current_app._get_current_object()  # type: ignore[attr-defined]  # the app behind the proxy
     if response.is_streamed:
-        response.response = _StreamLog(response.response, record, started, app)
+        response.response = _StreamLog(response.response, record, handed, started, app)
         return response
     body = response.get_data()
-    given = [i for i in response.headers.get(PREDICTION_LOG_HEADER, "").split(",") if i]
     if response.status_code < 400:
-        record.predictions = _predictions(body, given)
-        if not given and len(record.predictions) <= MAX_ID_HEADER:
+        record.predictions = handed.records or _whole(body)
+        if PREDICTION_LOG_HEADER not in response.headers and len(record.predictions) <= MAX_ID_HEADER:
             response.headers[PREDICTION_LOG_HEADER] = ",".join(p.prediction_log_id for p in record.predictions)
     record.response_body = _clip(body)
     record.duration_ms = (time.perf_counter() - started) * 1000
@@ -210,12 +246,16 @@ def _after(response: Response) -> Response:
     return response
 
 
+def _whole(body: bytes) -> list[PredictionLog]:
+    """An answer whose protocol handed no predictions: one, the whole body (as sent)."""
+    return [PredictionLog(prediction_log_id(), 0, _clip(body) if len(body) <= MAX_BODY else "")]
+
+
 def _record(rid: str, request_body: bytes, status: int) -> RequestLog:
     served = current_app.extensions["servekit"].repository.models
     protocol = labels.protocol_of(request.path)
-    model = labels.model_of(request.path, served)
-    if not model and request_body:
-        model = _body_model(request_body, served)
+    # the path names the model, or the protocol said which one answered (OpenAI's body)
+    model = labels.model_of(request.path, served) or request.environ.get("servekit.model") or ""
     if not model and protocol == "generic" and len(served) == 1:
         model = next(iter(served))
     request.environ["servekit.model"] = model  # the metrics' label too
@@ -224,36 +264,6 @@ def _record(rid: str, request_body: bytes, status: int) -> RequestLog:
         method=request.method, path=request.path, protocol=protocol, model=model, status=status,
         duration_ms=0.0, request_body=_clip(request_body), response_body="",
     )
-
-
-def _body_model(body: bytes, served: Any) -> str:
-    """OpenAI requests name their model in the body."""
-    try:
-        name = json.loads(body).get("model")
-    except (ValueError, AttributeError):
-        return ""
-    return name if isinstance(name, str) and name in served else ""
-
-
-def _predictions(body: bytes, given: list[str]) -> list[PredictionLog]:
-    """The answer's predictions under the ids the client got (``given``), or new ids."""
-    items: list[Any] = []
-    document: Any = None
-    if len(body) <= MAX_PARSED:
-        try:
-            document = orjson.loads(body)
-            items = split_predictions(document)
-        except orjson.JSONDecodeError:  # binary V2 answers, NaN tokens: stored unsplit
-            items = []
-    if given and len(given) != len(items):
-        # the protocol numbered the answer differently (one id for a whole batch)
-        items = [document] if len(given) == 1 and document is not None and len(body) <= MAX_BODY else []
-    ids = given or [prediction_log_id() for _ in items or [None]]
-    keep = len(body) <= MAX_BODY
-    return [
-        PredictionLog(pid, i, json.dumps(items[i]) if keep and i < len(items) else "")
-        for i, pid in enumerate(ids)
-    ]
 
 
 def _hook_impls(app: Flask) -> list[Any]:
@@ -272,52 +282,21 @@ def _emit(app: Flask, record: RequestLog) -> None:
 
 
 class _StreamLog:
-    """Passes an SSE body through, keeping each ``data:`` event as one prediction.
+    """Passes an SSE body through; at its end the record gets the predictions the protocol handed."""
 
-    The ids are the ones the stream's closing ``: servekit-metadata`` comment
-    gives the client (matched by order); a stream without one gets new ids.
-    """
-
-    def __init__(self, body: Any, record: RequestLog, started: float, app: Flask):
-        self._body, self._record, self._started, self._app = body, record, started, app
-        self._buffer = b""
-        self._events: list[str] = []
-        self._kept = 0
-        self._trailer_ids: list[str] = []
+    def __init__(self, body: Any, record: RequestLog, handed: Predictions, started: float, app: Flask):
+        self._body, self._record, self._handed, self._started, self._app = body, record, handed, started, app
 
     def __iter__(self):
-        for chunk in self._body:
-            self._scan(chunk if isinstance(chunk, bytes) else chunk.encode())
-            yield chunk
-
-    def _scan(self, chunk: bytes) -> None:
-        self._buffer += chunk
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            if event.startswith(_TRAILER):
-                try:
-                    self._trailer_ids = list(json.loads(event[len(_TRAILER):]).get("predictionLogIds") or [])
-                except (ValueError, AttributeError):
-                    pass
-                continue
-            data = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
-            if not data or data == b"[DONE]":
-                continue
-            text = _clip(data) if self._kept + len(data) <= MAX_BODY else ""
-            self._kept += len(text)
-            self._events.append(text)
+        yield from self._body
 
     def close(self) -> None:
         try:
             close(self._body)
         finally:
-            ids = self._trailer_ids or [prediction_log_id() for _ in self._events]
-            self._record.predictions = [
-                PredictionLog(pid, i, self._events[i] if i < len(self._events) else "")
-                for i, pid in enumerate(ids)
-            ]
+            self._record.predictions = self._handed.records
             self._record.duration_ms = (time.perf_counter() - self._started) * 1000
-            self._record.response_body = f"(a stream of {len(self._events)} events)"
+            self._record.response_body = f"(a stream of {len(self._handed.records)} predictions)"
             _emit(self._app, self._record)
 
 
@@ -332,6 +311,7 @@ def install(app: Flask, settings: Any) -> SqlRequestLog | None:
     app.register_blueprint(bp)
     app.before_request(_before)
     app.after_request(_after)
+    app.teardown_request(_teardown)
     url = settings.request_log_url
     if not url or url.lower() in ("off", "none", "false", "0"):
         return None

@@ -27,21 +27,12 @@ from werkzeug.exceptions import HTTPException
 from .. import generation as gen
 from ..codecs import tf_json
 from ..errors import BadRequest, ModelFailure, ServekitError
+from ..observability.request_log import REQUEST_LOG_HEADER, predictions
 from ..repository import ModelVersion
 from ..streams import close
 from . import openai_requests as req
 from .http import dataplane, json_object, json_response
-from .streaming import (
-    REQUEST_LOG_HEADER,
-    error_message,
-    event,
-    first_item,
-    log_headers,
-    metadata_comment,
-    prediction_log_id,
-    request_log_id,
-    sse_response,
-)
+from .streaming import error_message, event, first_item, sse_response
 from .tf_documents import model_status
 
 log = logging.getLogger("servekit.openai")
@@ -163,8 +154,8 @@ class Job:
             self.object = "chat.completion.chunk" if self.sampling.stream else "chat.completion"
         else:
             self.object = "text_completion"
-        self.request_id = request_log_id()
-        self.prediction_ids: list[str] = []
+        # each finished choice is handed to the request log as one prediction
+        self.predictions = predictions()
         # streams call the model after the view returned, outside the app context
         self.dataplane = dataplane()
 
@@ -180,7 +171,6 @@ class Job:
                 )
 
     def call(self, generation: gen.GenerationRequest) -> Any:
-        self.prediction_ids.append(prediction_log_id())
         return self.dataplane.complete(self.mv, generation, self.body)
 
     def index(self, generation: gen.GenerationRequest) -> int:
@@ -212,7 +202,7 @@ def completions():
     if explain:
         explanations = dataplane().explain(mv, np.array(prompts, dtype=object), parameters=body)
         payload["explanations"] = tf_json.encode_explain_response(explanations, True)["explanations"]
-    return json_response(payload, headers=log_headers(job.request_id, job.prediction_ids))
+    return json_response(payload, headers=job.predictions.headers())
 
 
 @route("/chat/completions", ["POST"])
@@ -229,7 +219,7 @@ def chat_completions():
     job = Job(mv, body, True, [prompt], sampling, tokenizer, messages=messages)
     if stream:
         return stream_job(job)
-    return json_response(complete_job(job), headers=log_headers(job.request_id, job.prediction_ids))
+    return json_response(complete_job(job), headers=job.predictions.headers())
 
 
 def complete_job(job: Job) -> dict[str, Any]:
@@ -254,6 +244,7 @@ def complete_job(job: Job) -> dict[str, Any]:
             text = generation.prompt + choice.text if job.echo else choice.text
             choices.append({"index": job.index(generation), "text": text, "logprobs": None,
                             "finish_reason": choice.finish_reason})
+        job.predictions.add(choices[-1])
     return job.envelope(choices=choices, usage=usage(sum(prompt_tokens.values()), completion_tokens))
 
 
@@ -268,7 +259,7 @@ def stream_job(job: Job) -> Any:
     has_first, head = first_item(pieces, "complete")
     started = iter([head]) if has_first else iter(())
     return sse_response(_job_events(job, first, _chain(started, pieces), generations),
-                        {REQUEST_LOG_HEADER: job.request_id})
+                        {REQUEST_LOG_HEADER: job.predictions.request_log_id})
 
 
 def _chain(head: Iterator[Any], rest: Generator[Any, None, None]) -> Generator[Any, None, None]:
@@ -307,6 +298,7 @@ def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Generator[
             choice = gen.make_choice(generation, result, job.tokenizer, already_cut=True)
             closing = _piece(job, index, gen.GenerationChunk())
             closing["finish_reason"] = choice.finish_reason
+            job.predictions.add({"index": index, "text": choice.text, "finish_reason": choice.finish_reason})
             yield event(job.envelope(choices=[closing], **extra))
             prompt_tokens[generation.prompt_index] = choice.prompt_tokens
             completion_tokens += choice.completion_tokens
@@ -323,7 +315,7 @@ def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Generator[
     finally:
         close(current)
     yield DONE
-    yield metadata_comment(job.request_id, job.prediction_ids)
+    yield job.predictions.trailer()
 
 
 def _piece(job: Job, index: int, chunk: gen.GenerationChunk) -> dict[str, Any]:
@@ -372,8 +364,10 @@ def embeddings():
     }
     if request.path == "/embeddings":
         payload["embedding"] = encoded  # the unprefixed answer's top-level list (Deeploy's shape)
-    ids = log_headers(request_log_id(), [prediction_log_id() for _ in spec.texts])
-    return json_response(payload, headers=ids)
+    handed = predictions()
+    for item in payload["data"]:
+        handed.add(item)
+    return json_response(payload, headers=handed.headers())
 
 
 def token_inputs(mv: ModelVersion, tokenizer: Any | None, rows: list[list[int]]) -> list[str]:

@@ -3,7 +3,9 @@
 Every stream ends with the comment
 ``: servekit-metadata {"requestLogId": ..., "predictionLogIds": [...]}``; a
 non-streaming answer carries the same ids in the ``X-Request-Log-Id`` and
-``X-Prediction-Log-Ids`` headers.  Headers go out before the first byte (and a
+``X-Prediction-Log-Ids`` headers.  Ids, header names and the comment are the
+request log's (:class:`~servekit.observability.request_log.Predictions`), which
+each prediction is handed to as it is produced.  Headers go out before the first byte (and a
 streaming model's first item is produced before them, so a failure there is an
 ordinary JSON error with its status); an error after the first byte arrives as
 an ``error`` event, never as a silent cut.  A client that disconnects makes the
@@ -23,26 +25,13 @@ from ..codecs import json as jsonc
 from ..codecs import tf_json
 from ..dataplane import join_stream
 from ..errors import ModelFailure, ServekitError
-from ..observability.request_log import (
-    METADATA_COMMENT,
-    PREDICTION_LOG_HEADER,
-    REQUEST_LOG_HEADER,
-    prediction_log_id,
-    request_log_id,
-)
+from ..observability.request_log import REQUEST_LOG_HEADER, Predictions, predictions
 from ..streams import close, is_stream
 from .http import Answer
 
 log = logging.getLogger("servekit.sse")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-# -- log ids (defined by the request log) ---------------------------------------------
-
-
-def log_headers(request_id: str, prediction_ids: list[str]) -> dict[str, str]:
-    return {REQUEST_LOG_HEADER: request_id, PREDICTION_LOG_HEADER: ",".join(prediction_ids)}
 
 
 # -- encoding -------------------------------------------------------------------------
@@ -56,11 +45,6 @@ def event(payload: Any, name: str | None = None) -> bytes:
 
 def comment(text: str) -> bytes:
     return b": " + text.encode() + b"\n\n"
-
-
-def metadata_comment(request_log_id: str, prediction_log_ids: list[str]) -> bytes:
-    trailer = jsonc.dumps({"requestLogId": request_log_id, "predictionLogIds": prediction_log_ids})
-    return b": " + METADATA_COMMENT.encode() + b" " + trailer + b"\n\n"
 
 
 def error_message(exc: BaseException) -> str:
@@ -104,29 +88,32 @@ def first_item(items: Iterator[Any], what: str) -> tuple[bool, Any]:
 
 
 def sse_predict(outputs: Any, row_format: bool) -> Response:
-    """One event per item a generator ``predict`` yields (one event for a plain result)."""
-    request_id = request_log_id()
+    """One event per item a generator ``predict`` yields (one event for a plain result).
+
+    Each event is handed to the request log as a prediction as it is sent.
+    """
+    handed = predictions()
     items = outputs if is_stream(outputs) else iter([outputs])
     has_first, first = first_item(items, "predict")
     try:
-        head = [event(tf_json.encode_predict_response(first, row_format))] if has_first else []
+        head = [tf_json.encode_predict_response(first, row_format)] if has_first else []
     except BaseException:
         close(items)
         raise
-    return sse_response(_predict_events(items, head, row_format, request_id),
-                        {REQUEST_LOG_HEADER: request_id})
+    return sse_response(_predict_events(items, head, row_format, handed),
+                        {REQUEST_LOG_HEADER: handed.request_log_id})
 
 
-def _predict_events(items: Iterator[Any], head: list[bytes], row_format: bool,
-                    request_id: str) -> Iterator[bytes]:
-    prediction_ids: list[str] = []
+def _predict_events(items: Iterator[Any], head: list[Any], row_format: bool,
+                    handed: Predictions) -> Iterator[bytes]:
     try:
-        for encoded in head:
-            prediction_ids.append(prediction_log_id())
-            yield encoded
+        for document in head:
+            handed.add(document)
+            yield event(document)
         for item in items:
-            prediction_ids.append(prediction_log_id())
-            yield event(tf_json.encode_predict_response(item, row_format))
+            document = tf_json.encode_predict_response(item, row_format)
+            handed.add(document)
+            yield event(document)
     except GeneratorExit:
         raise  # client gone: nothing more can be sent; finally stops the model
     except Exception as exc:  # after the first byte the status is sent: report in-band
@@ -134,17 +121,20 @@ def _predict_events(items: Iterator[Any], head: list[bytes], row_format: bool,
         yield error_event(exc)
     finally:
         close(items)  # client gone (GeneratorExit) or done: stop the model's generator
-    yield metadata_comment(request_id, prediction_ids)
+    yield handed.trailer()
 
 
 def predict_answer(outputs: Any, row_format: bool, stream: bool) -> Answer | Response:
     """A TF Serving JSON predict answer (V1 and the generic paths): SSE when asked to stream.
 
-    A streaming model asked for one answer has its items joined (:func:`join_stream`).
+    A streaming model asked for one answer has its items joined (:func:`join_stream`);
+    the whole answer is one prediction for the request log.
     """
     if stream:
         return sse_predict(outputs, row_format)
     if is_stream(outputs):
         outputs = join_stream(outputs, lenient=True)
-    ids = log_headers(request_log_id(), [prediction_log_id()])
-    return Answer(jsonc.dumps(tf_json.encode_predict_response(outputs, row_format)), headers=ids)
+    document = tf_json.encode_predict_response(outputs, row_format)
+    handed = predictions()
+    handed.add(document)
+    return Answer(jsonc.dumps(document), headers=handed.headers())

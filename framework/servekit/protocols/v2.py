@@ -33,6 +33,7 @@ from ..codecs import v2 as codec
 from ..dataplane import DataPlane, check_inputs
 from ..errors import BadRequest, NotReady
 from ..model_control import require_model_control
+from ..observability.request_log import logged
 from . import v2_documents as documents
 from .http import Answer, dataplane, json_response
 
@@ -102,6 +103,8 @@ def infer_answer(
     else:
         outputs = dp.infer(mv, req)  # V2 over HTTP does not stream: one answer joining every item
     arrays = {n: codec.as_v2_array(v, n) for n, v in outputs.items()}
+    if (handed := logged()) is not None:  # the request log is on: one prediction per batch row
+        handed.add_rows(arrays)
     requested = {o.name: o.binary for o in req.outputs or []}
     binary = {n: b if (b := requested.get(n)) is not None else req.binary_output for n in arrays}
     encoded, binary_length = codec.encode_infer_response(
