@@ -147,7 +147,7 @@ def _wake_main_thread() -> None:
     no-op signal sent to the main thread itself interrupts its wait, and the pending
     handlers run.
     """
-    main = threading.main_thread().ident
+    main = threading.get_ident()  # called from the worker's main thread, before granian serves
     signal.signal(WAKE_SIGNAL, lambda signum, frame: None)
 
     def wake() -> None:
