@@ -53,6 +53,11 @@ class ServekitApplication(BaseApplication):
             "timeout": max(120, int(s.request_timeout * 2)),
             "graceful_timeout": math.ceil(s.shutdown_delay + s.drain_seconds),
             "keepalive": 5,
+            # each worker binds its own SO_REUSEPORT listener, so the kernel spreads new
+            # connections over the workers; one shared listener let the first worker to
+            # wake take every connection of a burst and keep it (keep-alive), leaving the
+            # others idle (bench: 1,700 instead of 5,000 req/s at 8 connections)
+            "reuse_port": True,
             "accesslog": None,
             "errorlog": "-",
             "loglevel": s.log_level,
