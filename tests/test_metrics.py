@@ -20,6 +20,17 @@ LINEAR = {"instances": [[1, 2]]}
 _SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
 
+def settled(server, done, attempts: int = 50) -> str:
+    """``/metrics`` once ``done(text)`` holds: each worker flushes its counts every half second (at most ~5 s)."""
+    text = ""
+    for _ in range(attempts):
+        text = requests.get(server.url + "/metrics").text
+        if done(text):
+            break
+        time.sleep(0.1)
+    return text
+
+
 def samples(text: str, name: str, **labels: str) -> float:
     """The sum of a metric's samples whose labels include ``labels``."""
     total = 0.0
@@ -73,7 +84,9 @@ def test_metrics_scraped_during_a_load_run_add_up_to_the_requests_sent(server):
         done.set()
         scraper.result()
 
-    text = requests.get(server.url + "/metrics").text
+    # each worker flushes its tally into the shared values every half second (and before its own scrapes)
+    text = settled(server, lambda t: samples(t, "servekit_requests_total", model="linear", protocol="v1") == good + bad
+                   and samples(t, "servekit_requests_in_flight") == 1)
     counted_ok = samples(text, "servekit_requests_total", model="linear", protocol="v1", status="200")
     counted_bad = samples(text, "servekit_requests_total", model="linear", protocol="v1", status="400")
     histogram = samples(text, "servekit_request_duration_seconds_count", model="linear", protocol="v1")
@@ -97,7 +110,7 @@ def test_metrics_scraped_during_a_load_run_add_up_to_the_requests_sent(server):
 def test_unknown_model_names_do_not_become_label_values(server):
     for i in range(5):
         assert requests.get(f"{server.url}/v1/models/nope-{i}").status_code == 404
-    text = requests.get(server.url + "/metrics").text
+    text = settled(server, lambda t: samples(t, "servekit_requests_total", model="", protocol="v1", status="404") >= 5)
     assert "nope-" not in text
     assert samples(text, "servekit_requests_total", model="", protocol="v1", status="404") >= 5
 

@@ -42,8 +42,7 @@ class ObserveMiddleware:
             headers.append((REQUEST_ID_HEADER, request_id))
             return start_response(status, headers, exc_info)
 
-        m = metrics.metrics()
-        m.in_flight.inc()
+        metrics.request_started()
         finish = Once(lambda: self._finish(environ, seen, started))
         try:
             body = self.app(environ, start)
@@ -55,8 +54,7 @@ class ObserveMiddleware:
 
     def _finish(self, environ: dict, seen: dict[str, str], started: float) -> None:
         seconds = time.perf_counter() - started
-        m = metrics.metrics()
-        m.in_flight.dec()
+        metrics.request_finished()
         path = environ.get("PATH_INFO", "")
         protocol = labels.protocol_of(path)
         model = environ.get("servekit.model") or labels.model_of(path, self.dataplane.repository.models)

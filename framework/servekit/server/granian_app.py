@@ -126,6 +126,7 @@ def _spawn_target() -> Any:
 
             grpc.stop_in_worker(_WORKER)
             statistics.flush()
+            metrics.flush()
             metrics.mark_process_dead(os.getpid())
 
     return serve

@@ -105,6 +105,7 @@ class ServekitApplication(BaseApplication):
 
         grpc.stop_in_worker(worker)
         statistics.flush()
+        metrics.flush()
 
 
     def _child_exit(self, server, worker) -> None:
