@@ -161,8 +161,14 @@ class _Tally:
         self._sums: dict[tuple[str, tuple[str, ...]], int] = {}
         self._last: dict[tuple[str, str], int] = {}
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
-        self._flusher: threading.Thread | None = None
-        self._pid = 0
+        self._flushing = False  # a flusher thread runs in this process
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """A child starts empty: its parent's sums, children and thread are the parent's."""
+        self._lock = threading.Lock()
+        self._sums, self._last, self._children = {}, {}, {}
+        self._flushing = False
 
     def add(self, adds: list[tuple[str, tuple[str, ...], int]], last: tuple[Any, int] | None = None) -> None:
         with self._lock:
@@ -172,7 +178,7 @@ class _Tally:
                 sums[key] = sums.get(key, 0) + amount
             if last is not None:
                 self._last[last[0]] = last[1]
-        if self._pid != os.getpid():  # first record in this process (a worker after the fork)
+        if not self._flushing:  # the first record in this process (a worker, after the fork)
             self._start()
 
     def flush(self) -> None:
@@ -194,12 +200,10 @@ class _Tally:
 
     def _start(self) -> None:
         with self._lock:
-            if self._pid == os.getpid():
+            if self._flushing:
                 return
-            self._pid = os.getpid()
-            self._children = {}  # a parent's children belong to its own files
-            self._flusher = threading.Thread(target=self._run, name="servekit-statistics", daemon=True)
-            self._flusher.start()
+            self._flushing = True
+        threading.Thread(target=self._run, name="servekit-statistics", daemon=True).start()
 
     def _run(self) -> None:
         while True:

@@ -180,7 +180,15 @@ class _Tally:
         self._in_flight = 0
         self._published_in_flight = 0
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
-        self._pid = 0
+        self._flushing = False  # a flusher thread runs in this process
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """A child starts empty: its parent's sums, children and thread are the parent's."""
+        self._lock = threading.Lock()
+        self._requests, self._batches, self._children = {}, {}, {}
+        self._in_flight = self._published_in_flight = 0
+        self._flushing = False
 
     def request(self, labels: tuple[str, str, str], seconds: float) -> None:
         slot = bisect.bisect_left(LATENCY_BUCKETS, seconds)
@@ -231,14 +239,12 @@ class _Tally:
         return child
 
     def _started(self) -> None:
-        if self._pid == os.getpid():
+        if self._flushing:
             return
         with self._lock:  # the first observation in this process (a worker, after the fork)
-            if self._pid == os.getpid():
+            if self._flushing:
                 return
-            self._pid = os.getpid()
-            self._children = {}
-            self._published_in_flight = 0
+            self._flushing = True
         threading.Thread(target=self._run, name="servekit-metrics", daemon=True).start()
 
     def _run(self) -> None:
