@@ -22,8 +22,9 @@ REPEAT = 5
 
 
 def via_json(session: requests.Session, url: str, x: np.ndarray) -> np.ndarray:
-    body = orjson.dumps({"inputs": [{"name": "x", "shape": [N], "datatype": "FP32", "data": x}]},
-                        option=orjson.OPT_SERIALIZE_NUMPY)
+    body = orjson.dumps(
+        {"inputs": [{"name": "x", "shape": [N], "datatype": "FP32", "data": x}]}, option=orjson.OPT_SERIALIZE_NUMPY
+    )
     resp = session.post(url, data=body, headers={"Content-Type": "application/json"})
     resp.raise_for_status()
     out = orjson.loads(resp.content)["outputs"][0]
@@ -31,12 +32,17 @@ def via_json(session: requests.Session, url: str, x: np.ndarray) -> np.ndarray:
 
 
 def via_binary(session: requests.Session, url: str, x: np.ndarray) -> np.ndarray:
-    header = orjson.dumps({
-        "inputs": [{"name": "x", "shape": [N], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}],
-        "parameters": {"binary_data_output": True},  # every output binary, whatever the model names it
-    })
-    resp = session.post(url, data=header + x.tobytes(), headers={
-        "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))})
+    header = orjson.dumps(
+        {
+            "inputs": [{"name": "x", "shape": [N], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}],
+            "parameters": {"binary_data_output": True},  # every output binary, whatever the model names it
+        }
+    )
+    resp = session.post(
+        url,
+        data=header + x.tobytes(),
+        headers={"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))},
+    )
     resp.raise_for_status()
     length = int(resp.headers["Inference-Header-Content-Length"])
     return np.frombuffer(resp.content[length:], dtype=np.float32)

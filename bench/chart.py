@@ -36,22 +36,25 @@ def styles(servers: list[dict]) -> dict[str, tuple[str, str]]:
 
 def main(path: Path) -> None:
     results = json.loads(path.read_text())
-    scenarios = sorted({(r["model"], r["rows"], r["protocol"]) for s in results["servers"] for r in s["runs"]},
-                       key=lambda k: (k[2], k[0], k[1]))
+    scenarios = sorted(
+        {(r["model"], r["rows"], r["protocol"]) for s in results["servers"] for r in s["runs"]},
+        key=lambda k: (k[2], k[0], k[1]),
+    )
     fig, axes = plt.subplots(2, len(scenarios), figsize=(3.2 * len(scenarios), 6.5), squeeze=False)
     style = styles(results["servers"])
     for col, (model, rows, protocol) in enumerate(scenarios):
         top, bottom = axes[0][col], axes[1][col]
         for server in results["servers"]:
-            runs = sorted((r for r in server["runs"] if (r["model"], r["rows"], r["protocol"]) == (model, rows, protocol)),
-                          key=lambda r: r["connections"])
+            runs = sorted(
+                (r for r in server["runs"] if (r["model"], r["rows"], r["protocol"]) == (model, rows, protocol)),
+                key=lambda r: r["connections"],
+            )
             if not runs:
                 continue
             family = server["family"]
             line, marker = style[server["server"]]
             conns = [str(r["connections"]) for r in runs]
-            kw = {"color": COLOURS.get(family, "black"), "linestyle": line, "marker": marker,
-                  "label": server["server"]}
+            kw = {"color": COLOURS.get(family, "black"), "linestyle": line, "marker": marker, "label": server["server"]}
             top.plot(conns, [r["rps"] for r in runs], **kw)
             bottom.plot(conns, [r["p99_ms"] for r in runs], **kw)
         top.set_title(f"{model}, {rows} row{'s' if rows > 1 else ''}, {protocol.upper()}", fontsize=9)

@@ -49,8 +49,11 @@ def fit(out: Path) -> dict[str, np.ndarray]:
         path = out / "models" / name / "1" / "model.joblib"
         path.parent.mkdir(parents=True, exist_ok=True)
         joblib.dump(model, path)
-        settings = {"name": name, "implementation": "mlserver_sklearn.SKLearnModel",
-                    "parameters": {"uri": str(path), "version": "1"}}
+        settings = {
+            "name": name,
+            "implementation": "mlserver_sklearn.SKLearnModel",
+            "parameters": {"uri": str(path), "version": "1"},
+        }
         batched = {**settings, "max_batch_size": 32, "max_batch_time": 0.002}  # MLServer's adaptive batching
         for folder, doc in (("mlserver", settings), ("mlserver-batch", batched)):
             (out / folder / name).mkdir(parents=True, exist_ok=True)
@@ -68,8 +71,11 @@ def bodies(out: Path, data: dict[str, np.ndarray]) -> None:
     for name, X in data.items():
         for rows in (1, 100):
             sample = X[:rows].round(4)
-            v2 = {"inputs": [{"name": "input", "shape": list(sample.shape), "datatype": "FP64",
-                              "data": sample.ravel().tolist()}]}
+            v2 = {
+                "inputs": [
+                    {"name": "input", "shape": list(sample.shape), "datatype": "FP64", "data": sample.ravel().tolist()}
+                ]
+            }
             (folder / f"{name}-{rows}-v2.json").write_text(json.dumps(v2))
             (folder / f"{name}-{rows}-v1.json").write_text(json.dumps({"instances": sample.tolist()}))
 

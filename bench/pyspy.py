@@ -53,8 +53,22 @@ def record(py_spy: str, pid: int, seconds: int, out: Path) -> str | None:
     """Run py-spy on ``pid``; None when it worked, else why not."""
     if not Path(py_spy).exists():
         return f"py-spy not found at {py_spy} (run without --skip-install to create bench/.venvs/tools)"
-    cmd = [py_spy, "record", "--pid", str(pid), "-d", str(seconds), "-r", str(RATE_HZ), "--gil", "-f", "raw",
-           "--function", "-o", str(out)]
+    cmd = [
+        py_spy,
+        "record",
+        "--pid",
+        str(pid),
+        "-d",
+        str(seconds),
+        "-r",
+        str(RATE_HZ),
+        "--gil",
+        "-f",
+        "raw",
+        "--function",
+        "-o",
+        str(out),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
     except (OSError, subprocess.TimeoutExpired) as exc:

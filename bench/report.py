@@ -97,8 +97,9 @@ def against_best_peer(res: Results, name: str, factor: float, key: Key) -> tuple
     peer_name, peer = res.best(res.names(*PEERS), key)
     ratio = ours["rps"] / peer["rps"]
     ok = ratio >= factor and ours["p99_ms"] <= peer["p99_ms"]
-    return ok, (f"{rps(ours)} = **{ratio:.2f}x** {peer_name} ({rps(peer)}); "
-                f"p99 {ours['p99_ms']:.1f} vs {peer['p99_ms']:.1f} ms")
+    return ok, (
+        f"{rps(ours)} = **{ratio:.2f}x** {peer_name} ({rps(peer)}); p99 {ours['p99_ms']:.1f} vs {peer['p99_ms']:.1f} ms"
+    )
 
 
 def hundred_rows(res: Results, name: str) -> tuple[bool, str] | None:
@@ -116,8 +117,10 @@ def hundred_rows(res: Results, name: str) -> tuple[bool, str] | None:
         return None
     worst, best = min(ratios), max(ratios)
     passed = sum(r >= 1.5 for r, _ in ratios)
-    return worst[0] >= 1.5, (f"{passed} of {len(ratios)} comparisons >= 1.5x; lowest **{worst[0]:.2f}x** "
-                             f"({worst[1]}), highest {best[0]:.2f}x ({best[1]})")
+    return worst[0] >= 1.5, (
+        f"{passed} of {len(ratios)} comparisons >= 1.5x; lowest **{worst[0]:.2f}x** "
+        f"({worst[1]}), highest {best[0]:.2f}x ({best[1]})"
+    )
 
 
 def ceiling_share(res: Results, name: str) -> tuple[bool, str] | None:
@@ -136,23 +139,36 @@ def ceiling_share(res: Results, name: str) -> tuple[bool, str] | None:
     return ratios[low] >= 0.6, (
         f"iris 1 row V2: {', '.join(headline)}; over {len(ratios)} cells lowest **{ratios[low]:.2f}x** "
         f"({cell(low)}, {ratios[low] - 0.6:+.2f} against the 0.6x bar), median "
-        f"{statistics.median(ratios.values()):.2f}x, highest {ratios[high]:.2f}x ({cell(high)})")
+        f"{statistics.median(ratios.values()):.2f}x, highest {ratios[high]:.2f}x ({cell(high)})"
+    )
 
 
 def start_and_memory(res: Results) -> list[Target]:
     s = res.servers.get(DEFAULTS)
     if not s or "error" in s:
         return [Target("I", "cold start to ready", None, "not measured"), Target("I", "idle PSS", None, "not measured")]
-    peers = ", ".join(f"{n} {res.servers[n]['cold_start_s']} s" for n in res.names(*PEERS)
-                      if "cold_start_s" in res.servers[n])
+    peers = ", ".join(
+        f"{n} {res.servers[n]['cold_start_s']} s" for n in res.names(*PEERS) if "cold_start_s" in res.servers[n]
+    )
     pss = s["idle_memory"]["pss_mib"]
-    peer_pss = ", ".join(f"{n} {res.servers[n]['idle_memory']['pss_mib']} MiB" for n in res.names(*PEERS)
-                         if "idle_memory" in res.servers[n])
+    peer_pss = ", ".join(
+        f"{n} {res.servers[n]['idle_memory']['pss_mib']} MiB"
+        for n in res.names(*PEERS)
+        if "idle_memory" in res.servers[n]
+    )
     return [
-        Target("I", f"servekit defaults: cold start to ready <= {COLD_START_S} s + 10% ({COLD_START_S * SLACK:.2f} s)",
-               s["cold_start_s"] <= COLD_START_S * SLACK, f"{s['cold_start_s']} s (peers: {peers})"),
-        Target("I", f"servekit defaults: idle PSS <= {IDLE_PSS_MIB:.0f} MiB + 10% ({IDLE_PSS_MIB * SLACK:.0f} MiB)",
-               pss <= IDLE_PSS_MIB * SLACK, f"{pss} MiB, {s['idle_memory']['processes']} processes (peers: {peer_pss})"),
+        Target(
+            "I",
+            f"servekit defaults: cold start to ready <= {COLD_START_S} s + 10% ({COLD_START_S * SLACK:.2f} s)",
+            s["cold_start_s"] <= COLD_START_S * SLACK,
+            f"{s['cold_start_s']} s (peers: {peers})",
+        ),
+        Target(
+            "I",
+            f"servekit defaults: idle PSS <= {IDLE_PSS_MIB:.0f} MiB + 10% ({IDLE_PSS_MIB * SLACK:.0f} MiB)",
+            pss <= IDLE_PSS_MIB * SLACK,
+            f"{pss} MiB, {s['idle_memory']['processes']} processes (peers: {peer_pss})",
+        ),
     ]
 
 
@@ -162,14 +178,25 @@ def performance_one(res: Results, check: Callable[..., Target]) -> list[Target]:
         for protocol, against in (("v2", "best peer"), ("v1", "KServe's best V1")):
             for conns in (8, 64):
                 key = ("iris", 1, protocol, conns)
-                out.append(check("I", f"iris 1 row {protocol.upper()} JSON c={conns}: {label} >= {factor}x "
-                                      f"{against}, p99 no worse",
-                                 lambda n=name, f=factor, k=key: against_best_peer(res, n, f, k)))
+                out.append(
+                    check(
+                        "I",
+                        f"iris 1 row {protocol.upper()} JSON c={conns}: {label} >= {factor}x {against}, p99 no worse",
+                        lambda n=name, f=factor, k=key: against_best_peer(res, n, f, k),
+                    )
+                )
     for name, label in ((DEFAULTS, "servekit defaults"), (GRANIAN, "servekit granian")):
-        out.append(check("I", f"100-row requests, every cell: {label} >= 1.5x MLServer's best and KServe's best",
-                         lambda n=name: hundred_rows(res, n)))
-    for name, label in ((DEFAULTS, "servekit defaults >= 0.6x plain WSGI on gunicorn"),
-                        (GRANIAN, "servekit granian >= 0.6x plain WSGI on granian")):
+        out.append(
+            check(
+                "I",
+                f"100-row requests, every cell: {label} >= 1.5x MLServer's best and KServe's best",
+                lambda n=name: hundred_rows(res, n),
+            )
+        )
+    for name, label in (
+        (DEFAULTS, "servekit defaults >= 0.6x plain WSGI on gunicorn"),
+        (GRANIAN, "servekit granian >= 0.6x plain WSGI on granian"),
+    ):
         out.append(check("I", f"{label} (every cell)", lambda n=name: ceiling_share(res, n)))
     return out + start_and_memory(res)
 
@@ -189,21 +216,29 @@ def rf_against_mlserver(res: Results, factor: float, conns: int) -> tuple[bool, 
     key = ("rf", 1, "v2", conns)
     peer = res.run("mlserver-batch", key)
     name, ours = res.best(res.batched(), key)
-    each = "; ".join(f"{n} {rps(r)} {r['rps'] / peer['rps']:.2f}x p99 {r['p99_ms']:.0f} ms"
-                     for n in res.batched() if (r := res.runs.get((n, *key))))
+    each = "; ".join(
+        f"{n} {rps(r)} {r['rps'] / peer['rps']:.2f}x p99 {r['p99_ms']:.0f} ms"
+        for n in res.batched()
+        if (r := res.runs.get((n, *key)))
+    )
     ok = ours["rps"] >= factor * peer["rps"] and ours["p99_ms"] <= peer["p99_ms"]
-    return ok, (f"best {name} {rps(ours)} = **{ours['rps'] / peer['rps']:.2f}x** mlserver-batch ({rps(peer)}); "
-                f"p99 {ours['p99_ms']:.1f} vs {peer['p99_ms']:.1f} ms. Each: {each}")
+    return ok, (
+        f"best {name} {rps(ours)} = **{ours['rps'] / peer['rps']:.2f}x** mlserver-batch ({rps(peer)}); "
+        f"p99 {ours['p99_ms']:.1f} vs {peer['p99_ms']:.1f} ms. Each: {each}"
+    )
 
 
 def batching_on_off(res: Results) -> tuple[bool, str]:
     key = ("rf", 1, "v2", 64)
     off = res.run(DEFAULTS, key)
     name, on = res.best(res.batched(), key)
-    each = "; ".join(f"{n} {r['rps'] / off['rps']:.2f}x, {batch_note(r)}"
-                     for n in res.batched() if (r := res.runs.get((n, *key))))
-    return on["rps"] >= 5 * off["rps"], (f"best {name} {rps(on)} vs servekit {rps(off)} = "
-                                         f"**{on['rps'] / off['rps']:.2f}x**, {batch_note(on)}. Each: {each}")
+    each = "; ".join(
+        f"{n} {r['rps'] / off['rps']:.2f}x, {batch_note(r)}" for n in res.batched() if (r := res.runs.get((n, *key)))
+    )
+    return on["rps"] >= 5 * off["rps"], (
+        f"best {name} {rps(on)} vs servekit {rps(off)} = "
+        f"**{on['rps'] / off['rps']:.2f}x**, {batch_note(on)}. Each: {each}"
+    )
 
 
 def host_cost(res: Results, host: str, worker: str) -> tuple[bool, str]:
@@ -213,7 +248,9 @@ def host_cost(res: Results, host: str, worker: str) -> tuple[bool, str]:
         h, w = res.run(host, key), res.run(worker, key)
         cost = 1 - h["rps"] / w["rps"]
         costs.append(cost)
-        parts.append(f"c={conns}: {rps(h)} vs {rps(w)} = **{cost:+.0%}** (p99 {h['p99_ms']:.1f} vs {w['p99_ms']:.1f} ms)")
+        parts.append(
+            f"c={conns}: {rps(h)} vs {rps(w)} = **{cost:+.0%}** (p99 {h['p99_ms']:.1f} vs {w['p99_ms']:.1f} ms)"
+        )
         default = res.runs.get((DEFAULTS if "granian" not in host else GRANIAN, *key))
         if default:
             parts[-1] += f", {1 - h['rps'] / default['rps']:+.0%} against no batching"
@@ -222,16 +259,32 @@ def host_cost(res: Results, host: str, worker: str) -> tuple[bool, str]:
 
 def performance_two(res: Results, check: Callable[..., Target]) -> list[Target]:
     out = [
-        check("II", "RandomForest 1 row V2 c=64, batching on (servekit's best batched config): >= 2x MLServer "
-                    "adaptive batching, p99 no worse", lambda: rf_against_mlserver(res, 2.0, 64)),
-        check("II", "RandomForest 1 row V2 c=8, batching on: >= 1.5x MLServer adaptive batching, p99 no worse",
-              lambda: rf_against_mlserver(res, 1.5, 8)),
-        check("II", "RandomForest 1 row V2 c=64: batching on >= 5x batching off (servekit defaults)",
-              lambda: batching_on_off(res)),
+        check(
+            "II",
+            "RandomForest 1 row V2 c=64, batching on (servekit's best batched config): >= 2x MLServer "
+            "adaptive batching, p99 no worse",
+            lambda: rf_against_mlserver(res, 2.0, 64),
+        ),
+        check(
+            "II",
+            "RandomForest 1 row V2 c=8, batching on: >= 1.5x MLServer adaptive batching, p99 no worse",
+            lambda: rf_against_mlserver(res, 1.5, 8),
+        ),
+        check(
+            "II",
+            "RandomForest 1 row V2 c=64: batching on >= 5x batching off (servekit defaults)",
+            lambda: batching_on_off(res),
+        ),
     ]
     for host, worker in HOST_PAIRS:
-        out.append(check("II", f"iris 1 row V2 through a model host costs <= 15% throughput: {host} vs {worker} "
-                               "(same flags, in-worker placement)", lambda h=host, w=worker: host_cost(res, h, w)))
+        out.append(
+            check(
+                "II",
+                f"iris 1 row V2 through a model host costs <= 15% throughput: {host} vs {worker} "
+                "(same flags, in-worker placement)",
+                lambda h=host, w=worker: host_cost(res, h, w),
+            )
+        )
     return out
 
 
@@ -253,12 +306,18 @@ def others(res: Results, check: Callable[..., Target]) -> list[Target]:
         return exit_s is not None and exit_s < 2, "killed" if exit_s is None else f"{exit_s:.2f} s"
 
     def batches() -> tuple[bool, str] | None:
-        parts = [f"{n} {r['model']} c={r['connections']}: {batch_note(r)}"
-                 for n in res.batched() for r in res.servers[n]["runs"] if "mean_batch" in r]
+        parts = [
+            f"{n} {r['model']} c={r['connections']}: {batch_note(r)}"
+            for n in res.batched()
+            for r in res.servers[n]["runs"]
+            if "mean_batch" in r
+        ]
         return (True, "; ".join(parts)) if parts else None
 
-    rows = [check("other", "1M FP32 elements: binary extension >= 5x faster than JSON end to end", big),
-            check("other", "servekit defaults: SIGTERM with no load exits in < 2 s", term)]
+    rows = [
+        check("other", "1M FP32 elements: binary extension >= 5x faster than JSON end to end", big),
+        check("other", "servekit defaults: SIGTERM with no load exits in < 2 s", term),
+    ]
     mean = check("other", "mean batch size (rows per predict call, from /metrics around each run)", batches)
     mean.informational = True
     return [mean, *rows]
@@ -281,8 +340,11 @@ def targets(res: Results) -> list[Target]:
 
 
 def target_tables(res: Results) -> list[str]:
-    titles = {"I": "Performance I: the serving engine", "II": "Performance II: model processes",
-              "other": "Other measurements"}
+    titles = {
+        "I": "Performance I: the serving engine",
+        "II": "Performance II: model processes",
+        "other": "Other measurements",
+    }
     found = targets(res)
     met = sum(t.met is True for t in found if not t.informational and t.issue != "other")
     counted = sum(t.met is not None for t in found if not t.informational and t.issue != "other")
@@ -303,14 +365,23 @@ def profile_section(res: Results) -> list[str]:
     if "error" in p:
         return lines + [f"py-spy could not profile the worker: {p['error']}", ""]
     ticks = p["seconds"] * p.get("rate_hz", 100)
-    lines += [f"`py-spy record --gil`, {p['seconds']} s at {p.get('rate_hz', 100)} Hz on worker pid {p['pid']}: "
-              f"{p['samples']} of {ticks} ticks found a thread holding the GIL ({p['samples'] / ticks:.0%}); the "
-              "rest the worker waited for a core or for I/O. Own time is the innermost frame; percentages are of "
-              "the GIL samples.", "",
-              "| own samples | % | function |", "|---|---|---|"]
+    lines += [
+        f"`py-spy record --gil`, {p['seconds']} s at {p.get('rate_hz', 100)} Hz on worker pid {p['pid']}: "
+        f"{p['samples']} of {ticks} ticks found a thread holding the GIL ({p['samples'] / ticks:.0%}); the "
+        "rest the worker waited for a core or for I/O. Own time is the innermost frame; percentages are of "
+        "the GIL samples.",
+        "",
+        "| own samples | % | function |",
+        "|---|---|---|",
+    ]
     lines += [f"| {n} | {pct} | `{frame}` |" for frame, n, pct in p["own"]]
-    lines += ["", "Cumulative time in servekit's own functions (on the stack anywhere):", "",
-              "| samples | % | function |", "|---|---|---|"]
+    lines += [
+        "",
+        "Cumulative time in servekit's own functions (on the stack anywhere):",
+        "",
+        "| samples | % | function |",
+        "|---|---|---|",
+    ]
     lines += [f"| {n} | {pct} | `{frame}` |" for frame, n, pct in p["servekit_cumulative"]]
     return lines + [""]
 
@@ -318,16 +389,21 @@ def profile_section(res: Results) -> list[str]:
 def scenario_table(doc: dict, res: Results) -> list[str]:
     servers = [s["server"] for s in doc["servers"] if s["runs"]]
     scenarios = sorted({k[1:] for k in res.runs}, key=lambda k: (k[2], k[0], k[1], k[3]))
-    lines = ["| protocol | model | rows | conns | " + " | ".join(servers) + " |",
-             "|---|---|---|---|" + "---|" * len(servers)]
+    lines = [
+        "| protocol | model | rows | conns | " + " | ".join(servers) + " |",
+        "|---|---|---|---|" + "---|" * len(servers),
+    ]
     for model, rows, protocol, conns in scenarios:
         cells = []
         for name in servers:
             run = res.runs.get((name, model, rows, protocol, conns))
-            cells.append("" if run is None else
-                         f"{run['rps']:,.0f}/s<br>p50 {run['p50_ms']:.1f} p99 {run['p99_ms']:.1f} ms"
-                         + (f"<br>batch {run['mean_batch']}" if "mean_batch" in run else "")
-                         + (f"<br>**{run['errors']} errors**" if run["errors"] else ""))
+            cells.append(
+                ""
+                if run is None
+                else f"{run['rps']:,.0f}/s<br>p50 {run['p50_ms']:.1f} p99 {run['p99_ms']:.1f} ms"
+                + (f"<br>batch {run['mean_batch']}" if "mean_batch" in run else "")
+                + (f"<br>**{run['errors']} errors**" if run["errors"] else "")
+            )
         lines.append(f"| {protocol.upper()} | {model} | {rows} | {conns} | " + " | ".join(cells) + " |")
     return lines
 
@@ -335,11 +411,14 @@ def scenario_table(doc: dict, res: Results) -> list[str]:
 def ratio_table(res: Results) -> list[str]:
     """Each servekit throughput over each peer's and over its engine's ceiling, per cell both ran."""
     refs = res.names(*PEERS) + res.names("ceiling")
-    lines = ["| protocol | model | rows | conns | servekit config | " + " | ".join(f"÷ {p}" for p in refs) + " |",
-             "|---|---|---|---|---|" + "---|" * len(refs)]
+    lines = [
+        "| protocol | model | rows | conns | servekit config | " + " | ".join(f"÷ {p}" for p in refs) + " |",
+        "|---|---|---|---|---|" + "---|" * len(refs),
+    ]
     ours = set(res.names("servekit"))
-    for (name, model, rows, protocol, conns), run in sorted(res.runs.items(),
-                                                            key=lambda kv: (kv[0][3], kv[0][1], kv[0][2], kv[0][4])):
+    for (name, model, rows, protocol, conns), run in sorted(
+        res.runs.items(), key=lambda kv: (kv[0][3], kv[0][1], kv[0][2], kv[0][4])
+    ):
         if name not in ours:
             continue
         cells = []
@@ -352,8 +431,11 @@ def ratio_table(res: Results) -> list[str]:
 
 
 def process_table(doc: dict) -> list[str]:
-    lines = ["| server | cold start (s) | idle PSS (MiB) | idle RSS (MiB) | processes | SIGTERM exit (s) | "
-             "time in the run (s) | notes |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| server | cold start (s) | idle PSS (MiB) | idle RSS (MiB) | processes | SIGTERM exit (s) | "
+        "time in the run (s) | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for s in doc["servers"]:
         if "error" in s:
             lines.append(f"| {s['server']} | failed: {' '.join(s['error'].split())[:160]} | | | | | | |")
@@ -364,7 +446,8 @@ def process_table(doc: dict) -> list[str]:
         lines.append(
             f"| {s['server']} | {s.get('cold_start_s', '')} | {mem.get('pss_mib', '')} | {mem.get('rss_mib', '')} | "
             f"{mem.get('processes', '')} | {killed if exit_s is None else round(exit_s, 2)} | "
-            f"{s.get('elapsed_s', '')} | {s.get('note', '')} |")
+            f"{s.get('elapsed_s', '')} | {s.get('note', '')} |"
+        )
     return lines
 
 
@@ -393,10 +476,22 @@ def render(doc: dict) -> str:
     ]
     big = doc.get("big_tensor")
     if big:
-        lines += ["## 1M-element FP32 tensor (servekit echo model, client encode + round trip + decode)", "",
-                  f"`{json.dumps(big)}`", ""]
-    lines += ["## Throughput and latency", "", *scenario_table(doc, res), "",
-              "## servekit throughput as a ratio to each peer and ceiling", "", *ratio_table(res), ""]
+        lines += [
+            "## 1M-element FP32 tensor (servekit echo model, client encode + round trip + decode)",
+            "",
+            f"`{json.dumps(big)}`",
+            "",
+        ]
+    lines += [
+        "## Throughput and latency",
+        "",
+        *scenario_table(doc, res),
+        "",
+        "## servekit throughput as a ratio to each peer and ceiling",
+        "",
+        *ratio_table(res),
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -205,7 +205,12 @@ class Running:
             # a process group of its own (for killpg), not a session: a new session is a new
             # scheduler autogroup, and CFS then splits the cores between wrk and the whole server
             # 50/50 whatever the server's process count (servekit measured ~30% lower that way)
-            server.command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=WORK, preexec_fn=os.setpgrp,
+            server.command,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=WORK,
+            preexec_fn=os.setpgrp,
         )
 
     def wait_ready(self, timeout: float = 120.0) -> float:
@@ -217,8 +222,12 @@ class Running:
                 raise RuntimeError(f"{self.server.name} exited with {self.proc.returncode}")
             model = pending[0]
             try:
-                status, _ = http("POST", self.server.url(model, "v2" if "v2" in self.server.protocols else "v1"),
-                                 body_bytes(model, 1, "v2" if "v2" in self.server.protocols else "v1"), timeout=2)
+                status, _ = http(
+                    "POST",
+                    self.server.url(model, "v2" if "v2" in self.server.protocols else "v1"),
+                    body_bytes(model, 1, "v2" if "v2" in self.server.protocols else "v1"),
+                    timeout=2,
+                )
             except (OSError, urllib.error.URLError):
                 status = 0
             if status == 200:
@@ -282,17 +291,27 @@ def check_answer(server: Server, model: str, rows: int, protocol: str) -> None:
 
 
 def wrk_command(url: str, connections: int, seconds: float) -> list[str]:
-    return ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
-            "-s", str(HERE / "wrk_report.lua"), url]
+    return [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{max(1, round(seconds))}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(HERE / "wrk_report.lua"),
+        url,
+    ]
 
 
 def wrk(url: str, body: Path, connections: int, seconds: float) -> dict:
     env = {**os.environ, "BENCH_BODY": str(body)}
-    out = subprocess.run(wrk_command(url, connections, seconds), capture_output=True, text=True, env=env,
-                         timeout=seconds + 60)
+    out = subprocess.run(
+        wrk_command(url, connections, seconds), capture_output=True, text=True, env=env, timeout=seconds + 60
+    )
     for line in out.stdout.splitlines():
         if line.startswith("BENCH_JSON "):
-            raw = json.loads(line[len("BENCH_JSON "):])
+            raw = json.loads(line[len("BENCH_JSON ") :])
             errors = raw["connect"] + raw["read"] + raw["write"] + raw["status"] + raw["timeout"]
             return {
                 "rps": round(raw["requests"] / (raw["duration_us"] / 1e6), 1),
@@ -343,15 +362,23 @@ def measure(server: Server, protocol: str, model: str, rows: int, seconds: float
     runs = []
     for conns in server.connections:
         before = batch_counters(server, model) if server.batching else {}
-        run = {"model": model, "rows": rows, "protocol": protocol, "connections": conns,
-               **wrk(url, body, conns, seconds)}
+        run = {
+            "model": model,
+            "rows": rows,
+            "protocol": protocol,
+            "connections": conns,
+            **wrk(url, body, conns, seconds),
+        }
         if server.batching:
             run.update(mean_batches(before, batch_counters(server, model)))
         runs.append(run)
         batch = f"  mean batch {run['mean_batch']}" if "mean_batch" in run else ""
-        print(f"   {protocol} {model:4s} rows={rows:<3d} c={conns:<2d} {run['rps']:8.1f} req/s "
-              f"p50 {run['p50_ms']:7.2f} ms p99 {run['p99_ms']:7.2f} ms{batch}"
-              + (f"  ERRORS {run['errors']}" if run["errors"] else ""), flush=True)
+        print(
+            f"   {protocol} {model:4s} rows={rows:<3d} c={conns:<2d} {run['rps']:8.1f} req/s "
+            f"p50 {run['p50_ms']:7.2f} ms p99 {run['p99_ms']:7.2f} ms{batch}"
+            + (f"  ERRORS {run['errors']}" if run["errors"] else ""),
+            flush=True,
+        )
     return runs
 
 
@@ -359,17 +386,24 @@ def profile_under_load(server: Server, running: Running, py_spy: str) -> dict:
     """py-spy on the busiest worker while wrk drives PROFILE_CELL; the summary or the reason it failed."""
     model, rows, protocol, conns = PROFILE_CELL
     env = {**os.environ, "BENCH_BODY": str(body_path(model, rows, protocol))}
-    load = subprocess.Popen(wrk_command(server.url(model, protocol), conns, PROFILE_SECONDS + 2),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    load = subprocess.Popen(
+        wrk_command(server.url(model, protocol), conns, PROFILE_SECONDS + 2),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         time.sleep(1.0)
-        found = pyspy.profile_worker(py_spy, running.proc.pid, tree(running.proc.pid), PROFILE_SECONDS,
-                                     RESULTS / f"{server.name}.pyspy.txt")
+        found = pyspy.profile_worker(
+            py_spy, running.proc.pid, tree(running.proc.pid), PROFILE_SECONDS, RESULTS / f"{server.name}.pyspy.txt"
+        )
     finally:
         load.wait(PROFILE_SECONDS + 60)
     found.update({"server": server.name, "model": model, "rows": rows, "protocol": protocol, "connections": conns})
-    print(f"   profile: {found.get('error') or str(found['samples']) + ' samples of pid ' + str(found['pid'])}",
-          flush=True)
+    print(
+        f"   profile: {found.get('error') or str(found['samples']) + ' samples of pid ' + str(found['pid'])}",
+        flush=True,
+    )
     return found
 
 
@@ -399,8 +433,7 @@ def bench_server(server: Server, seconds: float, py_spy: str = "") -> dict:
 
 def big_tensor(sk: str, port: int) -> dict:
     """The 1M-element FP32 round trip through servekit's echo model, V2 JSON vs the binary extension."""
-    server = Server("servekit-big", "servekit", servekit_command(sk, [WORK / "models" / "echo"], port), port,
-                    models=())
+    server = Server("servekit-big", "servekit", servekit_command(sk, [WORK / "models" / "echo"], port), port, models=())
     running = Running(server, RESULTS / "servekit-big.log")
     try:
         deadline = time.monotonic() + 120
@@ -408,8 +441,9 @@ def big_tensor(sk: str, port: int) -> dict:
             if time.monotonic() > deadline or running.proc.poll() is not None:
                 raise RuntimeError("the echo model did not become ready")
             time.sleep(0.05)
-        out = subprocess.run([sk, str(HERE / "big_tensor.py"), server.base], capture_output=True, text=True,
-                             timeout=600)
+        out = subprocess.run(
+            [sk, str(HERE / "big_tensor.py"), server.base], capture_output=True, text=True, timeout=600
+        )
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-2000:])
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -432,8 +466,21 @@ def http_ok(url: str) -> bool:
 
 
 def servekit_command(sk: str, paths: list[Path], port: int) -> list[str]:
-    return [sk, "-m", "servekit", "serve", *map(str, paths), "--host", "127.0.0.1", "--http-port", str(port),
-            "--grpc-port", "0", "--log-level", "warning"]
+    return [
+        sk,
+        "-m",
+        "servekit",
+        "serve",
+        *map(str, paths),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
 
 
 def servekit_lineup(sk: str, port: int) -> list[Server]:
@@ -444,34 +491,99 @@ def servekit_lineup(sk: str, port: int) -> list[Server]:
     both = ("v2", "v1")
     one_row = {"rows": (1,), "batching": True}
     return [
-        Server("servekit", "servekit", serve, port, protocols=both, profile=True,
-               note="defaults: gunicorn, --workers auto, --preload auto, fast lane, batching off"),
+        Server(
+            "servekit",
+            "servekit",
+            serve,
+            port,
+            protocols=both,
+            profile=True,
+            note="defaults: gunicorn, --workers auto, --preload auto, fast lane, batching off",
+        ),
         Server("servekit-granian", "servekit", serve + granian, port, protocols=both, note="--server granian"),
-        Server("servekit-batch", "servekit", serve + batch, port, **one_row,
-               note="--max-batch-size 32 --max-batch-time-ms 2: batching in each worker"),
-        Server("servekit-granian-batch", "servekit", serve + granian + batch, port, **one_row,
-               note="--server granian, batching in each worker"),
-        Server("servekit-host", "servekit", serve + host, port, **one_row,
-               note="--placement process + batching: one model host per model, batching there"),
-        Server("servekit-granian-host", "servekit", serve + granian + host, port, **one_row,
-               note="--server granian --placement process + batching"),
+        Server(
+            "servekit-batch",
+            "servekit",
+            serve + batch,
+            port,
+            **one_row,
+            note="--max-batch-size 32 --max-batch-time-ms 2: batching in each worker",
+        ),
+        Server(
+            "servekit-granian-batch",
+            "servekit",
+            serve + granian + batch,
+            port,
+            **one_row,
+            note="--server granian, batching in each worker",
+        ),
+        Server(
+            "servekit-host",
+            "servekit",
+            serve + host,
+            port,
+            **one_row,
+            note="--placement process + batching: one model host per model, batching there",
+        ),
+        Server(
+            "servekit-granian-host",
+            "servekit",
+            serve + granian + host,
+            port,
+            **one_row,
+            note="--server granian --placement process + batching",
+        ),
     ]
 
 
 def peer_lineup(mls: str, ks: str, port: int) -> list[Server]:
     mlserver = str(Path(mls).parent / "mlserver")
-    mls_env = {"MLSERVER_HTTP_PORT": str(port), "MLSERVER_HOST": "127.0.0.1", "MLSERVER_GRPC_PORT": str(port + 1),
-               "MLSERVER_METRICS_PORT": str(port + 2), "MLSERVER_LOGGING_LEVEL": "WARNING"}
-    ks_cmd = [ks, str(HERE / "peers" / "kserve_server.py"), "--model_dir", str(WORK / "models"),
-              "--http_port", str(port), "--enable_grpc", "false", "--configure_logging", "false"]
+    mls_env = {
+        "MLSERVER_HTTP_PORT": str(port),
+        "MLSERVER_HOST": "127.0.0.1",
+        "MLSERVER_GRPC_PORT": str(port + 1),
+        "MLSERVER_METRICS_PORT": str(port + 2),
+        "MLSERVER_LOGGING_LEVEL": "WARNING",
+    }
+    ks_cmd = [
+        ks,
+        str(HERE / "peers" / "kserve_server.py"),
+        "--model_dir",
+        str(WORK / "models"),
+        "--http_port",
+        str(port),
+        "--enable_grpc",
+        "false",
+        "--configure_logging",
+        "false",
+    ]
     both = ("v2", "v1")
     return [
-        Server("mlserver", "mlserver", [mlserver, "start", str(WORK / "mlserver")], port, env=mls_env,
-               note=f"MLServer {MLSERVER_VERSION}, mlserver-sklearn, default settings (V2 only)"),
-        Server("mlserver-batch", "mlserver", [mlserver, "start", str(WORK / "mlserver-batch")], port, env=mls_env,
-               rows=(1,), note="adaptive batching: max_batch_size 32, max_batch_time 2 ms"),
-        Server("kserve-1w", "kserve", ks_cmd + ["--workers", "1"], port, protocols=both,
-               note=f"KServe {KSERVE_VERSION}, custom kserve.Model, 1 worker"),
+        Server(
+            "mlserver",
+            "mlserver",
+            [mlserver, "start", str(WORK / "mlserver")],
+            port,
+            env=mls_env,
+            note=f"MLServer {MLSERVER_VERSION}, mlserver-sklearn, default settings (V2 only)",
+        ),
+        Server(
+            "mlserver-batch",
+            "mlserver",
+            [mlserver, "start", str(WORK / "mlserver-batch")],
+            port,
+            env=mls_env,
+            rows=(1,),
+            note="adaptive batching: max_batch_size 32, max_batch_time 2 ms",
+        ),
+        Server(
+            "kserve-1w",
+            "kserve",
+            ks_cmd + ["--workers", "1"],
+            port,
+            protocols=both,
+            note=f"KServe {KSERVE_VERSION}, custom kserve.Model, 1 worker",
+        ),
         Server("kserve-2w", "kserve", ks_cmd + ["--workers", "2"], port, protocols=both, note="2 workers"),
     ]
 
@@ -481,14 +593,60 @@ def ceiling_lineup(sk: str, port: int) -> list[Server]:
     peers = str(HERE / "peers")
     both = ("v2", "v1")
     return [
-        Server("wsgi-gunicorn", "ceiling", [sk, "-m", "gunicorn", "-w", "2", "-k", "gthread", "--threads", "16",
-                                            "-b", f"127.0.0.1:{port}", "--chdir", peers, "plain_wsgi:app"],
-               port, env=env, protocols=both, note="peers/plain_wsgi.py on gunicorn, 2 gthread workers x 16 threads"),
-        Server("wsgi-granian", "ceiling", [sk, "-m", "granian", "--interface", "wsgi", "--workers", "2",
-                                           "--blocking-threads", "16", "--backpressure", "16", "--host", "127.0.0.1",
-                                           "--port", str(port), "--working-dir", peers, "--log-level", "warning",
-                                           "plain_wsgi:app"],
-               port, env=env, protocols=both, note="peers/plain_wsgi.py on granian (WSGI), 2 workers x 16 threads"),
+        Server(
+            "wsgi-gunicorn",
+            "ceiling",
+            [
+                sk,
+                "-m",
+                "gunicorn",
+                "-w",
+                "2",
+                "-k",
+                "gthread",
+                "--threads",
+                "16",
+                "-b",
+                f"127.0.0.1:{port}",
+                "--chdir",
+                peers,
+                "plain_wsgi:app",
+            ],
+            port,
+            env=env,
+            protocols=both,
+            note="peers/plain_wsgi.py on gunicorn, 2 gthread workers x 16 threads",
+        ),
+        Server(
+            "wsgi-granian",
+            "ceiling",
+            [
+                sk,
+                "-m",
+                "granian",
+                "--interface",
+                "wsgi",
+                "--workers",
+                "2",
+                "--blocking-threads",
+                "16",
+                "--backpressure",
+                "16",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--working-dir",
+                peers,
+                "--log-level",
+                "warning",
+                "plain_wsgi:app",
+            ],
+            port,
+            env=env,
+            protocols=both,
+            note="peers/plain_wsgi.py on granian (WSGI), 2 workers x 16 threads",
+        ),
     ]
 
 
@@ -509,8 +667,9 @@ def environments(args: argparse.Namespace, sk: str) -> tuple[str, str, str]:
     pin = f"scikit-learn=={sklearn_version(sk)}"
     # uvloop 0.22 made get_event_loop() raise outside a running loop, which kills
     # MLServer 1.7.1's inference-pool workers at start: pin the one it was built against
-    mls = ensure_venv("mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin,
-                                   "uvloop<0.22"])
+    mls = ensure_venv(
+        "mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin, "uvloop<0.22"]
+    )
     ks = ensure_venv("kserve", [f"kserve=={KSERVE_VERSION}", pin, "joblib"])
     tools = ensure_venv("tools", ["matplotlib", "py-spy"])
     return mls, ks, tools
@@ -522,8 +681,7 @@ def chosen(servers: list[Server], only: str | None) -> list[Server]:
     wanted = [n.strip() for n in only.split(",") if n.strip()]
     unknown = set(wanted) - {s.name for s in servers}
     if unknown:
-        sys.exit(f"--only: unknown server(s) {', '.join(sorted(unknown))}; "
-                 f"known: {', '.join(s.name for s in servers)}")
+        sys.exit(f"--only: unknown server(s) {', '.join(sorted(unknown))}; known: {', '.join(s.name for s in servers)}")
     return [s for s in servers if s.name in wanted]
 
 
@@ -570,8 +728,9 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated server names to run (see the line-up above)")
     parser.add_argument("--skip-install", action="store_true", help="use bench/.venvs as they are")
     parser.add_argument("--port", type=int, default=18600)
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the other servers' numbers from the last results.json (with --only)")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the other servers' numbers from the last results.json (with --only)"
+    )
     args = parser.parse_args()
 
     sk = servekit_python()
@@ -597,8 +756,10 @@ def main() -> None:
     if Path(tools).exists():
         subprocess.run([tools, str(HERE / "chart.py"), str(previous)], check=False)
     targets = (RESULTS / "results.md").read_text().split("## Targets", 1)[-1].split("\n## ", 1)[0]
-    print(f"== targets{targets}wrote {RESULTS / 'results.md'}, results.json and chart.png "
-          f"({results['elapsed_s']} s of measuring)")
+    print(
+        f"== targets{targets}wrote {RESULTS / 'results.md'}, results.json and chart.png "
+        f"({results['elapsed_s']} s of measuring)"
+    )
 
 
 if __name__ == "__main__":

@@ -50,8 +50,23 @@ def main() -> None:
     port = 18700
     rows = []
     for name, flags in VARIANTS:
-        command = [python, "-c", LAUNCH, str(bench.WORK / "models"), "--host", "127.0.0.1", "--http-port", str(port),
-                   "--grpc-port", "0", "--log-level", "warning", "--max-batch-size", "32", *flags]
+        command = [
+            python,
+            "-c",
+            LAUNCH,
+            str(bench.WORK / "models"),
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(port),
+            "--grpc-port",
+            "0",
+            "--log-level",
+            "warning",
+            "--max-batch-size",
+            "32",
+            *flags,
+        ]
         server = bench.Server(name.replace(" ", "_"), "servekit", command, port, models=("iris", "rf"))
         running = bench.Running(server, bench.RESULTS / f"workers-{server.name}.log")
         row = {"variant": name}
@@ -73,9 +88,15 @@ def main() -> None:
     print("| variant | iris c8 | iris c64 | rf c64 (batching) | idle PSS MiB | cold start s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        cells = [f"{r[k]['rps']:,.0f}/s p99 {r[k]['p99_ms']:.0f} ms" if k in r else r.get("error", "")[:40]
-                 for k in ("iris_c8", "iris_c64", "rf_c64")]
-        print(f"| {r['variant']} | " + " | ".join(cells) + f" | {r.get('idle', {}).get('pss_mib', '')} | {r.get('cold_start_s', '')} |")
+        cells = [
+            f"{r[k]['rps']:,.0f}/s p99 {r[k]['p99_ms']:.0f} ms" if k in r else r.get("error", "")[:40]
+            for k in ("iris_c8", "iris_c64", "rf_c64")
+        ]
+        print(
+            f"| {r['variant']} | "
+            + " | ".join(cells)
+            + f" | {r.get('idle', {}).get('pss_mib', '')} | {r.get('cold_start_s', '')} |"
+        )
 
 
 if __name__ == "__main__":

@@ -85,9 +85,7 @@ def sklearn_repo(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("repo")
     fit_iris(base / "iris", 1)
     fit_iris(base / "iris", 2)
-    (base / "iris" / "servekit.yaml").write_text(
-        "version_policy: all\nlabels: {stable: 1, canary: 2}\n"
-    )
+    (base / "iris" / "servekit.yaml").write_text("version_policy: all\nlabels: {stable: 1, canary: 2}\n")
     fit_regressor(base / "linear")
     echo = base / "echo"
     echo.mkdir()

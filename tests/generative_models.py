@@ -33,15 +33,23 @@ def build_tiny_gpt2(folder: Path, n_positions: int = 256) -> Path:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"],
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(CORPUS * 20, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=32, n_layer=2, n_head=2,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     torch.manual_seed(0)
     GPT2LMHeadModel(config).save_pretrained(folder)
     return folder
@@ -56,7 +64,7 @@ def minilm_folder() -> Path:
 #: A generative model.py without a tokenizer: replies "You said: <prompt>" in
 #: 4-character pieces, one "token" per piece; "think" adds reasoning; "explode"
 #: fails after the first piece; max_tokens caps the pieces ("length").
-ECHO_MODEL_PY = '''
+ECHO_MODEL_PY = """
 import servekit
 from servekit.generation import GenerationChunk, GenerationResult
 
@@ -98,12 +106,12 @@ def explain(inputs):
 @servekit.hookimpl
 def embed(texts):
     return [[float(len(t)), float(t.count("a")), 1.0] for t in texts]
-'''
+"""
 
 #: A model.py with its own tokenizer: tokens are "-"-separated parts, the chat
 #: template writes "[role]content" and refuses the developer role; the reply
 #: echoes the prompt it was given, without token counts.
-TOKENIZER_MODEL_PY = '''
+TOKENIZER_MODEL_PY = """
 import servekit
 
 class DashTokenizer:
@@ -132,14 +140,14 @@ def tokenizer(model):
 @servekit.hookimpl
 def complete(request):
     return request.prompt
-'''
+"""
 
 #: A streaming predict model.py.  ``parameters.mode``:
 #: "count" yields ``parameters.n`` items; "forever" yields until closed and writes
 #: its progress to PROGRESS_FILE; "barrier" waits until ``parameters.parties``
 #: streams have started; "gate" waits until the file GATE_FILE exists;
 #: "explode" fails after the first item; "fail-first" fails before any.
-STREAM_MODEL_PY = '''
+STREAM_MODEL_PY = """
 import os, threading, time
 from pathlib import Path
 import numpy as np
@@ -199,7 +207,7 @@ def predict(inputs, parameters):
                 time.sleep(0.01)
             yield ["gate open" if GATE_FILE.exists() else "gate timeout"]
     return stream()
-'''
+"""
 
 
 def write_model(folder: Path, source: str) -> Path:

@@ -61,9 +61,7 @@ def tf_plugin_installed() -> bool:
 def build_repo(base: Path) -> Path:
     fit_iris(base / "iris", 1)
     fit_iris(base / "iris", 2)
-    (base / "iris" / "servekit.yaml").write_text(
-        "version_policy: all\nlabels: {stable: 1, canary: 2}\n"
-    )
+    (base / "iris" / "servekit.yaml").write_text("version_policy: all\nlabels: {stable: 1, canary: 2}\n")
     fit_regressor(base / "linear")
     for name, source in (("echo", ECHO_MODEL), ("chunks", CHUNKS_MODEL)):
         (base / name / "1").mkdir(parents=True)
@@ -84,8 +82,9 @@ def shared_server(request, tmp_path_factory) -> ServerProcess:
     """The session's gRPC server, started on first use and stopped when the session ends."""
     if "server" not in _state:
         repo = build_repo(tmp_path_factory.mktemp("grpc_repo"))
-        server = ServerProcess(repo, grpc_port="auto", workers=1, threads=8, strict_readiness=False,
-                               model_control_mode="explicit").start(timeout=300)
+        server = ServerProcess(
+            repo, grpc_port="auto", workers=1, threads=8, strict_readiness=False, model_control_mode="explicit"
+        ).start(timeout=300)
         _state["server"] = server
         request.session.config.add_cleanup(server.stop)
     return _state["server"]

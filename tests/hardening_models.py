@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import fit_regressor
 
-SLOW = '''
+SLOW = """
 import time
 
 import numpy as np
@@ -33,9 +33,9 @@ def predict(inputs):
     x = np.asarray(inputs, dtype=float)
     time.sleep(min(30.0, float(x.flat[0])) if x.size else 0.0)
     return x * 2
-'''
+"""
 
-RAISER = '''
+RAISER = """
 import servekit
 
 
@@ -47,9 +47,9 @@ def load(path):
 @servekit.hookimpl
 def predict(inputs):
     raise ValueError("boom: this model refuses every input")
-'''
+"""
 
-TICKER = '''
+TICKER = """
 import time
 
 import numpy as np
@@ -72,7 +72,7 @@ def predict(inputs):
             yield np.array([i])
 
     return ticks()
-'''
+"""
 
 MODELS = {"slow": SLOW, "raiser": RAISER, "ticker": TICKER}
 

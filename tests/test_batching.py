@@ -124,7 +124,7 @@ def test_concurrent_requests_share_one_call_and_keep_their_order(iris_model):
     estimator, X = iris_model
     model = GatedModel(estimator)
     batcher = Batcher(max_batch_size=32, max_batch_time_ms=60_000)
-    rows = [X[i:i + n] for i, n in [(0, 1), (50, 2), (100, 1), (10, 3), (120, 1), (70, 1)]]
+    rows = [X[i : i + n] for i, n in [(0, 1), (50, 2), (100, 1), (10, 3), (120, 1), (70, 1)]]
     results = run_concurrently(batcher, model, rows)
     assert model.calls == [1, 8]  # the gate holder alone, then everyone queued behind it in one call
     for request, result in zip(rows, results):
@@ -136,7 +136,7 @@ def test_batches_hold_at_most_max_batch_size_rows(iris_model):
     estimator, X = iris_model
     model = GatedModel(estimator)
     batcher = Batcher(max_batch_size=4, max_batch_time_ms=60_000)
-    rows = [X[i:i + 1] for i in range(0, 140, 20)]  # 7 one-row requests
+    rows = [X[i : i + 1] for i in range(0, 140, 20)]  # 7 one-row requests
     results = run_concurrently(batcher, model, rows)
     assert model.calls[0] == 1 and sorted(model.calls[1:]) == [2, 4]
     assert max(model.calls) <= 4
@@ -273,7 +273,7 @@ def predict(inputs, parameters, model):
     return {"doubled": x * 2, "call_rows": np.full(len(x), len(x))}
 '''
 
-STREAMING_MODEL_PY = '''
+STREAMING_MODEL_PY = """
 import servekit
 
 
@@ -286,7 +286,7 @@ def load():
 def predict(inputs):
     for row in inputs:
         yield {"row": row.tolist()}
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -350,7 +350,11 @@ def test_a_wrapper_around_predict_does_not_count_as_streaming(servekit_app, tmp_
 def test_real_server_batches_concurrent_requests_from_v1_and_generic_routes(servekit_server, recorder_dir):
     server = servekit_server(recorder_dir, threads=16)
     marker = Path(
-        next(line.split("'")[1] for line in (recorder_dir / "servekit.yaml").read_text().splitlines() if "marker_dir" in line)
+        next(
+            line.split("'")[1]
+            for line in (recorder_dir / "servekit.yaml").read_text().splitlines()
+            if "marker_dir" in line
+        )
     )
     session = requests.Session()
     session.post(server.url + "/v1/models/recorder:predict", json={"instances": [[0.0]]}).raise_for_status()
@@ -366,8 +370,9 @@ def test_real_server_batches_concurrent_requests_from_v1_and_generic_routes(serv
         queued = sum(len(p) for p in payloads)
         answers: list[Any] = [None] * len(payloads)
         holder_answer: list[Any] = []
-        holder = threading.Thread(target=lambda: holder_answer.append(
-            send([[100.0]], "v1", {"hold_until_queued": queued})))
+        holder = threading.Thread(
+            target=lambda: holder_answer.append(send([[100.0]], "v1", {"hold_until_queued": queued}))
+        )
         holder.start()
         wait_until(lambda: (marker / "holding").exists(), "the holder request to reach the model")
 

@@ -18,8 +18,12 @@ def test_row_format_unnamed_numeric():
 
 
 def test_row_format_named_inputs_share_batch_dimension():
-    body = {"instances": [{"tag": "foo", "signal": [1, 2, 3], "sensor": [[1, 2], [3, 4]]},
-                          {"tag": "bar", "signal": [3, 4, 1], "sensor": [[4, 5], [6, 8]]}]}
+    body = {
+        "instances": [
+            {"tag": "foo", "signal": [1, 2, 3], "sensor": [[1, 2], [3, 4]]},
+            {"tag": "bar", "signal": [3, 4, 1], "sensor": [[4, 5], [6, 8]]},
+        ]
+    }
     inputs, _ = tf_json.decode_predict_request(body)
     assert inputs["tag"].tolist() == ["foo", "bar"]
     assert inputs["signal"].shape == (2, 3)

@@ -9,7 +9,7 @@ import pytest
 from servekit.dataplane import filter_outputs, join_stream
 from servekit.errors import BadRequest, ModelFailure
 
-STREAMING = textwrap.dedent('''
+STREAMING = textwrap.dedent("""
     import numpy as np
     import servekit
 
@@ -24,7 +24,7 @@ STREAMING = textwrap.dedent('''
             if row.min() < 0:
                 raise ValueError("negative values")
             yield {"total": np.array([row.sum()])}
-''')
+""")
 
 
 def test_join_stream_concatenates_items_along_the_first_axis():
@@ -50,8 +50,10 @@ def test_a_streaming_model_answers_plain_requests_on_v1_and_v2(tmp_path, serveki
     client = servekit_app(tmp_path)
     v1 = client.post("/v1/models/stream:predict", json={"instances": [[1, 2], [3, 4]]})
     assert v1.get_json() == {"predictions": [3, 7]}
-    v2 = client.post("/v2/models/stream/infer", json={"inputs": [
-        {"name": "x", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, 3, 4]}]})
+    v2 = client.post(
+        "/v2/models/stream/infer",
+        json={"inputs": [{"name": "x", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, 3, 4]}]},
+    )
     assert v2.status_code == 200, v2.get_json()
     (out,) = v2.get_json()["outputs"]
     assert (out["name"], out["data"], out["shape"]) == ("total", [3, 7], [2])
@@ -61,7 +63,9 @@ def test_a_stream_that_fails_midway_is_a_model_failure(tmp_path, servekit_app):
     (tmp_path / "stream").mkdir()
     (tmp_path / "stream" / "model.py").write_text(STREAMING)
     client = servekit_app(tmp_path)
-    r = client.post("/v2/models/stream/infer", json={"inputs": [
-        {"name": "x", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, -3, 4]}]})
+    r = client.post(
+        "/v2/models/stream/infer",
+        json={"inputs": [{"name": "x", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, -3, 4]}]},
+    )
     assert r.status_code == 500
     assert "failed in predict: ValueError: negative values" in r.get_json()["error"]

@@ -81,5 +81,8 @@ def test_the_checker_finds_broken_links(tmp_path):
     )
     problems = broken_links(page)
     assert [p.split(":", 1)[0] for p in problems] == [
-        "missing.md", "other.md#step-2", "#no-such-heading", "missing-too.md",
+        "missing.md",
+        "other.md#step-2",
+        "#no-such-heading",
+        "missing-too.md",
     ]

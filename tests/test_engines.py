@@ -91,8 +91,11 @@ def test_granian_answers_v1_v2_and_grpc(granian_server):
 
     v1 = requests.post(granian_server.url + "/v1/models/iris:predict", json={"instances": [IRIS_ROW]}, timeout=30)
     assert v1.status_code == 200 and v1.json() == {"predictions": ["setosa"]}
-    v2 = requests.post(granian_server.url + "/v2/models/iris/infer", timeout=30, json={
-        "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP64", "data": IRIS_ROW}]})
+    v2 = requests.post(
+        granian_server.url + "/v2/models/iris/infer",
+        timeout=30,
+        json={"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP64", "data": IRIS_ROW}]},
+    )
     assert v2.status_code == 200 and v2.json()["outputs"][0]["data"] == ["setosa"]
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{granian_server.grpc_port}")
     assert client.is_model_ready("iris")
@@ -102,10 +105,14 @@ def test_granian_answers_v1_v2_and_grpc(granian_server):
 def test_granian_metrics_sum_every_worker(granian_server):
     for _ in range(20):
         requests.post(granian_server.url + "/v1/models/iris:predict", json={"instances": [IRIS_ROW]}, timeout=30)
+
     def counted() -> float:
         text = requests.get(granian_server.url + "/metrics", timeout=30).text
-        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                   if x.startswith("servekit_requests_total{") and 'protocol="v1"' in x and 'status="200"' in x)
+        return sum(
+            float(x.rsplit(" ", 1)[1])
+            for x in text.splitlines()
+            if x.startswith("servekit_requests_total{") and 'protocol="v1"' in x and 'status="200"' in x
+        )
 
     for _ in range(50):  # each worker flushes its counts every half second
         if counted() >= 20:
@@ -152,16 +159,27 @@ def test_granian_sigterm_turns_readiness_503_first_and_loses_no_request(tmp_path
 
 # -- the same suites on granian and through Flask alone ------------------------------------------
 
-PROTOCOL_SUITES = ["tests/test_v1_rest.py", "tests/test_v2_http.py", "tests/test_grpc_v2.py",
-                   "tests/test_grpc_tf_serving.py", "tests/test_streaming.py", "tests/test_error_shapes.py"]
+PROTOCOL_SUITES = [
+    "tests/test_v1_rest.py",
+    "tests/test_v2_http.py",
+    "tests/test_grpc_v2.py",
+    "tests/test_grpc_tf_serving.py",
+    "tests/test_streaming.py",
+    "tests/test_error_shapes.py",
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env", [{"SERVEKIT_SERVER": "granian"}, {"SERVEKIT_FAST_LANE": "0"}],
-                         ids=["granian", "flask-only"])
+@pytest.mark.parametrize(
+    "env", [{"SERVEKIT_SERVER": "granian"}, {"SERVEKIT_FAST_LANE": "0"}], ids=["granian", "flask-only"]
+)
 def test_protocol_suites_pass(env):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly", *PROTOCOL_SUITES],
-        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=1500,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

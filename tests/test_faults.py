@@ -80,8 +80,10 @@ def test_a_100_mb_body_is_413_at_once_and_the_server_is_fine(server):
     size = 100 * 1024 * 1024
     response, sent, seconds = post_huge_body("127.0.0.1", server.http_port, "/v1/models/linear:predict", size)
     head, _, body = response.partition(b"\r\n\r\n")
-    print(f"\n100 MB body: answered after {sent / 1e6:.1f} MB sent, in {seconds * 1000:.0f} ms: "
-          f"{head.splitlines()[0].decode() if head else 'no answer'}")
+    print(
+        f"\n100 MB body: answered after {sent / 1e6:.1f} MB sent, in {seconds * 1000:.0f} ms: "
+        f"{head.splitlines()[0].decode() if head else 'no answer'}"
+    )
     assert head.startswith(b"HTTP/1.1 413"), response[:300]
     assert b"the limit is 1000000 bytes" in body
     assert sent < size
@@ -138,11 +140,24 @@ def test_a_corrupt_new_version_is_reported_and_the_previous_keeps_serving(server
 
 
 POST_PATHS = [
-    "/v1/models/linear:predict", "/v1/models/linear:classify", "/v1/models/linear:regress",
-    "/v1/models/linear:explain", "/v1/models/linear/versions/1:predict", "/v2/models/linear/infer",
-    "/v2/models/linear/explain", "/v2/models/linear/versions/1/infer", "/predict", "/explain",
-    "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/openai/v1/completions",
-    "/completions", "/chat/completions", "/embeddings", "/v2/repository/index",
+    "/v1/models/linear:predict",
+    "/v1/models/linear:classify",
+    "/v1/models/linear:regress",
+    "/v1/models/linear:explain",
+    "/v1/models/linear/versions/1:predict",
+    "/v2/models/linear/infer",
+    "/v2/models/linear/explain",
+    "/v2/models/linear/versions/1/infer",
+    "/predict",
+    "/explain",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/openai/v1/completions",
+    "/completions",
+    "/chat/completions",
+    "/embeddings",
+    "/v2/repository/index",
 ]  # repository load/unload are left out: they change what is served
 
 
@@ -154,15 +169,32 @@ def fuzz_bodies(rng: random.Random, n: int) -> list[bytes]:
         if kind == 1:
             return rng.choice([0, -1, 2**63, -(2**70), 1e308, -1e-308, 3.5])
         if kind == 2:
-            return "".join(rng.choice("ab\"\\/\u00e9\u2028\x00 {}[]:,") for _ in range(rng.randrange(12)))
+            return "".join(rng.choice('ab"\\/\u00e9\u2028\x00 {}[]:,') for _ in range(rng.randrange(12)))
         if kind == 3:
             return rng.choice(["NaN", "Infinity", "-Infinity", "b64", "FP32", "BYTES"])
         if kind == 4:
             return rng.random() * rng.choice([1, 1e10, -1e-10])
         if kind in (5, 6):
             return [value(depth + 1) for _ in range(rng.randrange(4))]
-        keys = ["instances", "inputs", "examples", "signature_name", "outputs", "parameters", "model",
-                "messages", "prompt", "input", "stream", "name", "shape", "datatype", "data", "context", "n"]
+        keys = [
+            "instances",
+            "inputs",
+            "examples",
+            "signature_name",
+            "outputs",
+            "parameters",
+            "model",
+            "messages",
+            "prompt",
+            "input",
+            "stream",
+            "name",
+            "shape",
+            "datatype",
+            "data",
+            "context",
+            "n",
+        ]
         return {rng.choice(keys): value(depth + 1) for _ in range(rng.randrange(4))}
 
     bodies = []
@@ -176,8 +208,9 @@ def fuzz_bodies(rng: random.Random, n: int) -> list[bytes]:
         elif kind == 2:
             bodies.append(json.dumps({"instances": value()}).encode())
         elif kind == 3:
-            bodies.append(json.dumps({"inputs": [{"name": "x", "shape": value(), "datatype": value(),
-                                                  "data": value()}]}).encode())
+            bodies.append(
+                json.dumps({"inputs": [{"name": "x", "shape": value(), "datatype": value(), "data": value()}]}).encode()
+            )
         else:
             bodies.append(json.dumps(value()).encode())
     return bodies
@@ -216,9 +249,11 @@ def test_10000_fuzzed_bodies_get_4xx_json_and_the_server_answers_correctly_after
         list(pool.map(run, [jobs[i::4] for i in range(4)]))
     seconds = time.perf_counter() - started
     by_class = Counter(f"{s // 100}xx" for s in statuses.elements())
-    print(f"\nfuzz: {len(jobs)} bodies over {len(POST_PATHS)} POST endpoints in {seconds:.1f}s: "
-          f"{dict(sorted(by_class.items()))}, by status {dict(sorted(statuses.items()))}; "
-          f"taken as valid: {dict(accepted)}")
+    print(
+        f"\nfuzz: {len(jobs)} bodies over {len(POST_PATHS)} POST endpoints in {seconds:.1f}s: "
+        f"{dict(sorted(by_class.items()))}, by status {dict(sorted(statuses.items()))}; "
+        f"taken as valid: {dict(accepted)}"
+    )
     assert not bad, "\n".join(bad)
     assert sum(statuses.values()) == len(jobs)
     assert by_class["5xx"] == 0
@@ -263,8 +298,10 @@ def test_killing_a_worker_mid_load_gunicorn_replaces_it_and_requests_keep_succee
         stop.set()
         for loop in loops:
             loop.result()
-    print(f"\nkilled worker {victim}; replaced by {sorted(new)}; requests: {dict(results)}; "
-          f"after the replacement: {dict(after_replacement)}")
+    print(
+        f"\nkilled worker {victim}; replaced by {sorted(new)}; requests: {dict(results)}; "
+        f"after the replacement: {dict(after_replacement)}"
+    )
     assert victim not in worker_pids(server.proc.pid)
     assert len(worker_pids(server.proc.pid)) == 2
     assert after_replacement["failed"] == 0
@@ -319,8 +356,9 @@ def test_sigterm_under_a_request_loop_loses_no_accepted_request(tmp_path):
         return requests.post(url + "/v1/models/slow:predict", json={"instances": [[3.0]]}, timeout=60)
 
     def stream():
-        r = requests.post(url + "/v1/models/ticker:predict?stream=true", json={"instances": [[6, 0.5]]},
-                          stream=True, timeout=60)
+        r = requests.post(
+            url + "/v1/models/ticker:predict?stream=true", json={"instances": [[6, 0.5]]}, stream=True, timeout=60
+        )
         return r.status_code, r.content.decode()
 
     with ThreadPoolExecutor(8) as pool:
@@ -342,9 +380,11 @@ def test_sigterm_under_a_request_loop_loses_no_accepted_request(tmp_path):
         stream_status, stream_text = streamed.result()
 
     events = [line for line in stream_text.splitlines() if line.startswith("data:")]
-    print(f"\nSIGTERM: {dict(outcomes)}; readiness turned 503: {ready_503.is_set()}; slow request "
-          f"{slow_response.status_code}; stream {stream_status} with {len(events)} events; "
-          f"exit code {exit_code} after {exited_after:.1f}s")
+    print(
+        f"\nSIGTERM: {dict(outcomes)}; readiness turned 503: {ready_503.is_set()}; slow request "
+        f"{slow_response.status_code}; stream {stream_status} with {len(events)} events; "
+        f"exit code {exit_code} after {exited_after:.1f}s"
+    )
     assert not lost, lost[:5]
     assert ready_503.is_set()
     assert slow_response.status_code == 200 and slow_response.json() == {"predictions": [[6.0]]}

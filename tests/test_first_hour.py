@@ -27,14 +27,14 @@ ROOT = Path(__file__).parent.parent
 ROWS = np.array([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]], dtype=np.float32)
 
 #: The load hook the docs' predict-only examples are served with (they show one hook each).
-DEFAULT_LOAD = '''
+DEFAULT_LOAD = """
 
 @servekit.hookimpl
 def load(path):
     return {"weights": np.arange(4.0), "scale": 1.0}
-'''
+"""
 
-TYPO_MODEL = '''
+TYPO_MODEL = """
 import servekit
 
 
@@ -46,7 +46,7 @@ def load(path):
 @servekit.hookimpl
 def predcit(inputs, model):
     return inputs * model
-'''
+"""
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -81,7 +81,8 @@ def write_model(base: Path, name: str, source: str, **files: bytes) -> Path:
 def save_torch_models(base: Path) -> None:
     torch = pytest.importorskip("torch")
     source = base.parent / "torch_first_hour.py"
-    source.write_text(textwrap.dedent('''
+    source.write_text(
+        textwrap.dedent("""
         from typing import NamedTuple
 
         import torch
@@ -114,14 +115,19 @@ def save_torch_models(base: Path) -> None:
         class Pair(torch.nn.Module):
             def forward(self, x):
                 return x.sum(dim=-1), x * 2
-    '''))
+    """)
+    )
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("torch_first_hour", source)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for name, cls in (("identity", module.Identity), ("scale", module.Scale),
-                      ("named", module.Named), ("pair", module.Pair)):
+    for name, cls in (
+        ("identity", module.Identity),
+        ("scale", module.Scale),
+        ("named", module.Named),
+        ("pair", module.Pair),
+    ):
         (base / name / "1").mkdir(parents=True)
         torch.jit.save(torch.jit.script(cls()), str(base / name / "1" / "model.pt"))
 
@@ -175,7 +181,9 @@ def v2_infer_grpc(server, model: str, array: np.ndarray, datatype: str = "FP32",
 
 def only_output(result) -> np.ndarray:
     response = result.get_response()  # a dict over HTTP, a ModelInferResponse over gRPC
-    names = [o["name"] for o in response["outputs"]] if isinstance(response, dict) else [o.name for o in response.outputs]
+    names = (
+        [o["name"] for o in response["outputs"]] if isinstance(response, dict) else [o.name for o in response.outputs]
+    )
     assert len(names) == 1, names
     return result.as_numpy(names[0])
 
@@ -251,8 +259,11 @@ def test_torchscript_tuple_outputs_are_listed_as_infer_names_them(server, name, 
 @pytest.mark.parametrize("model", ["half_plus_two", "scale"])
 def test_v1_floats_beyond_float32_become_infinity(server, model):
     # TF Serving's json_tensor test FloatTensorThatExceedsMaxReturnsInf: DT_FLOAT inputs
-    r = requests.post(server.url + f"/v1/models/{model}:predict",
-                      data='{"instances": [1.7976931348623157e308, -1e39, 1.0]}', timeout=30)
+    r = requests.post(
+        server.url + f"/v1/models/{model}:predict",
+        data='{"instances": [1.7976931348623157e308, -1e39, 1.0]}',
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     assert r.text.replace(" ", "").startswith('{"predictions":[Infinity,-Infinity,')
 
@@ -265,12 +276,15 @@ def test_empty_instances_say_so(server):
         assert "scalars" not in r.json()["error"]
 
 
-@pytest.mark.parametrize("path", [
-    "/v1/models/..%2F..%2F..%2Fetc%2Fpasswd",
-    "/v1/models/half_plus_two/labels/..%2F..%2Fetc",
-    "/v1/models/half_plus_two/versions/..%2F123",
-    "/v1/models/half%2Fplus/metadata",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/models/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/v1/models/half_plus_two/labels/..%2F..%2Fetc",
+        "/v1/models/half_plus_two/versions/..%2F123",
+        "/v1/models/half%2Fplus/metadata",
+    ],
+)
 def test_encoded_slashes_in_v1_paths_are_not_found(server, path):
     r = get(server, path)
     assert r.status_code == 404, (path, r.status_code, r.text)

@@ -121,9 +121,7 @@ def test_incorrect_example_2_split_split_without_end_split(stub):
 
 
 def test_incorrect_example_3_none_inside_splits(stub):
-    refused(
-        stub, piece(SPLIT, x=[1]), piece(NONE, x=[2]), piece(SPLIT, x=[3]), piece(END_SPLIT, x=[4])
-    )
+    refused(stub, piece(SPLIT, x=[1]), piece(NONE, x=[2]), piece(SPLIT, x=[3]), piece(END_SPLIT, x=[4]))
 
 
 def test_incorrect_split_then_none(stub):
@@ -135,17 +133,13 @@ def test_incorrect_split_then_none(stub):
 
 def test_split_dimension_0(stub):
     # the proto's example; each piece keeps the tensor's rank
-    (out,) = run(
-        stub, piece(SPLIT, split={"x": 0}, x=X[:1]), piece(END_SPLIT, split={"x": 0}, x=X[1:])
-    )
+    (out,) = run(stub, piece(SPLIT, split={"x": 0}, x=X[:1]), piece(END_SPLIT, split={"x": 0}, x=X[1:]))
     np.testing.assert_array_equal(out["x"], X)
 
 
 def test_split_dimension_1(stub):
     # the proto's example: [[1, 2], [5, 6]] and [[3, 4], [7, 8]]
-    (out,) = run(
-        stub, piece(SPLIT, split={"x": 1}, x=X[:, :2]), piece(END_SPLIT, split={"x": 1}, x=X[:, 2:])
-    )
+    (out,) = run(stub, piece(SPLIT, split={"x": 1}, x=X[:, :2]), piece(END_SPLIT, split={"x": 1}, x=X[:, 2:]))
     np.testing.assert_array_equal(out["x"], X)
 
 
@@ -223,9 +217,7 @@ def test_invalid_splits(stub, pieces):
 
 
 def test_error_after_a_turn_keeps_the_earlier_response(stub):
-    responses = stub.PredictStreamed(
-        iter([piece(END_SPLIT, x=[1]), piece(NONE, x=[2])]), timeout=30
-    )
+    responses = stub.PredictStreamed(iter([piece(END_SPLIT, x=[1]), piece(NONE, x=[2])]), timeout=30)
     first = next(responses)
     assert tensor_proto.to_numpy(first.outputs["x"]).tolist() == [1]
     with pytest.raises(grpc.RpcError) as info:

@@ -81,24 +81,16 @@ def test_api_key_leaves_health_open(keyed):
     assert stub.ServerReady(v2.ServerReadyRequest(), timeout=30).ready
 
 
-@pytest.mark.parametrize(
-    "metadata", [None, [("authorization", "Bearer wrong")], [("authorization", "s3cret")]]
-)
+@pytest.mark.parametrize("metadata", [None, [("authorization", "Bearer wrong")], [("authorization", "s3cret")]])
 def test_api_key_refuses_inference_without_the_key(keyed, metadata):
     v2_stub = v2_grpc.GRPCInferenceServiceStub(keyed)
     tf_stub = prediction_service_pb2_grpc.PredictionServiceStub(keyed)
-    assert (
-        code_of(v2_stub.ModelInfer, infer_request(), metadata=metadata)
-        == grpc.StatusCode.UNAUTHENTICATED
-    )
+    assert code_of(v2_stub.ModelInfer, infer_request(), metadata=metadata) == grpc.StatusCode.UNAUTHENTICATED
     assert (
         code_of(v2_stub.ModelMetadata, v2.ModelMetadataRequest(name="echo"), metadata=metadata)
         == grpc.StatusCode.UNAUTHENTICATED
     )
-    assert (
-        code_of(tf_stub.Predict, predict_request(), metadata=metadata)
-        == grpc.StatusCode.UNAUTHENTICATED
-    )
+    assert code_of(tf_stub.Predict, predict_request(), metadata=metadata) == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(grpc.RpcError) as info:
         list(tf_stub.PredictStreamed(iter([predict_request()]), metadata=metadata, timeout=30))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -107,9 +99,7 @@ def test_api_key_refuses_inference_without_the_key(keyed, metadata):
 def test_api_key_lets_the_key_through(keyed):
     metadata = [("authorization", "Bearer s3cret")]
     v2_stub = v2_grpc.GRPCInferenceServiceStub(keyed)
-    assert v2_stub.ModelInfer(
-        infer_request(), metadata=metadata, timeout=30
-    ).raw_output_contents == [bytes(4)]
+    assert v2_stub.ModelInfer(infer_request(), metadata=metadata, timeout=30).raw_output_contents == [bytes(4)]
     tf_stub = prediction_service_pb2_grpc.PredictionServiceStub(keyed)
     (response,) = tf_stub.PredictStreamed(iter([predict_request()]), metadata=metadata, timeout=30)
     assert tensor_proto.to_numpy(response.outputs["x"]).tolist() == [0, 1, 2]
@@ -146,9 +136,7 @@ def test_every_worker_serves_grpc_on_the_shared_port(echo_repo):
         # readiness comes from whichever worker answered first: give the other its moment
         deadline = time.monotonic() + 30
         while True:
-            listening = re.findall(
-                r"gRPC listening on 127\.0\.0\.1:(\d+) \(worker (\d+)\)", server.output()
-            )
+            listening = re.findall(r"gRPC listening on 127\.0\.0\.1:(\d+) \(worker (\d+)\)", server.output())
             if len({pid for _, pid in listening}) == 2 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

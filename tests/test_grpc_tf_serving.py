@@ -334,9 +334,7 @@ def test_classify_with_context(predictions):
     with_context.context.CopyFrom(example(sepal_length=[5.1], sepal_width=[3.5]))
     with_context.examples.append(example(petal_length=[1.4], petal_width=[0.2]))
     # an example's own feature wins over the context's
-    with_context.examples.append(
-        example(petal_length=[5.2], petal_width=[2.3], sepal_length=[6.7], sepal_width=[3.0])
-    )
+    with_context.examples.append(example(petal_length=[5.2], petal_width=[2.3], sepal_length=[6.7], sepal_width=[3.0]))
     response = predictions.Classify(request, timeout=30)
     assert response.model_spec.version.value == 1
     best = [max(c.classes, key=lambda k: k.score).label for c in response.result.classifications]
@@ -389,10 +387,7 @@ def test_multi_inference(predictions):
     ]
     for result in response.results:
         assert result.WhichOneof("result") == "classification_result"
-        best = [
-            max(c.classes, key=lambda k: k.score).label
-            for c in result.classification_result.classifications
-        ]
+        best = [max(c.classes, key=lambda k: k.score).label for c in result.classification_result.classifications]
         assert best == ["setosa", "virginica"]
 
 
@@ -463,17 +458,11 @@ def test_metadata_packs_a_signature_def_map(predictions, grpc_server):
     ],
 )
 def test_metadata_fields(predictions, fields, code):
-    assert (
-        rpc_error(predictions.GetModelMetadata, metadata_request("iris", fields=fields)).code()
-        == code
-    )
+    assert rpc_error(predictions.GetModelMetadata, metadata_request("iris", fields=fields)).code() == code
 
 
 def test_metadata_unknown_model(predictions):
-    assert (
-        rpc_error(predictions.GetModelMetadata, metadata_request("nope")).code()
-        == grpc.StatusCode.NOT_FOUND
-    )
+    assert rpc_error(predictions.GetModelMetadata, metadata_request("nope")).code() == grpc.StatusCode.NOT_FOUND
 
 
 # -- GetModelStatus ------------------------------------------------------------------------
@@ -503,10 +492,7 @@ def test_model_status_all_versions(models):
 
 
 def test_model_status_by_version_and_label(models):
-    assert [
-        s.version
-        for s in models.GetModelStatus(status_request("iris", 1), timeout=30).model_version_status
-    ] == [1]
+    assert [s.version for s in models.GetModelStatus(status_request("iris", 1), timeout=30).model_version_status] == [1]
     response = models.GetModelStatus(status_request("iris", label="canary"), timeout=30)
     assert [s.version for s in response.model_version_status] == [2]
 
@@ -517,9 +503,7 @@ def test_model_status_of_a_failed_load(models):
     assert status.status.error_code != 0 and status.status.error_message
 
 
-@pytest.mark.parametrize(
-    "request_", [status_request("nope"), status_request("iris", 9), status_request("")]
-)
+@pytest.mark.parametrize("request_", [status_request("nope"), status_request("iris", 9), status_request("")])
 def test_model_status_errors(models, request_):
     code = rpc_error(models.GetModelStatus, request_).code()
     assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
@@ -545,9 +529,7 @@ HALF_PLUS_TWO = "saved_model_half_plus_two_2_versions"
 
 
 @needs_tf_plugin
-@pytest.mark.parametrize(
-    ("spec", "version"), [({}, 124), ({"version": 123}, 123), ({"version_label": "stable"}, 123)]
-)
+@pytest.mark.parametrize(("spec", "version"), [({}, 124), ({"version": 123}, 123), ({"version_label": "stable"}, 123)])
 def test_tf_predict(predictions, spec, version):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = HALF_PLUS_TWO
@@ -568,17 +550,13 @@ def test_tf_predict_half_plus_three(predictions):
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "saved_model_half_plus_three"
     request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.array([1.0, 2.0, 5.0], np.float32)))
-    np.testing.assert_allclose(
-        outputs(predictions.Predict(request, timeout=60))["y"], [3.5, 4.0, 5.5]
-    )
+    np.testing.assert_allclose(outputs(predictions.Predict(request, timeout=60))["y"], [3.5, 4.0, 5.5])
 
 
 @needs_tf_plugin
 def test_tf_metadata_matches_tf_serving(predictions):
     response = predictions.GetModelMetadata(metadata_request(HALF_PLUS_TWO, 123), timeout=60)
-    expected = json.loads(
-        (TF_DATA / "saved_model_half_plus_two_2_versions_metadata.json").read_text()
-    )
+    expected = json.loads((TF_DATA / "saved_model_half_plus_two_2_versions_metadata.json").read_text())
     for signature in expected["metadata"]["signature_def"]["signature_def"].values():
         if not signature.get("defaults"):
             signature.pop("defaults", None)
@@ -595,10 +573,7 @@ def test_tf_classify_and_regress(predictions):
     classify.model_spec.name = HALF_PLUS_TWO
     classify.model_spec.signature_name = "classify_x_to_y"
     with_x(classify.input)
-    scores = [
-        c.classes[0].score
-        for c in predictions.Classify(classify, timeout=60).result.classifications
-    ]
+    scores = [c.classes[0].score for c in predictions.Classify(classify, timeout=60).result.classifications]
     assert scores == pytest.approx([2.5, 3.0])
 
     regress = regression_pb2.RegressionRequest()

@@ -44,9 +44,7 @@ def tensor(name: str, value: np.ndarray, datatype: str) -> InferInput:
 
 
 def iris_inputs(rows=IRIS):
-    return [
-        tensor(n, np.ascontiguousarray(rows[:, i]), "FP64") for i, n in enumerate(IRIS_FEATURES)
-    ]
+    return [tensor(n, np.ascontiguousarray(rows[:, i]), "FP64") for i, n in enumerate(IRIS_FEATURES)]
 
 
 # -- health and metadata ---------------------------------------------------------------------
@@ -81,9 +79,7 @@ def test_model_metadata(client):
     assert meta.name == "iris"
     assert list(meta.versions) == ["1", "2"]
     assert meta.platform == "sklearn"
-    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [
-        (n, "FP64", [-1]) for n in IRIS_FEATURES
-    ]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [(n, "FP64", [-1]) for n in IRIS_FEATURES]
     assert [(t.name, t.datatype) for t in meta.outputs] == [("predict", "BYTES")]
 
 
@@ -221,18 +217,13 @@ def test_infer_typed_fp16_answers_raw(raw_stub):
         (lambda r: r.inputs[0].contents.int_contents.append(1), "values"),
         (lambda r: setattr(r.inputs[0], "datatype", "FP16"), "raw_input_contents"),
         (
-            lambda r: (
-                setattr(r.inputs[0], "datatype", "INT8")
-                or r.inputs[0].contents.int_contents.__setitem__(0, 999)
-            ),
+            lambda r: setattr(r.inputs[0], "datatype", "INT8") or r.inputs[0].contents.int_contents.__setitem__(0, 999),
             "range",
         ),
         (lambda r: setattr(r.inputs[0], "datatype", "COMPLEX"), "datatype"),
         (lambda r: r.raw_input_contents.append(b"\x00" * 3), "raw_input_contents"),
         (
-            lambda r: (
-                r.inputs[0].parameters["shared_memory_region"].__setattr__("string_param", "r")
-            ),
+            lambda r: r.inputs[0].parameters["shared_memory_region"].__setattr__("string_param", "r"),
             "shared_memory_region",
         ),
         (lambda r: r.ClearField("inputs"), "no inputs"),
@@ -334,9 +325,7 @@ def test_stream_infer_decoupled_model_answers_per_item(client):
 # -- TensorFlow SavedModels ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not tf_plugin_installed(), reason="the servekit_tensorflow plugin is not installed"
-)
+@pytest.mark.skipif(not tf_plugin_installed(), reason="the servekit_tensorflow plugin is not installed")
 def test_infer_tensorflow_model(client):
     x = np.array([[1.0], [2.0], [5.0]], np.float32)  # the signature's shape is [-1, 1]
     result = client.infer(HALF_PLUS_TWO, [tensor("x", x, "FP32")], model_version="123")

@@ -19,7 +19,7 @@ ROWS = {"instances": [[5.1, 3.5, 1.4, 0.2]]}
 
 # Two framework plugins for two made-up artifacts, written as a third party would
 # now write them: load decides, the other hooks trust that the model is theirs.
-SCALE_PLUGIN = '''
+SCALE_PLUGIN = """
 import json
 import servekit
 
@@ -46,9 +46,9 @@ def metadata(model):
 def unload(model):
     EVENTS.append(("scale", model["scale"]))
     return True
-'''
+"""
 
-SHIFT_PLUGIN = '''
+SHIFT_PLUGIN = """
 import json
 import servekit
 
@@ -80,11 +80,11 @@ def metadata(model):
 def unload(model):
     EVENTS.append(("shift", model["shift"]))
     return True
-'''
+"""
 
 # A cross-cutting file: a wrapper around every model's predict, and a plain
 # predict from a plugin that loads nothing (it must never answer).
-CROSS_CUTTING = '''
+CROSS_CUTTING = """
 import servekit
 
 SEEN = []
@@ -95,16 +95,16 @@ def predict(name):
     outputs = yield
     SEEN.append(name)
     return outputs
-'''
+"""
 
-STRAY_PREDICT = '''
+STRAY_PREDICT = """
 import servekit
 
 
 @servekit.hookimpl
 def predict(inputs):
     return ["stray"] * len(inputs)
-'''
+"""
 
 
 def _write(folder: Path, name: str, text: str) -> Path:
@@ -119,8 +119,10 @@ def _artifact(models: Path, name: str, kind: str, value: float) -> None:
 
 
 def _framework_plugins(tmp_path: Path) -> list[str]:
-    return [str(_write(tmp_path / "plugins", "scale.py", SCALE_PLUGIN)),
-            str(_write(tmp_path / "plugins", "shift.py", SHIFT_PLUGIN))]
+    return [
+        str(_write(tmp_path / "plugins", "scale.py", SCALE_PLUGIN)),
+        str(_write(tmp_path / "plugins", "shift.py", SHIFT_PLUGIN)),
+    ]
 
 
 def test_each_model_is_answered_by_the_plugin_that_loaded_it(tmp_path, servekit_app):
@@ -174,7 +176,10 @@ def test_wrappers_still_wrap_every_model(tmp_path, servekit_app):
     models = tmp_path / "models"
     fit_iris(models / "iris", 1)
     _artifact(models, "tripled", "scale", 3)
-    _write(models / "doubler", "model.py", """
+    _write(
+        models / "doubler",
+        "model.py",
+        """
         import servekit
 
         @servekit.hookimpl
@@ -184,7 +189,8 @@ def test_wrappers_still_wrap_every_model(tmp_path, servekit_app):
         @servekit.hookimpl
         def predict(inputs, model):
             return [[v * model for v in row] for row in inputs]
-    """)
+    """,
+    )
     wrapper = _write(tmp_path / "plugins", "seen.py", CROSS_CUTTING)
     client = servekit_app(models, plugin=[*_framework_plugins(tmp_path), str(wrapper)])
     for name, rows in (("iris", ROWS["instances"]), ("tripled", [[1]]), ("doubler", [[1]])):
@@ -196,7 +202,10 @@ def test_model_py_extends_the_plugin_that_loaded_its_model(tmp_path, servekit_ap
     models = tmp_path / "models"
     _artifact(models, "plus_ten", "shift", 10)
     # model.py adds a hook the shift plugin lacks (classify) and overrides one it has (explain)
-    _write(models / "plus_ten", "model.py", """
+    _write(
+        models / "plus_ten",
+        "model.py",
+        """
         import servekit
 
         @servekit.hookimpl
@@ -206,11 +215,10 @@ def test_model_py_extends_the_plugin_that_loaded_its_model(tmp_path, servekit_ap
         @servekit.hookimpl
         def explain(inputs, model):
             return ["from model.py"] * len(inputs)
-    """)
+    """,
+    )
     client = servekit_app(models, plugin=_framework_plugins(tmp_path))
-    assert client.post("/v1/models/plus_ten:predict", json={"instances": [[1]]}).get_json() == {
-        "predictions": [[11]]
-    }
+    assert client.post("/v1/models/plus_ten:predict", json={"instances": [[1]]}).get_json() == {"predictions": [[11]]}
     r = client.post("/v1/models/plus_ten:classify", json={"examples": [{"x": 1}]})
     assert r.get_json() == {"results": [[["shifted", 10.0]]]}
     assert client.post("/v1/models/plus_ten:explain", json={"instances": [[1]]}).get_json() == {
@@ -251,23 +259,40 @@ def test_a_model_py_load_with_plugin_named_in_servekit_yaml_gets_that_plugin(tmp
     (folder / "servekit.yaml").write_text("plugin: sklearn\n")
     client = servekit_app(tmp_path / "models")
     assert client.post("/v1/models/custom:predict", json=ROWS).get_json() == {"predictions": ["setosa"]}
-    assert client.post("/v1/models/custom:classify", json={"examples": [{
-        "sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2,
-    }]}).status_code == 200
+    assert (
+        client.post(
+            "/v1/models/custom:classify",
+            json={
+                "examples": [
+                    {
+                        "sepal_length": 5.1,
+                        "sepal_width": 3.5,
+                        "petal_length": 1.4,
+                        "petal_width": 0.2,
+                    }
+                ]
+            },
+        ).status_code
+        == 200
+    )
 
 
 def test_the_repository_remembers_which_plugin_loaded_each_version(tmp_path):
     models = tmp_path / "models"
     fit_iris(models / "iris", 1)
     _artifact(models, "tripled", "scale", 3)
-    _write(models / "counter", "model.py", """
+    _write(
+        models / "counter",
+        "model.py",
+        """
         import servekit
 
         class Counter:
             @servekit.hookimpl
             def load(self):
                 return {"n": 0}
-    """)
+    """,
+    )
     repo = ModelRepository(discover([models]), plugins.build_manager(_framework_plugins(tmp_path)), poll_interval=0)
     repo.load_now()
     loaded_by = {name: repo.resolve(name).loaded_by for name in ("iris", "tripled", "counter")}
@@ -277,7 +302,10 @@ def test_the_repository_remembers_which_plugin_loaded_each_version(tmp_path):
 def test_a_wrapper_around_load_runs_once_and_sees_the_model(tmp_path):
     models = tmp_path / "models"
     _artifact(models, "tripled", "scale", 3)
-    watcher = _write(tmp_path / "plugins", "watch_load.py", """
+    watcher = _write(
+        tmp_path / "plugins",
+        "watch_load.py",
+        """
         import servekit
 
         LOADED = []
@@ -287,7 +315,8 @@ def test_a_wrapper_around_load_runs_once_and_sees_the_model(tmp_path):
             model = yield
             LOADED.append((name, model))
             return model
-    """)
+    """,
+    )
     pm = plugins.build_manager([*_framework_plugins(tmp_path), str(watcher)])
     repo = ModelRepository(discover([models]), pm, poll_interval=0)
     repo.load_now()
@@ -304,8 +333,11 @@ def test_load_keeps_pluggys_order(tmp_path):
     repo = ModelRepository(discover([models]), plugins.build_manager([str(first), str(later)]), poll_interval=0)
     repo.load_now()
     assert repo.resolve("tripled").loaded_by == "later"
-    eager = _write(tmp_path / "plugins", "eager.py",
-                   SCALE_PLUGIN.replace("@servekit.hookimpl\ndef load", "@servekit.hookimpl(tryfirst=True)\ndef load"))
+    eager = _write(
+        tmp_path / "plugins",
+        "eager.py",
+        SCALE_PLUGIN.replace("@servekit.hookimpl\ndef load", "@servekit.hookimpl(tryfirst=True)\ndef load"),
+    )
     repo = ModelRepository(discover([models]), plugins.build_manager([str(eager), str(later)]), poll_interval=0)
     repo.load_now()
     assert repo.resolve("tripled").loaded_by == "eager"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-LIFECYCLE = textwrap.dedent('''
+LIFECYCLE = textwrap.dedent("""
     import json
     import servekit
     from servekit import ModelMetadata, Signature, TensorSpec
@@ -42,9 +42,9 @@ LIFECYCLE = textwrap.dedent('''
     @servekit.hookimpl
     def explain(inputs, model):
         return {"attributions": inputs * model["w"]}
-''')
+""")
 
-ROUTES = textwrap.dedent('''
+ROUTES = textwrap.dedent("""
     from flask import jsonify
     import servekit
 
@@ -59,7 +59,7 @@ ROUTES = textwrap.dedent('''
         @app.get("/hello")
         def hello():
             return jsonify(models=app.extensions["servekit"].model_names(), started=STARTED)
-''')
+""")
 
 
 def _model(tmp_path, weight=2):
@@ -75,14 +75,16 @@ def test_load_metadata_predict_classify_regress_explain(tmp_path, servekit_app):
     client = servekit_app(tmp_path / "models")
     meta = client.get("/v1/models/lin/metadata").get_json()
     sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
-    assert sig["inputs"]["x"] == {"dtype": "DT_FLOAT", "name": "x:0", "tensor_shape": {
-        "dim": [{"size": "-1", "name": ""}, {"size": "2", "name": ""}], "unknown_rank": False}}
+    assert sig["inputs"]["x"] == {
+        "dtype": "DT_FLOAT",
+        "name": "x:0",
+        "tensor_shape": {"dim": [{"size": "-1", "name": ""}, {"size": "2", "name": ""}], "unknown_rank": False},
+    }
     assert client.post("/v1/models/lin:predict", json={"instances": [[1, 2]]}).get_json() == {"predictions": [6]}
     r = client.post("/v1/models/lin:classify", json={"examples": [{"x": 2}, {"x": 0.5}]})
     assert r.get_json() == {"results": [[["big", 1.0]], [["small", 1.0]]]}
     assert client.post("/v1/models/lin:regress", json={"examples": [{"x": 1.5}]}).get_json() == {"results": [3.0]}
-    assert client.post("/v1/models/lin:explain", json={"instances": [[1, 2]]}).get_json() == {
-        "explanations": [[2, 4]]}
+    assert client.post("/v1/models/lin:explain", json={"instances": [[1, 2]]}).get_json() == {"explanations": [[2, 4]]}
 
 
 def test_unload_is_called_when_a_version_is_replaced(tmp_path, servekit_app):

@@ -52,5 +52,7 @@ def test_docs_examples_run(index):
     for value in list(namespace.values()):
         if isinstance(value, type) and value.__module__ == namespace["__name__"]:
             pm.register(value())
-    module = type("Example", (), {k: staticmethod(v) for k, v in namespace.items() if callable(v) and hasattr(v, "servekit_impl")})
+    module = type(
+        "Example", (), {k: staticmethod(v) for k, v in namespace.items() if callable(v) and hasattr(v, "servekit_impl")}
+    )
     pm.register(module)

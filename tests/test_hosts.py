@@ -62,8 +62,12 @@ def host_model(base: Path, name: str = "echo", **config: object) -> Path:
 
 
 def infer(client, name: str, data, datatype: str = "FP32", shape=None, parameters=None):
-    tensor = {"name": "x", "datatype": datatype, "shape": shape or [len(data), len(data[0])],
-              "data": [v for row in data for v in row]}
+    tensor = {
+        "name": "x",
+        "datatype": datatype,
+        "shape": shape or [len(data), len(data[0])],
+        "data": [v for row in data for v in row],
+    }
     body = {"inputs": [tensor], **({"parameters": parameters} if parameters else {})}
     return client.post(f"/v2/models/{name}/infer", json=body)
 
@@ -78,12 +82,15 @@ def test_placement_and_replicas_are_read_from_servekit_yaml():
     assert parse_model_config({}).placement is None
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"placement": "gpu"}, "'placement' must be worker or process"),
-    ({"placement": "process", "replicas": 0}, "'replicas' must be a number"),
-    ({"placement": "process", "replicas": "2"}, "'replicas' must be a number"),
-    ({"placement": "worker", "replicas": 2}, "'replicas' needs placement: process"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"placement": "gpu"}, "'placement' must be worker or process"),
+        ({"placement": "process", "replicas": 0}, "'replicas' must be a number"),
+        ({"placement": "process", "replicas": "2"}, "'replicas' must be a number"),
+        ({"placement": "worker", "replicas": 2}, "'replicas' needs placement: process"),
+    ],
+)
 def test_bad_placement_settings_are_refused_naming_the_key(raw, message):
     with pytest.raises(ConfigError, match=message):
         parse_model_config(raw)
@@ -111,8 +118,12 @@ def test_a_cuda_model_gets_exactly_one_host_whatever_the_settings(device, monkey
 def test_arrays_cross_in_shared_memory_and_the_rest_in_the_header(tmp_path):
     slab = channel.Slab.create(f"servekit-test-{os.getpid()}-", 10)
     try:
-        value = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.array([1, 2], dtype=np.int64),
-                 "s": np.array(["x", "y"], dtype=object), "n": 3}
+        value = {
+            "a": np.arange(12, dtype=np.float32).reshape(3, 4),
+            "b": np.array([1, 2], dtype=np.int64),
+            "s": np.array(["x", "y"], dtype=object),
+            "n": 3,
+        }
         assert slab.size >= channel.SLAB_MIN and channel.needed([value]) <= slab.size
         packed = channel.Packer(slab).pack(value)
         assert isinstance(packed["a"], channel.ShmArray) and isinstance(packed["b"], channel.ShmArray)
@@ -220,8 +231,9 @@ def test_replicas_take_calls_in_turn(tmp_path, servekit_app):
     host_model(tmp_path, replicas=2)
     client = servekit_app(tmp_path)
     try:
-        pids = {infer(client, "echo", [[1.0]], parameters={"pid": True}).json["outputs"][0]["data"][0]
-                for _ in range(4)}
+        pids = {
+            infer(client, "echo", [[1.0]], parameters={"pid": True}).json["outputs"][0]["data"][0] for _ in range(4)
+        }
         assert len(pids) == 2
     finally:
         runtime.cleanup()
@@ -229,8 +241,9 @@ def test_replicas_take_calls_in_turn(tmp_path, servekit_app):
 
 def test_a_model_that_fails_to_load_in_its_host_is_reported(tmp_path, servekit_app):
     folder = host_model(tmp_path, "broken")
-    (folder / "1" / "model.py").write_text("import servekit\n\n@servekit.hookimpl\ndef load(path):\n"
-                                          "    raise ValueError('no weights here')\n")
+    (folder / "1" / "model.py").write_text(
+        "import servekit\n\n@servekit.hookimpl\ndef load(path):\n    raise ValueError('no weights here')\n"
+    )
     client = servekit_app(tmp_path)
     try:
         r = infer(client, "broken", [[1.0]])

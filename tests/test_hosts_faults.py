@@ -60,8 +60,7 @@ def hosted_repo(base: Path) -> Path:
 
 
 def predict(url: str, value: float = 1.0, **parameters: object) -> requests.Response:
-    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [value]}],
-            "parameters": parameters}
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [value]}], "parameters": parameters}
     return requests.post(url + "/v2/models/hosted/infer", json=body, timeout=60)
 
 

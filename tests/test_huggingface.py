@@ -206,8 +206,9 @@ def test_completion_with_explain_through_the_app(gpt_dir):
 
     app = create_app(Settings(paths=[str(gpt_dir)], poll_interval=0), start=False)
     app.extensions["servekit"].repository.load_now()
-    r = app.test_client().post("/completions", json={"prompt": ["hello world"], "explain": True, "max_tokens": 3},
-                               buffered=True)
+    r = app.test_client().post(
+        "/completions", json={"prompt": ["hello world"], "explain": True, "max_tokens": 3}, buffered=True
+    )
     assert r.status_code == 200, r.json
     (explanation,) = r.json["explanations"]
     assert len(explanation["tokens"]) == len(explanation["attributions"])

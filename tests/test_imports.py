@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = [REPO / "framework" / "servekit", *sorted(p for p in (REPO / "plugins").iterdir() if (p / "__init__.py").exists())]
+PACKAGES = [
+    REPO / "framework" / "servekit",
+    *sorted(p for p in (REPO / "plugins").iterdir() if (p / "__init__.py").exists()),
+]
 SKIP = {"scaffold_templates"}  # Jinja templates, not modules
 
 
@@ -139,24 +142,41 @@ def _write(root: Path, files: dict[str, str]) -> Path:
     ids=["deferred", "type-only", "absolute", "from-package"],
 )
 def test_the_graph_sees_every_kind_of_import(tmp_path, b_source):
-    package = _write(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from .sub.b import y\n",
-                                "pkg/sub/__init__.py": "", "pkg/sub/b.py": b_source})
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from .sub.b import y\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/b.py": b_source,
+        },
+    )
     graph = import_graph([package])
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
 
 
 def test_an_acyclic_package_passes(tmp_path):
-    package = _write(tmp_path, {"pkg/__init__.py": "from .a import x\nfrom .b import y\n",
-                                "pkg/a.py": "from .b import y\nx = y\n", "pkg/b.py": "import os\ny = 1\n"})
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .a import x\nfrom .b import y\n",
+            "pkg/a.py": "from .b import y\nx = y\n",
+            "pkg/b.py": "import os\ny = 1\n",
+        },
+    )
     graph = import_graph([package])
     assert graph["pkg.a"] == {"pkg.b"} and cycles(graph) == []
 
 
 #: Modules the protocols share: helpers and documents, which import no protocol themselves.
 PROTOCOL_HELPERS = {
-    "servekit.protocols.http", "servekit.protocols.streaming", "servekit.protocols.openai_requests",
-    "servekit.protocols.v2_documents", "servekit.protocols.tf_documents",
-    "servekit.protocols.grpc.common", "servekit.protocols.grpc.predict_stream",
+    "servekit.protocols.http",
+    "servekit.protocols.streaming",
+    "servekit.protocols.openai_requests",
+    "servekit.protocols.v2_documents",
+    "servekit.protocols.tf_documents",
+    "servekit.protocols.grpc.common",
+    "servekit.protocols.grpc.predict_stream",
 }
 #: What assembles the gRPC server from its services (as server/app.py does for HTTP).
 GRPC_ASSEMBLY = {"servekit.protocols.grpc", "servekit.protocols.grpc.server", "servekit.protocols.grpc.generate"}
@@ -166,13 +186,12 @@ def test_protocols_do_not_import_each_other():
     """Each wire protocol reaches the others' work only through the shared helpers and the data plane."""
     graph = import_graph(PACKAGES)
     protocols = {
-        m for m in graph
+        m
+        for m in graph
         if m.startswith("servekit.protocols.") and ".protos" not in m and m not in PROTOCOL_HELPERS | GRPC_ASSEMBLY
     }
     assert {"servekit.protocols.v1", "servekit.protocols.v2", "servekit.protocols.grpc.v2"} <= protocols
     crossing = {
-        m: sorted(graph[m] & protocols)
-        for m in sorted(protocols | PROTOCOL_HELPERS)
-        if graph.get(m, set()) & protocols
+        m: sorted(graph[m] & protocols) for m in sorted(protocols | PROTOCOL_HELPERS) if graph.get(m, set()) & protocols
     }
     assert not crossing, f"protocol modules importing protocols: {crossing}"

@@ -46,16 +46,21 @@ def test_body_over_the_limit_is_413_before_reading(client):
 
 def test_body_without_content_length_over_the_limit_is_413(client):
     # a chunked upload: no Content-Length, the server reads until the stream ends
-    r = client.post("/v1/models/linear:predict", input_stream=io.BytesIO(b"[" * 20_000),
-                    content_type="application/json", environ_overrides={"wsgi.input_terminated": True})
+    r = client.post(
+        "/v1/models/linear:predict",
+        input_stream=io.BytesIO(b"[" * 20_000),
+        content_type="application/json",
+        environ_overrides={"wsgi.input_terminated": True},
+    )
     assert r.status_code == 413
     _error(r)
 
 
 def test_gzip_body_is_inflated(client):
     body = gzip.compress(json.dumps({"instances": [[1, 2], [0, 0]]}).encode())
-    r = client.post("/v1/models/linear:predict", data=body,
-                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    r = client.post(
+        "/v1/models/linear:predict", data=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    )
     assert r.status_code == 200, r.get_data()
     assert r.get_json()["predictions"] == pytest.approx([9.0, 1.0])
 
@@ -63,8 +68,9 @@ def test_gzip_body_is_inflated(client):
 def test_concatenated_gzip_members_are_one_body(client):
     text = json.dumps({"instances": [[1, 1]]}).encode()
     body = gzip.compress(text[:10]) + gzip.compress(text[10:])
-    r = client.post("/v1/models/linear:predict", data=body,
-                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    r = client.post(
+        "/v1/models/linear:predict", data=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    )
     assert r.status_code == 200, r.get_data()
     assert r.get_json()["predictions"] == pytest.approx([6.0])
 
@@ -72,32 +78,43 @@ def test_concatenated_gzip_members_are_one_body(client):
 def test_gzip_bomb_is_413_on_the_inflated_size(client):
     bomb = gzip.compress(b" " * 5_000_000)  # ~5 KB on the wire, 5 MB inflated
     assert len(bomb) < 10_000
-    r = client.post("/v1/models/linear:predict", data=bomb,
-                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    r = client.post(
+        "/v1/models/linear:predict", data=bomb, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    )
     assert r.status_code == 413
     assert "inflates to more than the limit of 10000 bytes" in _error(r)
 
 
 @pytest.mark.parametrize("body", [b"not gzip at all", gzip.compress(b'{"instances": [[1, 2]]}')[:-9], b""])
 def test_broken_gzip_is_400(client, body):
-    r = client.post("/v1/models/linear:predict", data=body,
-                    headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+    r = client.post(
+        "/v1/models/linear:predict", data=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    )
     assert r.status_code == 400
     assert "gzip" in _error(r)
 
 
 def test_deflate_bodies_are_inflated_and_checked(client):
-    r = client.post("/v1/models/linear:predict", data=zlib.compress(b'{"instances": [[1.0, 2.0]]}'),
-                    headers={"Content-Encoding": "deflate", "Content-Type": "application/json"})
+    r = client.post(
+        "/v1/models/linear:predict",
+        data=zlib.compress(b'{"instances": [[1.0, 2.0]]}'),
+        headers={"Content-Encoding": "deflate", "Content-Type": "application/json"},
+    )
     assert r.status_code == 200, r.get_json()
-    r = client.post("/v1/models/linear:predict", data=b"not deflate",
-                    headers={"Content-Encoding": "deflate", "Content-Type": "application/json"})
+    r = client.post(
+        "/v1/models/linear:predict",
+        data=b"not deflate",
+        headers={"Content-Encoding": "deflate", "Content-Type": "application/json"},
+    )
     assert r.status_code == 400 and "deflate" in _error(r)
 
 
 def test_unknown_content_encoding_is_415(client):
-    r = client.post("/v1/models/linear:predict", data=zlib.compress(b"{}"),
-                    headers={"Content-Encoding": "br", "Content-Type": "application/json"})
+    r = client.post(
+        "/v1/models/linear:predict",
+        data=zlib.compress(b"{}"),
+        headers={"Content-Encoding": "br", "Content-Type": "application/json"},
+    )
     assert r.status_code == 415
     assert "'br'" in _error(r)
 
@@ -120,8 +137,7 @@ class Gate:
 
 
 def call(app, path="/v1/models/m:predict"):
-    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": path, "CONTENT_LENGTH": "0",
-               "wsgi.input": io.BytesIO(b"")}
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": path, "CONTENT_LENGTH": "0", "wsgi.input": io.BytesIO(b"")}
     seen = {}
 
     def start_response(status, headers, exc_info=None):
@@ -197,17 +213,25 @@ def test_slow_model_times_out_with_504_json(servekit_app, repo):
     assert r.get_json() == {"predictions": [[0.0]]}
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("/v2/health/ready", True), ("/v2/health/live", True), ("/metrics", True), ("/metrics/x", True),
-    ("/metricsx", False), ("/", False), ("/v1/models/linear", False), ("/v2/healthz", False),
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("/v2/health/ready", True),
+        ("/v2/health/live", True),
+        ("/metrics", True),
+        ("/metrics/x", True),
+        ("/metricsx", False),
+        ("/", False),
+        ("/v1/models/linear", False),
+        ("/v2/healthz", False),
+    ],
+)
 def test_open_path_matching(path, expected):
     assert is_open_path(path, ["/v2/health/", "/metrics"]) is expected
 
 
 def test_api_key_guards_inference_but_not_open_paths(servekit_app, repo):
-    client = servekit_app(repo, api_key="s3cret", open_paths=["/v2/health/", "/metrics", "/"],
-                          request_log_url="off")
+    client = servekit_app(repo, api_key="s3cret", open_paths=["/v2/health/", "/metrics", "/"], request_log_url="off")
     body = {"instances": [[1, 2]]}
     assert client.post("/v1/models/linear:predict", json=body).status_code == 401
     wrong = client.post("/v1/models/linear:predict", json=body, headers={"Authorization": "Bearer s3cre"})
@@ -220,15 +244,18 @@ def test_api_key_guards_inference_but_not_open_paths(servekit_app, repo):
     assert client.get("/openapi.json").status_code == 401  # not in this --open-paths
 
 
-@pytest.mark.parametrize("path", [
-    "/v1/models/..%2F..%2Fetc%2Fpasswd",
-    "/v1/models/%2e%2e/metadata",
-    "/v1/models/linear/versions/..%2F1",
-    "/v1/models/linear/labels/..%2F..%2Flinear",
-    "/v2/models/..%2Flinear",
-    "/v2/models/%2E%2E%2F%2E%2E%2Fetc/ready",
-    "/v1/models/linear%2F..%2Fslow/metadata",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/models/..%2F..%2Fetc%2Fpasswd",
+        "/v1/models/%2e%2e/metadata",
+        "/v1/models/linear/versions/..%2F1",
+        "/v1/models/linear/labels/..%2F..%2Flinear",
+        "/v2/models/..%2Flinear",
+        "/v2/models/%2E%2E%2F%2E%2E%2Fetc/ready",
+        "/v1/models/linear%2F..%2Fslow/metadata",
+    ],
+)
 def test_hostile_model_paths_are_404_json_without_file_paths(client, repo, path):
     r = client.get(path)
     assert r.status_code in (404, 405), (path, r.status_code)
@@ -236,8 +263,16 @@ def test_hostile_model_paths_are_404_json_without_file_paths(client, repo, path)
     assert str(repo) not in message and "root:" not in message  # the decoded path may be echoed, no file
 
 
-@pytest.mark.parametrize("target", ["..:predict", "..%2F..%2Flinear:predict", "linear%2F..:predict",
-                                    "linear/labels/..:predict", "linear/versions/-1:predict"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "..:predict",
+        "..%2F..%2Flinear:predict",
+        "linear%2F..:predict",
+        "linear/labels/..:predict",
+        "linear/versions/-1:predict",
+    ],
+)
 def test_hostile_inference_targets_are_404_json(client, repo, target):
     r = client.post(f"/v1/models/{target}", json={"instances": [[1, 2]]})
     assert r.status_code == 404, (target, r.get_data())

@@ -48,9 +48,14 @@ def malformed_body(rng: random.Random) -> bytes:
     if kind == 3:  # wrong types under the right keys
         return json.dumps({rng.choice(["instances", "inputs", "examples"]): rng.choice(_ATOMS[:11])}).encode()
     if kind == 4:  # ragged, mixed or mistyped tensors
-        rows = [[rng.choice([1, 2.5, "a", None, True, [1]]) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 3))]
+        rows = [
+            [rng.choice([1, 2.5, "a", None, True, [1]]) for _ in range(rng.randint(1, 4))]
+            for _ in range(rng.randint(1, 3))
+        ]
         rows.append([1] * rng.randint(0, 6))
-        return json.dumps({rng.choice(["instances", "inputs"]): rows, "signature_name": rng.choice([None, 3, "nope"])}).encode()
+        return json.dumps(
+            {rng.choice(["instances", "inputs"]): rows, "signature_name": rng.choice([None, 3, "nope"])}
+        ).encode()
     return json.dumps({k: _value(rng) for k in rng.sample(_KEYS, rng.randint(1, 4))}).encode()
 
 
@@ -73,5 +78,7 @@ def test_malformed_bodies_get_4xx_json_errors(sklearn_server):
     assert unexpected == []
     assert statuses[200] < 100  # nearly all are rejected, not silently served
     # the server still answers correctly afterwards
-    r = requests.post(sklearn_server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=10)
+    r = requests.post(
+        sklearn_server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=10
+    )
     assert r.json() == {"predictions": ["setosa"]}

@@ -51,8 +51,7 @@ def repo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(repo):
-    with ServerProcess(repo, workers=2, threads=4, log_format="json", access_log=True,
-                       request_log_url="sqlite") as s:
+    with ServerProcess(repo, workers=2, threads=4, log_format="json", access_log=True, request_log_url="sqlite") as s:
         yield s
 
 
@@ -67,8 +66,12 @@ def test_metrics_scraped_during_a_load_run_add_up_to_the_requests_sent(server):
         with requests.Session() as http:
             while not done.is_set():
                 text = http.get(server.url + "/metrics").text
-                scrapes.append((samples(text, "servekit_requests_total", model="linear", protocol="v1"),
-                                samples(text, "servekit_requests_in_flight")))
+                scrapes.append(
+                    (
+                        samples(text, "servekit_requests_total", model="linear", protocol="v1"),
+                        samples(text, "servekit_requests_in_flight"),
+                    )
+                )
                 time.sleep(0.05)
 
     def send(chunk):
@@ -85,16 +88,23 @@ def test_metrics_scraped_during_a_load_run_add_up_to_the_requests_sent(server):
         scraper.result()
 
     # each worker flushes its tally into the shared values every half second (and before its own scrapes)
-    text = settled(server, lambda t: samples(t, "servekit_requests_total", model="linear", protocol="v1") == good + bad
-                   and samples(t, "servekit_requests_in_flight") == 1)
+    text = settled(
+        server,
+        lambda t: (
+            samples(t, "servekit_requests_total", model="linear", protocol="v1") == good + bad
+            and samples(t, "servekit_requests_in_flight") == 1
+        ),
+    )
     counted_ok = samples(text, "servekit_requests_total", model="linear", protocol="v1", status="200")
     counted_bad = samples(text, "servekit_requests_total", model="linear", protocol="v1", status="400")
     histogram = samples(text, "servekit_request_duration_seconds_count", model="linear", protocol="v1")
     batches = samples(text, "servekit_batch_size_count", model="linear")
     in_flight = samples(text, "servekit_requests_in_flight")
-    print(f"\nload run: sent {dict(sent)}; counted 200: {counted_ok:.0f}, 400: {counted_bad:.0f}, "
-          f"latency observations {histogram:.0f}, model calls {batches:.0f}; {len(scrapes)} scrapes during the "
-          f"run, in flight at the end {in_flight:.0f}")
+    print(
+        f"\nload run: sent {dict(sent)}; counted 200: {counted_ok:.0f}, 400: {counted_bad:.0f}, "
+        f"latency observations {histogram:.0f}, model calls {batches:.0f}; {len(scrapes)} scrapes during the "
+        f"run, in flight at the end {in_flight:.0f}"
+    )
     assert sent == {200: good, 400: bad}
     assert counted_ok == good and counted_bad == bad
     assert histogram == good + bad
@@ -178,8 +188,11 @@ def test_a_stream_is_logged_under_the_ids_of_its_closing_comment(server):
     meta = json.loads(trailer.split(" ", 2)[2])
     doc = _get_log(server, f"/v1/logs/requests/{meta['requestLogId']}").json()
     assert doc["predictionLogIds"] == meta["predictionLogIds"]
-    assert [p["output"] for p in doc["predictions"]] == [{"predictions": [0]}, {"predictions": [1]},
-                                                         {"predictions": [2]}]
+    assert [p["output"] for p in doc["predictions"]] == [
+        {"predictions": [0]},
+        {"predictions": [1]},
+        {"predictions": [2]},
+    ]
 
 
 @pytest.mark.parametrize("url_kind", ["sqlite3", "sqlalchemy"])
@@ -251,4 +264,3 @@ def test_a_failing_log_request_hook_fails_neither_the_request_nor_the_other_stor
         assert r.get_json()["predictions"] == pytest.approx([9.0])
         ids.append(r.headers["X-Request-Log-Id"])
     assert [record.request_log_id for record in recorder.records] == ids
-

@@ -63,8 +63,9 @@ def test_completion_prompt_list(client):
 
 
 def test_completion_stream_with_usage(client):
-    stream = client.completions.create(model="gpt", prompt="hello", max_tokens=6, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model="gpt", prompt="hello", max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     plain = client.completions.create(model="gpt", prompt="hello", max_tokens=6, temperature=0)
@@ -75,8 +76,10 @@ def test_completion_stream_with_usage(client):
 
 def test_chat(client):
     result = client.chat.completions.create(
-        model="gpt", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-        max_tokens=5, temperature=0,
+        model="gpt",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=5,
+        temperature=0,
     )
     message = result.choices[0].message
     assert message.role == "assistant" and isinstance(message.content, str)
@@ -87,8 +90,9 @@ def test_chat(client):
 
 def test_chat_stream_with_usage(client):
     messages = [{"role": "user", "content": "hello there"}]
-    stream = client.chat.completions.create(model="gpt", messages=messages, max_tokens=6, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="gpt", messages=messages, max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -105,8 +109,9 @@ def test_stop_sequence_through_the_client(client):
     cut = client.completions.create(model="gpt", prompt="hello", max_tokens=12, temperature=0, stop=[stop])
     assert cut.choices[0].text == plain[: plain.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    streamed = client.completions.create(model="gpt", prompt="hello", max_tokens=12, temperature=0,
-                                         stop=[stop], stream=True)
+    streamed = client.completions.create(
+        model="gpt", prompt="hello", max_tokens=12, temperature=0, stop=[stop], stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == cut.choices[0].text
 
 

@@ -218,28 +218,35 @@ def test_errors_in_openai_shape_for_unknown_model_missing_hook_and_bad_json(clie
 
 
 def test_chat_without_tokenizer_uses_the_documented_fallback_format(client):
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
     r = client.post("/v1/chat/completions", json={"model": "echo", "messages": messages})
     assert r.status_code == 200, r.json
     choice = r.json["choices"][0]
     assert r.json["object"] == "chat.completion" and r.json["id"].startswith("chatcmpl-")
     assert choice["message"] == {
-        "role": "assistant", "content": "You said: system: be brief\nuser: hi\nassistant:",
-        "refusal": None, "reasoning_content": None,
+        "role": "assistant",
+        "content": "You said: system: be brief\nuser: hi\nassistant:",
+        "refusal": None,
+        "reasoning_content": None,
     }
     assert choice["finish_reason"] == "stop"
 
 
 def test_chat_uses_the_tokenizer_hook_for_template_and_usage(client):
     messages = [{"role": "system", "content": "a-b"}, {"role": "user", "content": "c"}]
-    r = client.post("/v1/chat/completions", json={"model": "dashed", "messages": messages,
-                                                  "chat_template_kwargs": {"suffix": "-!"}})
+    r = client.post(
+        "/v1/chat/completions", json={"model": "dashed", "messages": messages, "chat_template_kwargs": {"suffix": "-!"}}
+    )
     assert r.status_code == 200, r.json
     assert r.json["choices"][0]["message"]["content"] == "[system]a-b[user]c[assistant]-!"
     # the model reported no counts: the tokenizer counts "-"-separated parts
     assert r.json["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
-    r = client.post("/v1/chat/completions", json={"model": "dashed",
-                                                  "messages": [{"role": "developer", "content": "x"}]})
+    r = client.post(
+        "/v1/chat/completions", json={"model": "dashed", "messages": [{"role": "developer", "content": "x"}]}
+    )
     assert r.status_code == 400
     assert "chat template rejected the messages: this template has no developer role" in r.json["error"]["message"]
 
@@ -271,9 +278,16 @@ def test_chat_max_completion_tokens_and_validation(client):
 
 
 def test_completion_stream_chunks_usage_done_and_metadata(client):
-    r = client.post("/v1/completions", json={
-        "model": "echo", "prompt": "abcdefgh", "stream": True, "stream_options": {"include_usage": True},
-    }, buffered=False)
+    r = client.post(
+        "/v1/completions",
+        json={
+            "model": "echo",
+            "prompt": "abcdefgh",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        buffered=False,
+    )
     assert r.headers["X-Request-Log-Id"]
     raw = read_stream(r)
     evs = list(sseclient.SSEClient([raw]).events())
@@ -287,24 +301,32 @@ def test_completion_stream_chunks_usage_done_and_metadata(client):
     assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["completion_tokens"] == 5
     trailer = raw.decode().rstrip("\n").splitlines()[-1]
     assert trailer.startswith(": servekit-metadata ")
-    meta = json.loads(trailer[len(": servekit-metadata "):])
+    meta = json.loads(trailer[len(": servekit-metadata ") :])
     assert meta["requestLogId"] == r.headers["X-Request-Log-Id"]
     assert len(meta["predictionLogIds"]) == 1
 
 
 def test_stream_stop_sequence_split_across_pieces_is_never_sent(client):
     # pieces are "You ", "said", ": ab", "cdef": the stop "bcd" spans two pieces
-    r = client.post("/v1/completions", json={"model": "echo", "prompt": "abcdef", "stream": True, "stop": "bcd"},
-                    buffered=False)
+    r = client.post(
+        "/v1/completions", json={"model": "echo", "prompt": "abcdef", "stream": True, "stop": "bcd"}, buffered=False
+    )
     parsed = chunks(r)
     assert "".join(c["choices"][0]["text"] for c in parsed) == "You said: a"
     assert parsed[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_chat_stream_role_first_then_deltas_then_finish(client):
-    r = client.post("/chat/completions", json={
-        "model": "echo", "messages": [{"role": "user", "content": "think"}], "stream": True, "n": 2,
-    }, buffered=False)
+    r = client.post(
+        "/chat/completions",
+        json={
+            "model": "echo",
+            "messages": [{"role": "user", "content": "think"}],
+            "stream": True,
+            "n": 2,
+        },
+        buffered=False,
+    )
     parsed = chunks(r)
     assert all(c["object"] == "chat.completion.chunk" and "usage" not in c for c in parsed)
     for index in (0, 1):
@@ -343,8 +365,9 @@ def test_embeddings_floats_and_unprefixed_top_level_embedding(client):
 
 
 def test_embeddings_base64_and_dimensions(client):
-    r = client.post("/v1/embeddings", json={"model": "echo", "input": "aaa", "encoding_format": "base64",
-                                            "dimensions": 2})
+    r = client.post(
+        "/v1/embeddings", json={"model": "echo", "input": "aaa", "encoding_format": "base64", "dimensions": 2}
+    )
     vector = np.frombuffer(base64.b64decode(r.json["data"][0]["embedding"]), dtype="<f4")
     # rows that were not unit length are truncated, not renormalised
     assert vector.tolist() == [3.0, 3.0]

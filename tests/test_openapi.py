@@ -99,9 +99,16 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server)
     operations = [result.ok() for result in loaded.get_all_operations()]
 
     for operation in operations:
+
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.explicit, Phase.generate],
+        )
         def check(case):
             calls["n"] += 1
             case.call_and_validate(checks=CHECKS, timeout=30)
@@ -121,17 +128,28 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server)
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not found:
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install -y chromium; "
-                    "scripts/test.sh installs it when run as root)")
+        pytest.skip(
+            "headless Chromium is not installed (Debian: apt-get install -y chromium; "
+            "scripts/test.sh installs it when run as root)"
+        )
     return found
 
 
 def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     command = [
-        chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,1000",
-        "--virtual-time-budget=5000", *args,
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--window-size=1280,1000",
+        "--virtual-time-budget=5000",
+        *args,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
@@ -156,7 +174,7 @@ def test_status_page_in_headless_chromium(server, tmp_path):
 def test_docs_page_renders_the_document_offline_in_headless_chromium(server, tmp_path):
     dom = run_chromium(tmp_path, "--dump-dom", server.url + "/docs")
     assert dom.returncode == 0, dom.stderr[-2000:]
-    main = dom.stdout[dom.stdout.index('<main id="main">'):]
+    main = dom.stdout[dom.stdout.index('<main id="main">') :]
     assert main.startswith('<main id="main"><h1>servekit')  # the script fetched and rendered the document
     assert "<code>/v2/models/{name}/infer</code>" in main and "<code>/v1/models/{name}:predict</code>" in main
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

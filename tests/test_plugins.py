@@ -24,24 +24,31 @@ def test_builtin_sklearn_plugin_is_registered_through_the_entry_point_group():
 
 @pytest.mark.slow
 def test_servekit_plugins_command_lists_the_sklearn_plugin_and_its_hooks():
-    out = subprocess.run([sys.executable, "-m", "servekit", "plugins"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "servekit", "plugins"], capture_output=True, text=True, check=True
+    ).stdout
     assert "sklearn" in out and "predict" in out and "classify" in out
-    listed = json.loads(subprocess.run([sys.executable, "-m", "servekit", "plugins", "--json"],
-                                       capture_output=True, text=True, check=True).stdout)
+    listed = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "servekit", "plugins", "--json"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert any(p["name"] == "sklearn" and "load" in p["hooks"] for p in listed)
 
 
 def test_model_py_overrides_the_framework_plugin_for_its_model_only(tmp_path, servekit_app):
     fit_iris(tmp_path / "custom", 1)
     fit_iris(tmp_path / "plain", 1)
-    (tmp_path / "custom" / "model.py").write_text(textwrap.dedent("""
+    (tmp_path / "custom" / "model.py").write_text(
+        textwrap.dedent("""
         import servekit
 
         @servekit.hookimpl
         def predict(inputs, model):
             # the sklearn plugin loaded `model`; this hook replaces its predict
             return {"label": model.estimator.predict(inputs), "custom": [1] * len(inputs)}
-    """))
+    """)
+    )
     client = servekit_app(tmp_path)
     custom = client.post("/v1/models/custom:predict", json=ROWS).get_json()
     assert custom == {"predictions": [{"label": "setosa", "custom": 1}]}
@@ -52,7 +59,8 @@ def test_model_py_overrides_the_framework_plugin_for_its_model_only(tmp_path, se
 def test_hooks_as_methods_of_a_class(tmp_path, servekit_app):
     folder = tmp_path / "counter"
     folder.mkdir()
-    (folder / "model.py").write_text(textwrap.dedent("""
+    (folder / "model.py").write_text(
+        textwrap.dedent("""
         import servekit
 
         class Counter:
@@ -67,7 +75,8 @@ def test_hooks_as_methods_of_a_class(tmp_path, servekit_app):
             def predict(self, inputs, model):
                 self.calls += model["step"]
                 return [self.calls] * len(inputs)
-    """))
+    """)
+    )
     (folder / "servekit.yaml").write_text("options: {step: 5}\n")
     client = servekit_app(tmp_path)
     assert client.post("/v1/models/counter:predict", json={"instances": [1]}).get_json() == {"predictions": [5]}
@@ -77,14 +86,16 @@ def test_hooks_as_methods_of_a_class(tmp_path, servekit_app):
 def test_plugin_file_given_on_the_command_line_wraps_every_model(tmp_path, servekit_app):
     fit_iris(tmp_path / "models" / "iris", 1)
     plugin = tmp_path / "upper.py"
-    plugin.write_text(textwrap.dedent("""
+    plugin.write_text(
+        textwrap.dedent("""
         import servekit
 
         @servekit.hookimpl(wrapper=True)
         def predict(inputs):
             outputs = yield
             return {name: [str(v).upper() for v in values] for name, values in outputs.items()}
-    """))
+    """)
+    )
     client = servekit_app(tmp_path / "models", plugin=[str(plugin)])
     assert client.post("/v1/models/iris:predict", json=ROWS).get_json() == {"predictions": ["SETOSA"]}
 
@@ -129,7 +140,8 @@ def test_allow_list_limits_installed_plugins(monkeypatch):
 
 def test_preprocess_and_postprocess_map_inputs_and_outputs(tmp_path, servekit_app):
     fit_iris(tmp_path / "iris", 1)
-    (tmp_path / "iris" / "model.py").write_text(textwrap.dedent("""
+    (tmp_path / "iris" / "model.py").write_text(
+        textwrap.dedent("""
         import numpy as np
         import servekit
 
@@ -140,7 +152,8 @@ def test_preprocess_and_postprocess_map_inputs_and_outputs(tmp_path, servekit_ap
         @servekit.hookimpl
         def postprocess(outputs):
             return {"species": np.char.upper(outputs["predict"].astype(str))}
-    """))
+    """)
+    )
     client = servekit_app(tmp_path)
     r = client.post("/v1/models/iris:predict", json={"instances": [[51, 35, 14, 2]]})
     assert r.get_json() == {"predictions": ["SETOSA"]}

@@ -57,9 +57,21 @@ def test_served_as_the_quickstart_does_grpc_answers(tmp_path):
     servekit = shutil.which("servekit", path=str(Path(sys.executable).parent)) or "servekit"
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(
-        [servekit, "serve", str(models), "--host", "127.0.0.1", "--http-port", str(http_port),
-         "--grpc-port", str(grpc_port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            servekit,
+            "serve",
+            str(models),
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_ready(proc, f"http://127.0.0.1:{http_port}", tmp_path / "serve.log")

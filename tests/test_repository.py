@@ -44,8 +44,13 @@ def test_discover_rejects_clashing_names_and_missing_paths(tmp_path):
 
 @pytest.mark.parametrize(
     "policy, expected",
-    [("latest", [124]), ("all", [3, 123, 124]), ({"specific": [3, 124]}, [3, 124]),
-     ({"specific": {"versions": [123]}}, [123]), ({"latest": {"num_versions": 2}}, [123, 124])],
+    [
+        ("latest", [124]),
+        ("all", [3, 123, 124]),
+        ({"specific": [3, 124]}, [3, 124]),
+        ({"specific": {"versions": [123]}}, [123]),
+        ({"latest": {"num_versions": 2}}, [123, 124]),
+    ],
 )
 def test_version_policies(policy, expected):
     assert select_versions(policy, [124, 3, 123]) == expected
@@ -54,7 +59,9 @@ def test_version_policies(policy, expected):
 def test_policy_labels_and_resolution(tmp_path):
     for v in (1, 2, 3):
         fit_iris(tmp_path / "iris", v)
-    (tmp_path / "iris" / "servekit.yaml").write_text("version_policy: {specific: [1, 2]}\nlabels: {stable: 1, canary: 2, gone: 3}\n")
+    (tmp_path / "iris" / "servekit.yaml").write_text(
+        "version_policy: {specific: [1, 2]}\nlabels: {stable: 1, canary: 2, gone: 3}\n"
+    )
     repo = make_repo(tmp_path / "iris")
     assert sorted(repo.get_model("iris").versions) == [1, 2]
     assert repo.resolve("iris").version == 2
@@ -93,8 +100,13 @@ def test_bad_servekit_yaml_fails_the_model_with_a_clear_message(tmp_path):
 
 @pytest.mark.parametrize(
     "raw, message",
-    [({"labels": {"a": "x"}}, "labels"), ({"device": "tpu"}, "device"), ({"batching": {"size": 3}}, "batching"),
-     ({"colour": 1}, "unknown setting"), ({"options": []}, "options")],
+    [
+        ({"labels": {"a": "x"}}, "labels"),
+        ({"device": "tpu"}, "device"),
+        ({"batching": {"size": 3}}, "batching"),
+        ({"colour": 1}, "unknown setting"),
+        ({"options": []}, "options"),
+    ],
 )
 def test_model_config_validation(raw, message):
     with pytest.raises(ConfigError, match=message):
@@ -102,10 +114,22 @@ def test_model_config_validation(raw, message):
 
 
 def test_model_config_defaults_and_values():
-    config = parse_model_config({"plugin": "tensorflow", "device": "cuda:1", "batching": {"max_batch_size": 8},
-                                 "labels": {"stable": 3}, "options": {"k": 1}})
+    config = parse_model_config(
+        {
+            "plugin": "tensorflow",
+            "device": "cuda:1",
+            "batching": {"max_batch_size": 8},
+            "labels": {"stable": 3},
+            "options": {"k": 1},
+        }
+    )
     assert (config.plugin, config.device, config.batching.max_batch_size, config.labels, config.options) == (
-        "tensorflow", "cuda:1", 8, {"stable": 3}, {"k": 1})
+        "tensorflow",
+        "cuda:1",
+        8,
+        {"stable": 3},
+        {"k": 1},
+    )
     assert parse_model_config({}).version_policy == "latest"
 
 

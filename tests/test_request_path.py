@@ -49,8 +49,9 @@ def http_request(**parameters) -> bytes:
     tensor = {"name": "x", "shape": [3, 2], "datatype": "FP64", "data": sum(ROWS, [])}
     if parameters:
         tensor["parameters"] = parameters
-    return json.dumps({"id": "r1", "inputs": [tensor], "parameters": {"signature_name": "predict"},
-                       "outputs": [{"name": "predict"}]}).encode()
+    return json.dumps(
+        {"id": "r1", "inputs": [tensor], "parameters": {"signature_name": "predict"}, "outputs": [{"name": "predict"}]}
+    ).encode()
 
 
 def grpc_request(**parameters) -> pb.ModelInferRequest:
@@ -78,8 +79,10 @@ def test_v2_http_and_grpc_decode_into_the_same_request():
 
 @pytest.mark.parametrize("value, refused", [("", False), (0, False), (False, False), ("region0", True), (8, True)])
 def test_both_wires_agree_on_what_leaves_a_triton_parameter_unset(value, refused):
-    for decode, request in ((v2_json.decode_infer_request, http_request(shared_memory_region=value)),
-                            (v2_grpc.decode_infer_request, grpc_request(shared_memory_region=value))):
+    for decode, request in (
+        (v2_json.decode_infer_request, http_request(shared_memory_region=value)),
+        (v2_grpc.decode_infer_request, grpc_request(shared_memory_region=value)),
+    ):
         if refused:
             with pytest.raises(BadRequest, match="shared-memory extension"):
                 decode(request)
@@ -135,7 +138,8 @@ def test_tf_serving_metadata_and_status_are_the_same_documents_on_both_wires(ser
     dp = client.application.extensions["servekit"]
     rest = client.get("/v1/models/iris/metadata").get_json()
     request = get_model_metadata_pb2.GetModelMetadataRequest(
-        model_spec=model_pb2.ModelSpec(name="iris"), metadata_field=["signature_def"])
+        model_spec=model_pb2.ModelSpec(name="iris"), metadata_field=["signature_def"]
+    )
     response = PredictionServicer(dp).GetModelMetadata(request, None)
     signatures = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(signatures)
@@ -151,7 +155,8 @@ def test_tf_serving_metadata_and_status_are_the_same_documents_on_both_wires(ser
                     dim.pop("name")
         assert over_grpc[name] == sig
     status = ModelServicer(dp).GetModelStatus(
-        get_model_status_pb2.GetModelStatusRequest(model_spec=model_pb2.ModelSpec(name="iris")), None)
+        get_model_status_pb2.GetModelStatusRequest(model_spec=model_pb2.ModelSpec(name="iris")), None
+    )
     rest_status = client.get("/v1/models/iris").get_json()["model_version_status"]
     assert json_format.MessageToDict(status)["model_version_status"][0]["state"] == rest_status[0]["state"]
     assert [str(s.version) for s in status.model_version_status] == [s["version"] for s in rest_status]
@@ -178,8 +183,10 @@ def logged_client(servekit_app, *paths):
 
 def test_a_binary_v2_answer_is_logged_row_by_row(servekit_app, repo):
     client, recorder = logged_client(servekit_app, repo / "linear")
-    body = {"inputs": [{"name": "x", "shape": [3, 2], "datatype": "FP64", "data": sum(ROWS, [])}],
-            "parameters": {"binary_data_output": True}}
+    body = {
+        "inputs": [{"name": "x", "shape": [3, 2], "datatype": "FP64", "data": sum(ROWS, [])}],
+        "parameters": {"binary_data_output": True},
+    }
     r = client.post("/v2/models/linear/infer", json=body)
     assert r.status_code == 200 and r.headers["Content-Type"] == "application/octet-stream"
     (record,) = recorder.records
@@ -241,9 +248,18 @@ def generator():
     yield 1
 
 
-@pytest.mark.parametrize("value, streams", [
-    (generator(), True), (iter([1]), True), (np.zeros(2), False), ({"a": 1}, False), ([1], False),
-    ("text", False), (b"raw", False), (3.0, False),
-])
+@pytest.mark.parametrize(
+    "value, streams",
+    [
+        (generator(), True),
+        (iter([1]), True),
+        (np.zeros(2), False),
+        ({"a": 1}, False),
+        ([1], False),
+        ("text", False),
+        (b"raw", False),
+        (3.0, False),
+    ],
+)
 def test_one_test_says_what_a_stream_is(value, streams):
     assert is_stream(value) is streams

@@ -26,9 +26,21 @@ pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
 HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
 COMMON = {
-    ".dockerignore", ".gitignore", "Dockerfile", "README.md", "deploy/kserve.yaml", "deploy/kubernetes.yaml",
-    "gunicorn.conf.py", "model.py", "requests/v1-predict.json", "requests/v2-infer.json", "requirements.txt",
-    "servekit.yaml", "tests/conftest.py", "tests/test_model.py", "train.py",
+    ".dockerignore",
+    ".gitignore",
+    "Dockerfile",
+    "README.md",
+    "deploy/kserve.yaml",
+    "deploy/kubernetes.yaml",
+    "gunicorn.conf.py",
+    "model.py",
+    "requests/v1-predict.json",
+    "requests/v2-infer.json",
+    "requirements.txt",
+    "servekit.yaml",
+    "tests/conftest.py",
+    "tests/test_model.py",
+    "train.py",
 }
 EXTRA_FILES = {"huggingface": {"requests/openai-embeddings.json"}}
 #: What the first row of requests/v1-predict.json must come back as.
@@ -54,7 +66,8 @@ def bake(out: Path, *answers: str, plugin: bool = False) -> Path:
 
 def files_in(folder: Path) -> set[str]:
     return {
-        str(p.relative_to(folder)) for p in folder.rglob("*")
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts and ".pytest_cache" not in p.parts
     }
 
@@ -62,7 +75,7 @@ def files_in(folder: Path) -> set[str]:
 def start_command(project: Path) -> list[str]:
     """The Dockerfile's CMD, with the image's /app paths pointed at the project."""
     cmd_line = [line for line in (project / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")][-1]
-    command = json.loads(cmd_line[len("CMD "):])
+    command = json.loads(cmd_line[len("CMD ") :])
     assert command[:2] == ["/bin/sh", "-c"] and command[2].startswith("exec gunicorn ")
     return [*command[:2], command[2].replace("/app/gunicorn.conf.py", str(project / "gunicorn.conf.py"))]
 
@@ -110,14 +123,19 @@ def test_container_template(tmp_path, framework):
     # Install the project's requirements only if they are already satisfied (no download).
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-index", "-q", "-r", str(project / "requirements.txt")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert install.returncode == 0, install.stdout + install.stderr
 
     # The project's own tests (they train version 1 into 1/ first).
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=project, capture_output=True, text=True, timeout=600,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
     assert re.search(r"\d+ passed", tests.stdout) and " failed" not in tests.stdout
@@ -140,8 +158,9 @@ def test_container_template(tmp_path, framework):
     port = free_port()
     log = tmp_path / "gunicorn.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(start_command(project), env=image_env(project, port), cwd=tmp_path,
-                                stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            start_command(project), env=image_env(project, port), cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, log)
@@ -170,7 +189,9 @@ def test_build_rerenders_a_generated_project(tmp_path):
     before = (project / "Dockerfile").read_text()
     result = subprocess.run(
         [sys.executable, "-m", "servekit", "build", str(project), "--gpu", "--no-docker", "--tag", "rebuild:2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     after = (project / "Dockerfile").read_text()
@@ -215,8 +236,13 @@ def test_image_under_the_deployment_env_turns_unready_then_drains(custom_project
     port = free_port()
     log = tmp_path / "gunicorn.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(start_command(custom_project), env={**image_env(custom_project, port), **env},
-                                cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            start_command(custom_project),
+            env={**image_env(custom_project, port), **env},
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     body = json.loads((custom_project / "requests" / "v1-predict.json").read_text())
     try:

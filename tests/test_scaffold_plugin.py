@@ -29,9 +29,22 @@ def install(base, *answers):
     baked = files_in(project)  # before pip builds in the folder
     target = base / "site"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "--target", str(target), str(project)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "--target",
+            str(target),
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
@@ -52,15 +65,19 @@ def test_plugin_files(plugin_install):
     project, _, baked = plugin_install
     assert project.name == "servekit-request-counter"
     assert baked == {
-        "README.md", "pyproject.toml", "src/servekit_request_counter/__init__.py", "tests/test_plugin.py",
+        "README.md",
+        "pyproject.toml",
+        "src/servekit_request_counter/__init__.py",
+        "tests/test_plugin.py",
     }
     assert 'request_counter = "servekit_request_counter"' in (project / "pyproject.toml").read_text()
 
 
 def test_listed_by_servekit_plugins(plugin_install):
     _, env, _ = plugin_install
-    result = subprocess.run([sys.executable, "-m", "servekit", "plugins", "--json"],
-                            capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "servekit", "plugins", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     listed = {p["name"]: p for p in json.loads(result.stdout)}
     assert listed["request_counter"]["hooks"] == ["predict", "register_routes"]
@@ -72,8 +89,9 @@ def test_in_effect_on_a_served_model(plugin_install, tmp_path):
     fit_iris(tmp_path / "iris")
     with ServerProcess(tmp_path / "iris", env=env, workers=1) as server:
         assert requests.get(server.url + "/-/request_counter", timeout=30).json() == {"predictions": {}, "failures": {}}
-        answer = requests.post(server.url + "/v1/models/iris:predict",
-                               json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30)
+        answer = requests.post(
+            server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30
+        )
         assert answer.status_code == 200, answer.text
         bad = requests.post(server.url + "/v1/models/iris:predict", json={"instances": [["x"]]}, timeout=30)
         assert bad.status_code == 400
@@ -82,15 +100,22 @@ def test_in_effect_on_a_served_model(plugin_install, tmp_path):
 
 
 def test_without_the_install_it_is_absent(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "servekit", "plugins", "--json"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "servekit", "plugins", "--json"], capture_output=True, text=True, timeout=120
+    )
     assert "request_counter" not in {p["name"] for p in json.loads(result.stdout)}
 
 
 def test_generated_plugin_tests_pass(plugin_install):
     project, env, _ = plugin_install
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-                            cwd=project, capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "3 passed" in result.stdout
 
@@ -109,8 +134,9 @@ def test_framework_plugin_files(framework_install):
 
 def test_framework_plugin_is_listed(framework_install):
     _, env, _ = framework_install
-    result = subprocess.run([sys.executable, "-m", "servekit", "plugins", "--json"],
-                            capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "servekit", "plugins", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     listed = {p["name"]: p for p in json.loads(result.stdout)}
     assert listed["linear_npz"]["hooks"] == ["load", "metadata", "predict"]
 
@@ -127,14 +153,21 @@ def test_framework_plugin_serves_its_files_and_leaves_the_others(framework_insta
         assert linear.json() == {"predictions": [[4.0]]}
         v2 = requests.get(server.url + "/v2/models/linear", timeout=30).json()
         assert v2["platform"] == "linear_npz" and v2["versions"] == ["3"]
-        iris = requests.post(server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]},
-                             timeout=30)
+        iris = requests.post(
+            server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30
+        )
         assert iris.status_code == 200, iris.text
 
 
 def test_generated_framework_plugin_tests_pass(framework_install):
     project, env, _ = framework_install
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-                            cwd=project, capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "5 passed" in result.stdout

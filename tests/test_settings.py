@@ -18,16 +18,24 @@ def test_defaults():
     got = parse(["models"])
     assert (got.paths, got.http_port, got.grpc_port, got.workers) == (["models"], 8080, 8081, "auto")
     assert (got.server, got.strict_readiness, got.model_control_mode, got.preload, got.fast_lane) == (
-        "gunicorn", True, "none", None, True)
+        "gunicorn",
+        True,
+        "none",
+        None,
+        True,
+    )
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["--log-level", "verbose"], "--log-level"),
-    (["--http-port", "99999"], "--http-port"),
-    (["--grpc-port", "-1"], "--grpc-port"),
-    (["--workers", "0"], "--workers"),
-    (["--workers", "many"], "--workers"),
-])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--log-level", "verbose"], "--log-level"),
+        (["--http-port", "99999"], "--http-port"),
+        (["--grpc-port", "-1"], "--grpc-port"),
+        (["--workers", "0"], "--workers"),
+        (["--workers", "many"], "--workers"),
+    ],
+)
 def test_values_no_server_could_start_with_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):
         parse(["models", *argv])
@@ -41,11 +49,23 @@ def test_negative_flags_and_choices():
 
 
 def test_every_flag_has_an_environment_twin_and_flags_win(tmp_path):
-    env = {"SERVEKIT_HTTP_PORT": "9000", "SERVEKIT_WORKERS": "3", "SERVEKIT_API_KEY": "k",
-           "SERVEKIT_PLUGIN": "a.py,b.py", "SERVEKIT_PRELOAD": "true", "SERVEKIT_PATHS": "m1,m2"}
+    env = {
+        "SERVEKIT_HTTP_PORT": "9000",
+        "SERVEKIT_WORKERS": "3",
+        "SERVEKIT_API_KEY": "k",
+        "SERVEKIT_PLUGIN": "a.py,b.py",
+        "SERVEKIT_PRELOAD": "true",
+        "SERVEKIT_PATHS": "m1,m2",
+    }
     got = parse([], env)
     assert (got.http_port, got.workers, got.api_key, got.plugin, got.preload, got.paths) == (
-        9000, "3", "k", ["a.py", "b.py"], True, ["m1", "m2"])
+        9000,
+        "3",
+        "k",
+        ["a.py", "b.py"],
+        True,
+        ["m1", "m2"],
+    )
     assert parse(["--http-port", "9100"], env).http_port == 9100
 
 

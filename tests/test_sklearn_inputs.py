@@ -86,16 +86,22 @@ def test_v1_predict_refuses_a_string_naming_input_and_row(iris_server):
 def test_v1_predict_refuses_nan_and_infinity(iris_server):
     r = post(iris_server, "/v1/models/iris:predict", '{"instances": [[5.1, NaN, 1.4, 0.2]]}')
     assert_400(r, "input 'sepal_width' contains NaN at row 0", "LogisticRegression", "missing values")
-    r = post(iris_server, "/v1/models/iris:predict", '{"inputs": {"sepal_length": [Infinity], '
-             '"sepal_width": [1], "petal_length": [1], "petal_width": [1]}}')
+    r = post(
+        iris_server,
+        "/v1/models/iris:predict",
+        '{"inputs": {"sepal_length": [Infinity], "sepal_width": [1], "petal_length": [1], "petal_width": [1]}}',
+    )
     assert_400(r, "input 'sepal_length' contains infinity at row 0")
 
 
 def test_v1_classify_refuses_a_string_feature(iris_server):
     r = post(iris_server, "/v1/models/iris:classify", {"examples": [named(SETOSA, sepal_length="abc")]})
     assert_400(r, "input 'sepal_length'", "the string 'abc'")
-    r = post(iris_server, "/v1/models/iris:classify", '{"examples": [{"sepal_length": 5.1, '
-             '"sepal_width": NaN, "petal_length": 1.4, "petal_width": 0.2}]}')
+    r = post(
+        iris_server,
+        "/v1/models/iris:classify",
+        '{"examples": [{"sepal_length": 5.1, "sepal_width": NaN, "petal_length": 1.4, "petal_width": 0.2}]}',
+    )
     assert_400(r, "input 'sepal_width' contains NaN")
 
 
@@ -182,11 +188,24 @@ DECISIONS = {
     "forest": (RandomForestClassifier(3), X, False, True),
     "imputer then linear": (make_pipeline(SimpleImputer(), LogisticRegression()), X, False, True),
     "scaler then linear": (make_pipeline(StandardScaler(), LogisticRegression()), X, True, True),
-    "scaler then boosting": (make_pipeline(StandardScaler(), HistGradientBoostingClassifier(max_iter=3)), X, False, True),
-    "most-frequent imputer": (make_pipeline(SimpleImputer(strategy="most_frequent"), LogisticRegression()), X,
-                              False, False),
-    "one-hot columns": (make_pipeline(make_column_transformer((OneHotEncoder(), ["d"]), remainder="passthrough"),
-                                      LogisticRegression()), MIXED, None, False),
+    "scaler then boosting": (
+        make_pipeline(StandardScaler(), HistGradientBoostingClassifier(max_iter=3)),
+        X,
+        False,
+        True,
+    ),
+    "most-frequent imputer": (
+        make_pipeline(SimpleImputer(strategy="most_frequent"), LogisticRegression()),
+        X,
+        False,
+        False,
+    ),
+    "one-hot columns": (
+        make_pipeline(make_column_transformer((OneHotEncoder(), ["d"]), remainder="passthrough"), LogisticRegression()),
+        MIXED,
+        None,
+        False,
+    ),
 }
 
 

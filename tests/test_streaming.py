@@ -58,15 +58,14 @@ def read_sse(response: requests.Response) -> tuple[list[sseclient.Event], str]:
 def trailer_of(raw: str) -> dict:
     last = raw.rstrip("\n").splitlines()[-1]
     assert last.startswith(TRAILER), raw[-300:]
-    return json.loads(last[len(TRAILER):])
+    return json.loads(last[len(TRAILER) :])
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["v1", "generic"])
 def test_stream_events_and_metadata_trailer(server, generic):
     r = requests.post(predict_url(server, generic) + "?stream=true", json=body("count", n=3), timeout=60)
     events, raw = read_sse(r)
-    assert [json.loads(e.data) for e in events] == [{"predictions": [0]}, {"predictions": [1]},
-                                                   {"predictions": [2]}]
+    assert [json.loads(e.data) for e in events] == [{"predictions": [0]}, {"predictions": [1]}, {"predictions": [2]}]
     assert all(e.event == "message" for e in events)
     meta = trailer_of(raw)
     assert meta["requestLogId"] == r.headers["X-Request-Log-Id"]
@@ -75,8 +74,13 @@ def test_stream_events_and_metadata_trailer(server, generic):
 
 @pytest.mark.parametrize(
     ("query", "in_body", "streams"),
-    [("", True, True), ("", False, False), ("?stream=true", False, True), ("?stream=false", True, False),
-     ("", None, False)],
+    [
+        ("", True, True),
+        ("", False, False),
+        ("?stream=true", False, True),
+        ("?stream=false", True, False),
+        ("", None, False),
+    ],
 )
 def test_query_parameter_wins_over_body(server, query, in_body, streams):
     r = requests.post(predict_url(server) + query, json=body("count", stream=in_body, n=2), timeout=60)
@@ -157,8 +161,10 @@ def test_ordinary_calls_complete_while_eight_streams_are_open(model_dir, tmp_pat
     gate = model_dir / "gate"
     gate.unlink(missing_ok=True)
     with ServerProcess(model_dir, poll_interval=0) as srv:  # default workers and threads
-        streams = [requests.post(predict_url(srv) + "?stream=true", json=body("gate"), stream=True, timeout=120)
-                   for _ in range(8)]
+        streams = [
+            requests.post(predict_url(srv) + "?stream=true", json=body("gate"), stream=True, timeout=120)
+            for _ in range(8)
+        ]
         data_lines = [(line for line in r.iter_lines() if line.startswith(b"data:")) for r in streams]
         try:
             for lines in data_lines:  # every stream has started and is now waiting at the gate

@@ -170,8 +170,19 @@ KSERVE_SCHEMA = {
     },
 }
 #: Keys of the predictor that belong to ComponentExtensionSpec, not to the pod spec.
-EXTENSION_KEYS = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "containerConcurrency",
-                  "timeout", "canaryTrafficPercent", "logger", "batcher", "labels", "annotations"}
+EXTENSION_KEYS = {
+    "minReplicas",
+    "maxReplicas",
+    "scaleMetric",
+    "scaleTarget",
+    "containerConcurrency",
+    "timeout",
+    "canaryTrafficPercent",
+    "logger",
+    "batcher",
+    "labels",
+    "annotations",
+}
 
 
 def check_inference_service(doc: dict) -> None:
@@ -225,9 +236,16 @@ def test_gunicorn_conf_matches_servekit_serve(monkeypatch):
     from servekit.server.gunicorn_app import ServekitApplication
     from servekit.settings import resolve
 
-    env = {"SERVEKIT_HTTP_PORT": "9123", "SERVEKIT_HOST": "127.0.0.1", "SERVEKIT_WORKERS": "3",
-           "SERVEKIT_THREADS": "5", "SERVEKIT_REQUEST_TIMEOUT": "90", "SERVEKIT_PRELOAD": "true",
-           "SERVEKIT_LOG_LEVEL": "warning", "SERVEKIT_REQUEST_LOG_URL": "sqlite:///:memory:"}
+    env = {
+        "SERVEKIT_HTTP_PORT": "9123",
+        "SERVEKIT_HOST": "127.0.0.1",
+        "SERVEKIT_WORKERS": "3",
+        "SERVEKIT_THREADS": "5",
+        "SERVEKIT_REQUEST_TIMEOUT": "90",
+        "SERVEKIT_PRELOAD": "true",
+        "SERVEKIT_LOG_LEVEL": "warning",
+        "SERVEKIT_REQUEST_LOG_URL": "sqlite:///:memory:",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
@@ -240,8 +258,20 @@ def test_gunicorn_conf_matches_servekit_serve(monkeypatch):
         if name in loaded.settings:
             loaded.set(name, value)
     cfg = ServekitApplication(resolve(environ=env)).cfg
-    for key in ("bind", "workers", "worker_class", "threads", "timeout", "graceful_timeout", "keepalive",
-                "loglevel", "preload_app", "proc_name", "errorlog", "accesslog"):
+    for key in (
+        "bind",
+        "workers",
+        "worker_class",
+        "threads",
+        "timeout",
+        "graceful_timeout",
+        "keepalive",
+        "loglevel",
+        "preload_app",
+        "proc_name",
+        "errorlog",
+        "accesslog",
+    ):
         assert loaded.settings[key].value == cfg.settings[key].value, key
     assert loaded.bind == ["127.0.0.1:9123"] and loaded.workers == 3 and loaded.threads == 5
     assert loaded.timeout == 180 and loaded.preload_app is True and loaded.worker_class_str == "gthread"
@@ -286,15 +316,24 @@ def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_fol
     result = subprocess.run(
         [sys.executable, "-m", "servekit", "build", str(model_folder), "--tag", "iris:2", "--gpu", "--no-wheel"],
         env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("servekit build: no Docker engine answered"), result.stderr
     assert f"docker build --tag iris:2 {model_folder}" in lines[0] and "--context-only" in lines[0]
     names = sorted(str(p.relative_to(model_folder)) for p in model_folder.rglob("*") if p.is_file())
-    assert names == [".dockerignore", "1/model.joblib", "Dockerfile", "deploy/kserve.yaml",
-                     "deploy/kubernetes.yaml", "gunicorn.conf.py", "requirements.txt"]
+    assert names == [
+        ".dockerignore",
+        "1/model.joblib",
+        "Dockerfile",
+        "deploy/kserve.yaml",
+        "deploy/kubernetes.yaml",
+        "gunicorn.conf.py",
+        "requirements.txt",
+    ]
     assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn]==0.1.0"
     dockerfile = (model_folder / "Dockerfile").read_text()
     assert "nvidia/cuda" in dockerfile and "SERVEKIT_MODEL_NAME=iris" in dockerfile
@@ -311,7 +350,9 @@ def test_build_context_only_succeeds_without_docker(model_folder, monkeypatch, c
 def test_build_keeps_an_edited_dockerfile(model_folder, capsys):
     assert cli(["build", str(model_folder), "--no-docker", "--no-wheel"]) == 0
     dockerfile = model_folder / "Dockerfile"
-    edited = "\n".join(line for line in dockerfile.read_text().splitlines() if scaffold.MARKER not in line) + "\n# mine\n"
+    edited = (
+        "\n".join(line for line in dockerfile.read_text().splitlines() if scaffold.MARKER not in line) + "\n# mine\n"
+    )
     dockerfile.write_text(edited)
     assert cli(["build", str(model_folder), "--no-docker", "--gpu", "--no-wheel"]) == 0
     assert dockerfile.read_text() == edited
@@ -324,7 +365,9 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsy
     assert scaffold.installed_from() == ("source", ROOT)  # the editable install the tests run from
     result = subprocess.run(
         [sys.executable, "-m", "servekit", "build", str(model_folder), "--context-only"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = (model_folder / "wheels").iterdir()
@@ -399,21 +442,40 @@ def test_new_rejects_invalid_names(tmp_path, answers, message):
 
 def test_new_plugin_rejects_invalid_package_name(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "servekit", "new", "--plugin", "--no-input", "--output-dir", str(tmp_path),
-         "--set", "package_name=class"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "servekit",
+            "new",
+            "--plugin",
+            "--no-input",
+            "--output-dir",
+            str(tmp_path),
+            "--set",
+            "package_name=class",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["servekit new --plugin: package name 'class' is not a valid lower-case Python identifier"]
+    assert result.stderr.splitlines() == [
+        "servekit new --plugin: package name 'class' is not a valid lower-case Python identifier"
+    ]
 
 
 @pytest.mark.parametrize(
     "answers, line",
     [
-        (["framework=pytorch"],
-         "servekit new: --set framework=pytorch: expected one of sklearn, torch, tensorflow, huggingface, custom"),
-        (["frmework=torch"], "servekit new: --set frmework: no such template variable; expected one of "
-                             "project_name, project_slug, model_name, framework, gpu, python_version"),
+        (
+            ["framework=pytorch"],
+            "servekit new: --set framework=pytorch: expected one of sklearn, torch, tensorflow, huggingface, custom",
+        ),
+        (
+            ["frmework=torch"],
+            "servekit new: --set frmework: no such template variable; expected one of "
+            "project_name, project_slug, model_name, framework, gpu, python_version",
+        ),
         (["gpu=maybe"], "servekit new: --set gpu=maybe: expected yes or no"),
         (["framework"], "servekit new: --set expects KEY=VALUE, found 'framework'"),
     ],
@@ -453,9 +515,23 @@ def test_plain_cookiecutter_renders_the_build_files_without_servekit(tmp_path, f
     assert probe.returncode != 0 and "not installed here" in probe.stderr  # the check below can fail
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "--output-dir", str(out), str(ROOT / "cookiecutter" / "container"),
-         "project_name=Plain Demo", "model_name=Plain_Demo", f"framework={framework}", f"gpu={gpu}"],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "--output-dir",
+            str(out),
+            str(ROOT / "cookiecutter" / "container"),
+            "project_name=Plain Demo",
+            "model_name=Plain_Demo",
+            f"framework={framework}",
+            f"gpu={gpu}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     project = out / "plain-demo"
@@ -500,8 +576,22 @@ def test_wheel_ships_the_templates(tmp_path):
     shutil.copytree(ROOT / "plugins", source / "plugins", ignore=ignore)
     env = {**os.environ, "PIP_NO_INDEX": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(source)],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = (tmp_path / "dist").glob("servekit-*.whl")

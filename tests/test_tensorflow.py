@@ -75,9 +75,7 @@ def tf_repo(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("tf_plugin")
     for name in (THREE, TWO, TWO_TF1, TWO_TF2):
         shutil.copytree(TF_DATA / name, base / name)
-    (base / TWO / "servekit.yaml").write_text(
-        "version_policy: all\nlabels: {stable: 123, canary: 124}\ndevice: cpu\n"
-    )
+    (base / TWO / "servekit.yaml").write_text("version_policy: all\nlabels: {stable: 123, canary: 124}\ndevice: cpu\n")
     build_custom_model(base / "custom")
     return base
 

@@ -37,22 +37,38 @@ HALF_PLUS_THREE = TF_DATA / "saved_model_half_plus_three"
 
 
 def test_flags_parse_as_tensorflows_parser_does():
-    flags = tfserving_cli.parse_flags([
-        "--port=8500", "--rest_api_port", "8501", "--enable_batching", "--model_name=m",
-        "--enable_serialization_as_tensor_content=true", "--rest_api_timeout_in_ms=5000",
-    ])
-    assert flags == {"port": 8500, "rest_api_port": 8501, "enable_batching": True, "model_name": "m",
-                     "enable_serialization_as_tensor_content": True, "rest_api_timeout_in_ms": 5000}
+    flags = tfserving_cli.parse_flags(
+        [
+            "--port=8500",
+            "--rest_api_port",
+            "8501",
+            "--enable_batching",
+            "--model_name=m",
+            "--enable_serialization_as_tensor_content=true",
+            "--rest_api_timeout_in_ms=5000",
+        ]
+    )
+    assert flags == {
+        "port": 8500,
+        "rest_api_port": 8501,
+        "enable_batching": True,
+        "model_name": "m",
+        "enable_serialization_as_tensor_content": True,
+        "rest_api_timeout_in_ms": 5000,
+    }
 
 
-@pytest.mark.parametrize(("argv", "fragment"), [
-    (["--no_such_flag=1"], "unknown flag --no_such_flag"),
-    (["--port=eighty"], "--port: expected int"),
-    (["--enable_batching=maybe"], "--enable_batching: expected true or false"),
-    (["--use_tflite_model=true"], "--use_tflite_model=true is not supported"),
-    (["--tensorflow_intra_op_parallelism=4"], "--tensorflow_intra_op_parallelism=4 is not supported"),
-    (["models/"], "unexpected argument"),
-])
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--no_such_flag=1"], "unknown flag --no_such_flag"),
+        (["--port=eighty"], "--port: expected int"),
+        (["--enable_batching=maybe"], "--enable_batching: expected true or false"),
+        (["--use_tflite_model=true"], "--use_tflite_model=true is not supported"),
+        (["--tensorflow_intra_op_parallelism=4"], "--tensorflow_intra_op_parallelism=4 is not supported"),
+        (["models/"], "unexpected argument"),
+    ],
+)
 def test_flags_servekit_cannot_honour_are_refused_by_name(argv, fragment):
     with pytest.raises(FlagError) as info:
         tfserving_cli.parse_flags(argv)
@@ -61,19 +77,31 @@ def test_flags_servekit_cannot_honour_are_refused_by_name(argv, fragment):
 
 def test_a_flag_at_tf_servings_default_is_accepted():
     assert tfserving_cli.parse_flags(["--use_tflite_model=false", "--enable_model_warmup=true"]) == {
-        "use_tflite_model": False, "enable_model_warmup": True}
+        "use_tflite_model": False,
+        "enable_model_warmup": True,
+    }
 
 
 def test_flags_map_to_settings(tmp_path):
     batching = tmp_path / "batching.txt"
-    batching.write_text("max_batch_size { value: 128 }\nbatch_timeout_micros { value: 2500 }\n"
-                        "max_enqueued_batches { value: 1000000 }\nnum_batch_threads { value: 8 }\n")
-    flags = tfserving_cli.parse_flags([
-        "--port=9000", "--rest_api_port=9001", "--rest_api_timeout_in_ms=5000",
-        f"--model_base_path={HALF_PLUS_TWO}", "--enable_batching", f"--batching_parameters_file={batching}",
-        "--enable_serialization_as_tensor_content", "--grpc_channel_arguments=grpc.max_connection_age_ms=2000",
-        "--file_system_poll_wait_seconds=3", "--grpc_socket_path=/tmp/x.sock",
-    ])
+    batching.write_text(
+        "max_batch_size { value: 128 }\nbatch_timeout_micros { value: 2500 }\n"
+        "max_enqueued_batches { value: 1000000 }\nnum_batch_threads { value: 8 }\n"
+    )
+    flags = tfserving_cli.parse_flags(
+        [
+            "--port=9000",
+            "--rest_api_port=9001",
+            "--rest_api_timeout_in_ms=5000",
+            f"--model_base_path={HALF_PLUS_TWO}",
+            "--enable_batching",
+            f"--batching_parameters_file={batching}",
+            "--enable_serialization_as_tensor_content",
+            "--grpc_channel_arguments=grpc.max_connection_age_ms=2000",
+            "--file_system_poll_wait_seconds=3",
+            "--grpc_socket_path=/tmp/x.sock",
+        ]
+    )
     settings, mirror = tfserving_cli.build(flags)
     assert mirror is None
     assert (settings.grpc_port, settings.http_port, settings.request_timeout) == (9000, 9001, 5.0)
@@ -84,13 +112,18 @@ def test_flags_map_to_settings(tmp_path):
     assert settings.grpc_socket_path == "/tmp/x.sock"
 
 
-@pytest.mark.parametrize(("text", "fragment"), [
-    ("model_config_list { config { name: 'a' base_path: '/x' model_platform: 'pytorch' } }", "model_platform"),
-    ("model_config_list { config { name: 'a' base_path: '/x' logging_config {} } }", "logging_config"),
-    ("model_config_list { config { name: 'a' base_path: '/x' } config { name: 'a' base_path: '/y' } }",
-     "configured twice"),
-    ("model_config_list { config { nme: 'a' } }", "not a valid ModelServerConfig"),
-])
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("model_config_list { config { name: 'a' base_path: '/x' model_platform: 'pytorch' } }", "model_platform"),
+        ("model_config_list { config { name: 'a' base_path: '/x' logging_config {} } }", "logging_config"),
+        (
+            "model_config_list { config { name: 'a' base_path: '/x' } config { name: 'a' base_path: '/y' } }",
+            "configured twice",
+        ),
+        ("model_config_list { config { nme: 'a' } }", "not a valid ModelServerConfig"),
+    ],
+)
 def test_model_config_file_errors_name_the_field(tmp_path, text, fragment):
     path = tmp_path / "models.config"
     path.write_text(text)
@@ -184,8 +217,14 @@ class TFServing:
         self.port, self.rest_port = free_port(), free_port()
         self.socket = tmp_path / "tf-serving.sock"
         self.log = (tmp_path / "server.log").open("w+")
-        command = [binary(), f"--port={self.port}", f"--rest_api_port={self.rest_port}",
-                   "--rest_api_timeout_in_ms=5000", f"--grpc_socket_path={self.socket}", *flags]
+        command = [
+            binary(),
+            f"--port={self.port}",
+            f"--rest_api_port={self.rest_port}",
+            "--rest_api_timeout_in_ms=5000",
+            f"--grpc_socket_path={self.socket}",
+            *flags,
+        ]
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         self.wait_ready()
 
@@ -257,14 +296,21 @@ def rest(url: str, body: dict | None = None) -> dict:
 def single_model(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tfs_single")
     batching = tmp / "batching_config.txt"
-    batching.write_text("max_batch_size { value: 128 }\nbatch_timeout_micros { value: 0 }\n"
-                        "max_enqueued_batches { value: 1000000 }\nnum_batch_threads { value: 8 }\n")
+    batching.write_text(
+        "max_batch_size { value: 128 }\nbatch_timeout_micros { value: 0 }\n"
+        "max_enqueued_batches { value: 1000000 }\nnum_batch_threads { value: 8 }\n"
+    )
     monitoring = tmp / "monitoring_config.txt"
     monitoring.write_text('prometheus_config: {\n  enable: true,\n  path: "/monitoring/prometheus/metrics"\n}\n')
-    server = TFServing(tmp, "--model_name=default", f"--model_base_path={HALF_PLUS_TWO}",
-                       "--enable_batching", f"--batching_parameters_file={batching}",
-                       f"--monitoring_config_file={monitoring}",
-                       "--grpc_channel_arguments=grpc.max_connection_age_ms=2000")
+    server = TFServing(
+        tmp,
+        "--model_name=default",
+        f"--model_base_path={HALF_PLUS_TWO}",
+        "--enable_batching",
+        f"--batching_parameters_file={batching}",
+        f"--monitoring_config_file={monitoring}",
+        "--grpc_channel_arguments=grpc.max_connection_age_ms=2000",
+    )
     yield server
     server.stop()
 
@@ -290,8 +336,7 @@ def test_predict_over_the_grpc_socket_path(single_model):
 @pytest.mark.slow
 def test_rest_and_prometheus_metrics(single_model):
     base = f"http://localhost:{single_model.rest_port}"
-    assert rest(f"{base}/v1/models/default:predict", {"instances": [[1.0], [2.0]]}) == {
-        "predictions": [[2.5], [3.0]]}
+    assert rest(f"{base}/v1/models/default:predict", {"instances": [[1.0], [2.0]]}) == {"predictions": [[2.5], [3.0]]}
     with urllib.request.urlopen(f"{base}/monitoring/prometheus/metrics", timeout=10) as response:
         text = response.read().decode()
     assert 'servekit_inference_rows_total{model="default",version="123"}' in text
@@ -316,8 +361,12 @@ model_config_list: {{
     model_platform: "tensorflow"
   }}
 }}""")
-    server = TFServing(tmp, f"--model_config_file={config}", "--model_config_file_poll_wait_seconds=1",
-                       "--enable_serialization_as_tensor_content")
+    server = TFServing(
+        tmp,
+        f"--model_config_file={config}",
+        "--model_config_file_poll_wait_seconds=1",
+        "--enable_serialization_as_tensor_content",
+    )
     yield server
     server.stop()
 

@@ -104,13 +104,17 @@ def test_v1_tuple_outputs_take_option_names_or_positions(torch_server, modules):
 
 
 def test_v1_integer_inputs_keep_their_type(torch_server, modules):
-    r = post(torch_server, "/v1/models/sd_embed:predict",
-             {"inputs": {"ids": IDS.tolist(), "weights": WEIGHTS.tolist()}})
+    r = post(
+        torch_server, "/v1/models/sd_embed:predict", {"inputs": {"ids": IDS.tolist(), "weights": WEIGHTS.tolist()}}
+    )
     assert r.status_code == 200, r.text
     same(r.json()["outputs"], direct(modules["sd_embed"], IDS, WEIGHTS))
     # JSON integers for a declared FP32 input are converted exactly
-    r = post(torch_server, "/v1/models/sd_embed:predict",
-             {"inputs": {"ids": IDS.tolist(), "weights": np.ones_like(IDS).tolist()}})
+    r = post(
+        torch_server,
+        "/v1/models/sd_embed:predict",
+        {"inputs": {"ids": IDS.tolist(), "weights": np.ones_like(IDS).tolist()}},
+    )
     same(r.json()["outputs"], direct(modules["sd_embed"], IDS, np.ones(IDS.shape)))
 
 
@@ -195,8 +199,11 @@ def test_v1_explain_matches_captum_on_the_module(torch_server, modules):
 
 
 def test_v1_explain_holds_integer_inputs_fixed(torch_server):
-    r = post(torch_server, "/v1/models/sd_embed:explain",
-             {"inputs": {"ids": IDS.tolist(), "weights": WEIGHTS.tolist()}, "parameters": {"target": 0}})
+    r = post(
+        torch_server,
+        "/v1/models/sd_embed:explain",
+        {"inputs": {"ids": IDS.tolist(), "weights": WEIGHTS.tolist()}, "parameters": {"target": 0}},
+    )
     assert r.status_code == 200, r.text
     answer = r.json()["explanations"]
     assert np.asarray(answer["attributions"]).shape == WEIGHTS.shape
@@ -223,10 +230,14 @@ def v2_input(name, array, datatype, binary):
 @pytest.mark.parametrize("name", ["ts_heads", "ep_heads", "sd_heads"])
 def test_v2_infer_matches_module(triton, modules, name, binary):
     expected = direct(modules[name], ROWS, OFFSET)
-    result = triton.infer(name, [
-        v2_input("x", ROWS.astype(np.float32), "FP32", binary),
-        v2_input("offset", OFFSET.astype(np.float32), "FP32", binary),
-    ], outputs=[httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("scores", "total")])
+    result = triton.infer(
+        name,
+        [
+            v2_input("x", ROWS.astype(np.float32), "FP32", binary),
+            v2_input("offset", OFFSET.astype(np.float32), "FP32", binary),
+        ],
+        outputs=[httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("scores", "total")],
+    )
     np.testing.assert_array_equal(result.as_numpy("scores"), expected["scores"])
     np.testing.assert_array_equal(result.as_numpy("total"), expected["total"])
 
@@ -241,32 +252,52 @@ def test_v2_single_input_and_fp64_request(triton, modules, name):
 def test_v2_metadata_and_int64_inputs(triton, modules):
     meta = triton.get_model_metadata("sd_embed")
     assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [
-        ("ids", "INT64", [-1, 5]), ("weights", "FP32", [-1, 5])]
+        ("ids", "INT64", [-1, 5]),
+        ("weights", "FP32", [-1, 5]),
+    ]
     assert meta["platform"] == "pytorch"
-    result = triton.infer("sd_embed", [v2_input("ids", IDS, "INT64", True),
-                                       v2_input("weights", WEIGHTS.astype(np.float32), "FP32", True)])
+    result = triton.infer(
+        "sd_embed", [v2_input("ids", IDS, "INT64", True), v2_input("weights", WEIGHTS.astype(np.float32), "FP32", True)]
+    )
     np.testing.assert_array_equal(result.as_numpy("output_0"), direct(modules["sd_embed"], IDS, WEIGHTS))
     assert triton.get_model_metadata("ts_clf")["platform"] == "pytorch_libtorch"
 
 
 def test_v2_positional_names_and_errors(triton, modules):
     # Triton's NAME__N convention passes tensors by position
-    result = triton.infer("ep_heads", [v2_input("INPUT__0", ROWS.astype(np.float32), "FP32", True),
-                                       v2_input("INPUT__1", OFFSET.astype(np.float32), "FP32", True)])
+    result = triton.infer(
+        "ep_heads",
+        [
+            v2_input("INPUT__0", ROWS.astype(np.float32), "FP32", True),
+            v2_input("INPUT__1", OFFSET.astype(np.float32), "FP32", True),
+        ],
+    )
     np.testing.assert_array_equal(result.as_numpy("scores"), direct(modules["ep_heads"], ROWS, OFFSET)["scores"])
     with pytest.raises(InferenceServerException) as info:
-        triton.infer("sd_embed", [v2_input("ids", np.array([[1, 2, 3, 4, 300]], np.int64), "INT64", True),
-                                  v2_input("weights", np.ones((1, 5), np.float16), "FP16", True)])
+        triton.infer(
+            "sd_embed",
+            [
+                v2_input("ids", np.array([[1, 2, 3, 4, 300]], np.int64), "INT64", True),
+                v2_input("weights", np.ones((1, 5), np.float16), "FP16", True),
+            ],
+        )
     assert "index out of range" in str(info.value)
     with pytest.raises(InferenceServerException) as info:
-        triton.infer("sd_embed", [v2_input("ids", np.array([[1, 2, 3, 4, 5]], np.uint64) + 2**63, "UINT64", True),
-                                  v2_input("weights", np.ones((1, 5), np.float32), "FP32", True)])
+        triton.infer(
+            "sd_embed",
+            [
+                v2_input("ids", np.array([[1, 2, 3, 4, 5]], np.uint64) + 2**63, "UINT64", True),
+                v2_input("weights", np.ones((1, 5), np.float32), "FP32", True),
+            ],
+        )
     assert "out of the range of INT64" in str(info.value)
 
 
 def test_v2_explain(torch_server, modules):
-    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 4], "data": ROWS.reshape(-1).tolist()}],
-            "parameters": {"n_steps": 20}}
+    body = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 4], "data": ROWS.reshape(-1).tolist()}],
+        "parameters": {"n_steps": 20},
+    }
     r = requests.post(f"{torch_server.url}/v2/models/sd_clf/explain", json=body, timeout=60)
     assert r.status_code == 200, r.text
     outputs = {o["name"]: o for o in r.json()["outputs"]}

@@ -110,8 +110,16 @@ def test_outputs_come_back_in_wire_dtypes():
         tensors.to_numpy(torch.ones(2, dtype=torch.complex64), "y")
 
 
-@pytest.mark.parametrize("name, expected", [("FP32", "float32"), ("BF16", "bfloat16"), ("int64", "int64"),
-                                            ("torch.float16", "float16"), ("double", "float64")])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("FP32", "float32"),
+        ("BF16", "bfloat16"),
+        ("int64", "int64"),
+        ("torch.float16", "float16"),
+        ("double", "float64"),
+    ],
+)
 def test_datatype_names(name, expected):
     assert tensors.dtype_name(name) == expected
     with pytest.raises(ValueError, match="unknown datatype"):
@@ -154,8 +162,9 @@ def test_cuda_requested_without_cuda_reports_on_status(servekit_app, tmp_path):
     folder.mkdir(parents=True)
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 1)), folder / "model.pt")
     (tmp_path / "gpu_only" / "servekit.yaml").write_text("device: cuda:0\n")
-    status, body = call(servekit_app(tmp_path / "gpu_only"), "POST", "/v1/models/gpu_only:predict",
-                        json={"instances": [[1.0, 2.0]]})
+    status, body = call(
+        servekit_app(tmp_path / "gpu_only"), "POST", "/v1/models/gpu_only:predict", json={"instances": [[1.0, 2.0]]}
+    )
     assert status == 503
     assert "device 'cuda:0' was requested but" in body["error"]
 
@@ -194,9 +203,14 @@ def state_dict_folder(tmp_path: Path, cls: str, yaml: str) -> Path:
         ("Pair", {"class": "Nope"}, "no nn.Module class of that name"),
         ("Pair", {"class": "Pair", "init": {"width": 3}}, "Pair(**options.init) failed"),
         ("Classifier", {"class": "TwoHeads"}, "does not fit TwoHeads"),
-        ("TwoHeads", {"class": "TwoHeads", "inputs": {"x": {"datatype": "FP32", "shape": [-1, 5]},
-                                                      "offset": {"datatype": "FP32", "shape": [-1]}}},
-         "failed on zeros of the shapes declared"),
+        (
+            "TwoHeads",
+            {
+                "class": "TwoHeads",
+                "inputs": {"x": {"datatype": "FP32", "shape": [-1, 5]}, "offset": {"datatype": "FP32", "shape": [-1]}},
+            },
+            "failed on zeros of the shapes declared",
+        ),
     ],
 )
 def test_bad_options_fail_the_load(tmp_path, cls, options, words):
@@ -211,7 +225,9 @@ def test_state_dict_may_be_wrapped_like_a_lightning_checkpoint(tmp_path):
     folder = state_dict_folder(tmp_path, "Pair", "")
     state = torch.load(folder / "1" / "model.pth", weights_only=True)
     torch.save({"state_dict": state, "epoch": 3}, folder / "1" / "model.pth")
-    model = load_model(folder / "1" / "model.pth", ModelConfig(device="cpu", options={"class": "Pair"}, base_path=folder))
+    model = load_model(
+        folder / "1" / "model.pth", ModelConfig(device="cpu", options={"class": "Pair"}, base_path=folder)
+    )
     assert model.input_names() == ["x"]
     assert [o.name for o in model.outputs] == ["output_0", "output_1"]
 
@@ -292,11 +308,14 @@ def test_explain_without_captum_is_a_clear_501(servekit_app, tmp_path, monkeypat
 def test_explain_needs_a_floating_input_and_a_valid_target(servekit_app, tmp_path):
     folder = state_dict_folder(tmp_path, "Embedder", "options: {class: Embedder}\n")
     client = servekit_app(folder)
-    status, body = call(client, "POST", "/v1/models/m:explain",
-                        json={"inputs": {"ids": [[1, 2]], "weights": [[1, 0]]}})
+    status, body = call(client, "POST", "/v1/models/m:explain", json={"inputs": {"ids": [[1, 2]], "weights": [[1, 0]]}})
     assert status == 400 and "attributes floating inputs" in body["error"], body
-    status, body = call(client, "POST", "/v1/models/m:explain",
-                        json={"inputs": {"ids": [[1, 2]], "weights": [[1.0, 0.5]]}, "parameters": {"target": 7}})
+    status, body = call(
+        client,
+        "POST",
+        "/v1/models/m:explain",
+        json={"inputs": {"ids": [[1, 2]], "weights": [[1.0, 0.5]]}, "parameters": {"target": 7}},
+    )
     assert status == 400 and "between 0 and 2" in body["error"]
 
 

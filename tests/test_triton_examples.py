@@ -49,8 +49,7 @@ def server(repo):
 @pytest.fixture(scope="module")
 def control_server(repo):
     """One worker: a load or unload changes the one repository every request reaches."""
-    with ServerProcess(repo, grpc_port="auto", workers=1, threads=4,
-                       model_control_mode="explicit") as running:
+    with ServerProcess(repo, grpc_port="auto", workers=1, threads=4, model_control_mode="explicit") as running:
         yield running
 
 
@@ -88,20 +87,23 @@ def stat_counts(stats: dict, version: str = "1") -> tuple[int, int]:
 def test_simple_http_infer_client(server):
     client = http_client(server)
     before = stat_counts(client.get_inference_statistics(model_name="simple"))
-    inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"),
-              httpclient.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "INT32"), httpclient.InferInput("INPUT1", [1, 16], "INT32")]
     inputs[0].set_data_from_numpy(INPUT0, binary_data=False)
     inputs[1].set_data_from_numpy(INPUT1, binary_data=True)
-    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
-               httpclient.InferRequestedOutput("OUTPUT1", binary_data=False)]
+    outputs = [
+        httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
+        httpclient.InferRequestedOutput("OUTPUT1", binary_data=False),
+    ]
     for _ in range(4):  # two workers: only summed statistics count all four
         result = client.infer("simple", inputs, outputs=outputs, query_params={"test_1": 1, "test_2": 2})
         check_sum_and_difference(result)
     stats = client.get_inference_statistics(model_name="simple")
     assert len(stats["model_stats"]) == 1
     # each worker flushes its tally into the shared counters within half a second
-    after = settled(lambda: stat_counts(client.get_inference_statistics(model_name="simple")),
-                    lambda got: (got[0] - before[0], got[1] - before[1]) == (4, 4))
+    after = settled(
+        lambda: stat_counts(client.get_inference_statistics(model_name="simple")),
+        lambda got: (got[0] - before[0], got[1] - before[1]) == (4, 4),
+    )
     assert (after[0] - before[0], after[1] - before[1]) == (4, 4)
     check_sum_and_difference(client.infer("simple", inputs, outputs=None))
     with pytest.raises(InferenceServerException):
@@ -135,8 +137,7 @@ def test_http_statistics_document(server):
 
 def test_simple_grpc_infer_client(server):
     client = grpc_client(server)
-    inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"),
-              grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs = [grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")]
     inputs[0].set_data_from_numpy(INPUT0)
     inputs[1].set_data_from_numpy(INPUT1)
     outputs = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT1")]
@@ -144,8 +145,10 @@ def test_simple_grpc_infer_client(server):
     for _ in range(3):
         check_sum_and_difference(client.infer("simple", inputs, outputs=outputs))
     success = before.model_stats[0].inference_stats.success.count
-    stats = settled(lambda: client.get_inference_statistics(model_name="simple"),
-                    lambda got: got.model_stats[0].inference_stats.success.count - success == 3)
+    stats = settled(
+        lambda: client.get_inference_statistics(model_name="simple"),
+        lambda got: got.model_stats[0].inference_stats.success.count - success == 3,
+    )
     assert len(stats.model_stats) == 1
     done = stats.model_stats[0].inference_stats.success.count - success
     assert done == 3
@@ -174,7 +177,7 @@ def test_simple_string_infer_client(server, module):
     differences = [int(v) for v in result.as_numpy("OUTPUT1").reshape(-1)]
     assert sums == [x + 1 for x in range(16)] and differences == [x - 1 for x in range(16)]
     stats = client.get_inference_statistics(model_name="simple_string")
-    count = (len(stats["model_stats"]) if module is httpclient else len(stats.model_stats))
+    count = len(stats["model_stats"]) if module is httpclient else len(stats.model_stats)
     assert count == 1
 
 
@@ -203,16 +206,19 @@ def test_grpc_explicit_int_content_client(stub):
     request = explicit_request("simple", "INT32", "int_contents", a, b)
     response = stub.ModelInfer(request)
     # typed contents in, raw_output_contents out: the program reads them with np.frombuffer
-    results = [np.resize(np.frombuffer(response.raw_output_contents[i], dtype=np.int32), list(out.shape))
-               for i, out in enumerate(response.outputs)]
+    results = [
+        np.resize(np.frombuffer(response.raw_output_contents[i], dtype=np.int32), list(out.shape))
+        for i, out in enumerate(response.outputs)
+    ]
     assert len(results) == 2
     assert results[0][0].tolist() == [x + 1 for x in a] and results[1][0].tolist() == [x - 1 for x in a]
     request.raw_input_contents.extend([np.array(a[0:8]).tobytes()])
     request.inputs[0].contents.int_contents[:] = a[8:]
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(request)
-    assert ("contents field must not be specified when using raw_input_contents for 'INPUT0' "
-            "for model 'simple'") in info.value.details()
+    assert (
+        "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'simple'"
+    ) in info.value.details()
 
 
 def test_grpc_explicit_byte_content_client(stub):
@@ -264,11 +270,15 @@ def test_simple_http_health_metadata(server):
     model = client.get_model_metadata("simple")
     assert model["name"] == "simple"
     assert [(t["name"], t["datatype"], t["shape"]) for t in model["inputs"]] == [
-        ("INPUT0", "INT32", [1, 16]), ("INPUT1", "INT32", [1, 16])]
+        ("INPUT0", "INT32", [1, 16]),
+        ("INPUT1", "INT32", [1, 16]),
+    ]
     config = client.get_model_config("simple")
     assert config["name"] == "simple" and config["max_batch_size"] == 0
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
-        ("INPUT0", "TYPE_INT32", [1, 16]), ("INPUT1", "TYPE_INT32", [1, 16])]
+        ("INPUT0", "TYPE_INT32", [1, 16]),
+        ("INPUT1", "TYPE_INT32", [1, 16]),
+    ]
     assert [t["name"] for t in config["output"]] == ["OUTPUT0", "OUTPUT1"]
     with pytest.raises(InferenceServerException) as info:
         client.get_model_config("nope")
@@ -283,12 +293,15 @@ def test_simple_grpc_health_metadata(server):
     assert meta.name == "servekit" and "statistics" in meta.extensions
     model = client.get_model_metadata("simple")
     assert [(t.name, t.datatype, list(t.shape)) for t in model.outputs] == [
-        ("OUTPUT0", "INT32", [1, 16]), ("OUTPUT1", "INT32", [1, 16])]
+        ("OUTPUT0", "INT32", [1, 16]),
+        ("OUTPUT1", "INT32", [1, 16]),
+    ]
     config = client.get_model_config("simple").config
     assert (config.name, config.max_batch_size, config.backend) == ("simple", 0, "python")
     assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == [
         ("INPUT0", grpcclient.model_config_pb2.TYPE_INT32, [1, 16]),
-        ("INPUT1", grpcclient.model_config_pb2.TYPE_INT32, [1, 16])]
+        ("INPUT1", grpcclient.model_config_pb2.TYPE_INT32, [1, 16]),
+    ]
     assert config.version_policy.WhichOneof("policy_choice") == "latest"
     as_json = client.get_model_config("simple_string", "1", as_json=True)
     assert as_json["config"]["input"][0]["data_type"] == "TYPE_STRING"
@@ -356,8 +369,10 @@ def test_simple_grpc_model_control(control_server):
     client = grpc_client(control_server)
     index = client.get_model_repository_index()
     assert len(index.models) == 2
-    assert {(m.name, m.version, m.state) for m in index.models} == {("simple", "1", "READY"),
-                                                                   ("simple_string", "1", "READY")}
+    assert {(m.name, m.version, m.state) for m in index.models} == {
+        ("simple", "1", "READY"),
+        ("simple_string", "1", "READY"),
+    }
     client.load_model("simple")
     assert client.is_model_ready("simple")
     with pytest.raises(InferenceServerException) as info:

@@ -153,12 +153,24 @@ def test_single_tensor_form_is_a_one_input_request():
 @pytest.mark.parametrize(
     ("doc", "blob", "header", "message"),
     [
-        ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]},
-         b"\x00" * 8, None, "needs 4 bytes, found 8"),
-        ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]},
-         b"\x00" * 8, None, "add up to 4"),
-        ({"inputs": [{"name": "a", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]},
-         b"\x00" * 4, None, "reaches past"),
+        (
+            {"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]},
+            b"\x00" * 8,
+            None,
+            "needs 4 bytes, found 8",
+        ),
+        (
+            {"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]},
+            b"\x00" * 8,
+            None,
+            "add up to 4",
+        ),
+        (
+            {"inputs": [{"name": "a", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]},
+            b"\x00" * 4,
+            None,
+            "reaches past",
+        ),
         ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}]}, b"", "999", "body has"),
         ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}]}, b"", "x", "must be an integer"),
         ({"inputs": []}, b"", None, "non-empty list"),
@@ -167,12 +179,40 @@ def test_single_tensor_form_is_a_one_input_request():
         ({"inputs": [{"name": "a", "shape": [-1], "datatype": "FP32", "data": [1]}]}, b"", None, "non-negative"),
         ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}] * 2}, b"", None, "given twice"),
         ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}], "id": 5}, b"", None, "'id'"),
-        ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1],
-                      "parameters": {"shared_memory_region": "r"}}]}, b"", None, "shared-memory"),
-        ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}],
-          "outputs": [{"name": "o", "parameters": {"classification": 2}}]}, b"", None, "classification"),
-        ({"inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}],
-          "outputs": [{"name": "o"}, {"name": "o"}]}, b"", None, "requested twice"),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "a",
+                        "shape": [1],
+                        "datatype": "FP32",
+                        "data": [1],
+                        "parameters": {"shared_memory_region": "r"},
+                    }
+                ]
+            },
+            b"",
+            None,
+            "shared-memory",
+        ),
+        (
+            {
+                "inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}],
+                "outputs": [{"name": "o", "parameters": {"classification": 2}}],
+            },
+            b"",
+            None,
+            "classification",
+        ),
+        (
+            {
+                "inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}],
+                "outputs": [{"name": "o"}, {"name": "o"}],
+            },
+            b"",
+            None,
+            "requested twice",
+        ),
     ],
 )
 def test_malformed_requests_are_refused(doc, blob, header, message):

@@ -25,7 +25,7 @@ FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 IRIS_ROWS = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3], [5.9, 3.0, 4.2, 1.5]])
 LINEAR_ROWS = np.array([[0.5, 1.25], [3.0, -2.0], [1e-3, 7.0]])
 
-STRINGS_MODEL = '''
+STRINGS_MODEL = """
 import numpy as np
 import servekit
 from servekit.types import ModelMetadata, Signature, TensorSpec
@@ -53,9 +53,9 @@ def predict(inputs, parameters):
     upper = np.array([t.decode().upper() + suffix for t in text.reshape(-1)], dtype=object).reshape(text.shape)
     length = np.array([len(t) for t in text.reshape(-1)], dtype=np.int32).reshape(text.shape)
     return {"upper": upper, "length": length}
-'''
+"""
 
-IDENTITY_MODEL = '''
+IDENTITY_MODEL = """
 import servekit
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
@@ -76,7 +76,7 @@ def predict(inputs, parameters):
     if parameters.get("fail"):
         raise RuntimeError("asked to fail")
     return {name: value for name, value in inputs.items()}
-'''
+"""
 
 
 def write_model_py(folder: Path, source: str) -> None:
@@ -156,7 +156,8 @@ def test_readiness_per_model_and_version(client):
 
 def test_readiness_statuses_and_bodies(v2_server):
     assert requests.get(v2_server.url + "/v2/models/iris/versions/2/ready", timeout=10).json() == {
-        "name": "iris", "ready": True,
+        "name": "iris",
+        "ready": True,
     }
     broken = requests.get(v2_server.url + "/v2/models/broken/ready", timeout=10)
     assert broken.status_code == 503 and broken.json()["ready"] is False
@@ -243,8 +244,11 @@ def test_binary_bytes_may_hold_any_byte(client):
     result = client.infer("identity", [tensor("blob", raw, True)])
     assert result.as_numpy("blob").tolist() == [b"\x00\xff\x10", b"\xfe"]
     with pytest.raises(InferenceServerException) as err:
-        client.infer("identity", [tensor("blob", raw, True)],
-                     outputs=[httpclient.InferRequestedOutput("blob", binary_data=False)])
+        client.infer(
+            "identity",
+            [tensor("blob", raw, True)],
+            outputs=[httpclient.InferRequestedOutput("blob", binary_data=False)],
+        )
     assert err.value.status() == "400" and "binary_data" in err.value.message()
 
 
@@ -291,8 +295,11 @@ def test_requested_outputs_are_honoured_in_order(client):
 
 def test_unknown_requested_output_is_400(client):
     with pytest.raises(InferenceServerException) as err:
-        client.infer("strings", [tensor("text", np.array([b"a"], dtype=object), True)],
-                     outputs=[httpclient.InferRequestedOutput("nope")])
+        client.infer(
+            "strings",
+            [tensor("text", np.array([b"a"], dtype=object), True)],
+            outputs=[httpclient.InferRequestedOutput("nope")],
+        )
     assert err.value.status() == "400" and "nope" in err.value.message()
 
 
@@ -343,10 +350,16 @@ def test_model_failure_is_500_and_the_server_keeps_serving(client):
     [
         (b"{not json", 400, "malformed JSON"),
         (b"[]", 400, "JSON object"),
-        (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP8", "data": [1]}]}).encode(), 400,
-         "unsupported datatype 'FP8'"),
-        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "INT32", "data": [1, 2.5]}]}).encode(), 400,
-         "must be integers"),
+        (
+            json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP8", "data": [1]}]}).encode(),
+            400,
+            "unsupported datatype 'FP8'",
+        ),
+        (
+            json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "INT32", "data": [1, 2.5]}]}).encode(),
+            400,
+            "must be integers",
+        ),
     ],
 )
 def test_bad_bodies_get_json_errors(v2_server, body, status, message):
@@ -356,12 +369,15 @@ def test_bad_bodies_get_json_errors(v2_server, body, status, message):
 
 def test_binary_data_over_raw_http_with_header_lengths(v2_server):
     x = np.arange(6, dtype=np.int16).reshape(2, 3)
-    head = json.dumps({
-        "inputs": [{"name": "x", "shape": [2, 3], "datatype": "INT16", "parameters": {"binary_data_size": 12}}],
-        "parameters": {"binary_data_output": True},
-    }).encode()
+    head = json.dumps(
+        {
+            "inputs": [{"name": "x", "shape": [2, 3], "datatype": "INT16", "parameters": {"binary_data_size": 12}}],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
     r = requests.post(
-        v2_server.url + "/v2/models/identity/infer", data=head + x.tobytes(),
+        v2_server.url + "/v2/models/identity/infer",
+        data=head + x.tobytes(),
         headers={"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"},
         timeout=10,
     )
@@ -382,8 +398,9 @@ def test_single_tensor_request_form(v2_server):
 
 def test_gzip_bomb_is_refused(v2_server):
     bomb = gzip.compress(b" " * (80 * 1024 * 1024))
-    r = requests.post(v2_server.url + "/v2/models/identity/infer", data=bomb,
-                      headers={"Content-Encoding": "gzip"}, timeout=30)
+    r = requests.post(
+        v2_server.url + "/v2/models/identity/infer", data=bomb, headers={"Content-Encoding": "gzip"}, timeout=30
+    )
     assert r.status_code == 413 and "limit" in r.json()["error"]
 
 
@@ -391,7 +408,9 @@ def test_gzip_bomb_is_refused(v2_server):
 
 
 def test_explain_answers_named_tensors(v2_server):
-    inputs = [{"name": n, "shape": [3], "datatype": "FP64", "data": IRIS_ROWS[:, i].tolist()} for i, n in enumerate(FEATURES)]
+    inputs = [
+        {"name": n, "shape": [3], "datatype": "FP64", "data": IRIS_ROWS[:, i].tolist()} for i, n in enumerate(FEATURES)
+    ]
     r = requests.post(v2_server.url + "/v2/models/iris/explain", json={"id": "e1", "inputs": inputs}, timeout=10)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -401,8 +420,11 @@ def test_explain_answers_named_tensors(v2_server):
 
 
 def test_explain_without_an_explain_hook_is_501(v2_server):
-    r = requests.post(v2_server.url + "/v2/models/strings/explain",
-                      json={"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}, timeout=10)
+    r = requests.post(
+        v2_server.url + "/v2/models/strings/explain",
+        json={"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}]},
+        timeout=10,
+    )
     assert r.status_code == 501 and "explain" in r.json()["error"]
 
 
@@ -410,11 +432,14 @@ def test_explain_without_an_explain_hook_is_501(v2_server):
 
 
 def test_v1_and_v2_give_the_same_numbers(client, v2_server):
-    v1 = requests.post(v2_server.url + "/v1/models/linear:predict", json={"instances": LINEAR_ROWS.tolist()}, timeout=10)
+    v1 = requests.post(
+        v2_server.url + "/v1/models/linear:predict", json={"instances": LINEAR_ROWS.tolist()}, timeout=10
+    )
     assert v1.status_code == 200
     v2_binary = client.infer("linear", [tensor("input", LINEAR_ROWS, True)]).as_numpy("predict")
     v2_json = client.infer(
-        "linear", [tensor("input", LINEAR_ROWS, False)],
+        "linear",
+        [tensor("input", LINEAR_ROWS, False)],
         outputs=[httpclient.InferRequestedOutput("predict", binary_data=False)],
     ).as_numpy("predict")
     assert np.array_equal(np.array(v1.json()["predictions"]), v2_binary)
@@ -423,8 +448,11 @@ def test_v1_and_v2_give_the_same_numbers(client, v2_server):
 
 def test_v1_and_v2_agree_on_another_signature(client, v2_server):
     rows = [dict(zip(FEATURES, r)) for r in IRIS_ROWS.tolist()]
-    v1 = requests.post(v2_server.url + "/v1/models/iris/versions/1:predict",
-                       json={"signature_name": "predict_proba", "instances": rows}, timeout=10)
+    v1 = requests.post(
+        v2_server.url + "/v1/models/iris/versions/1:predict",
+        json={"signature_name": "predict_proba", "instances": rows},
+        timeout=10,
+    )
     assert v1.status_code == 200
     result = client.infer("iris", iris_inputs(True), model_version="1", parameters={"signature_name": "predict_proba"})
     proba = result.as_numpy("predict_proba")

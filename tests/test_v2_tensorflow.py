@@ -85,9 +85,7 @@ def test_wrong_shape_is_rejected(tf_client):
 
 
 def test_v1_and_v2_give_the_same_numbers(tf_client, tf_v2_server):
-    v1 = requests.post(
-        f"{tf_v2_server.url}/v1/models/{THREE}:predict", json={"instances": X.tolist()}, timeout=30
-    )
+    v1 = requests.post(f"{tf_v2_server.url}/v1/models/{THREE}:predict", json={"instances": X.tolist()}, timeout=30)
     assert v1.status_code == 200, v1.text
     v2 = tf_client.infer(THREE, [x_input(X, True)]).as_numpy("y")
     assert np.array_equal(np.array(v1.json()["predictions"], dtype=np.float32), v2)

@@ -104,8 +104,9 @@ def build(base: Path) -> dict[str, Any]:
         version("ep_clf") / "model.pt2",
     )
     torch.export.save(
-        torch.export.export(heads, (torch.zeros(2, 4), torch.zeros(2)),
-                            dynamic_shapes={"x": {0: batch}, "offset": {0: batch}}),
+        torch.export.export(
+            heads, (torch.zeros(2, 4), torch.zeros(2)), dynamic_shapes={"x": {0: batch}, "offset": {0: batch}}
+        ),
         version("ep_heads") / "model.pt2",
     )
     # state dict + model.py: one class found alone, or named in servekit.yaml
@@ -115,17 +116,29 @@ def build(base: Path) -> dict[str, Any]:
     for name, module, options in [
         ("sd_heads", heads, "{class: TwoHeads}"),
         ("sd_pair", pair, "{class: Pair, outputs: [logits, mean]}"),
-        ("sd_embed", embed, ("{class: Embedder, inputs: {ids: {datatype: INT64, shape: [-1, 5]}, "
-                             "weights: {datatype: FP32, shape: [-1, 5]}}}")),
+        (
+            "sd_embed",
+            embed,
+            (
+                "{class: Embedder, inputs: {ids: {datatype: INT64, shape: [-1, 5]}, "
+                "weights: {datatype: FP32, shape: [-1, 5]}}}"
+            ),
+        ),
     ]:
         if name != "sd_heads":
             import_source(base / name, ALL_CLASSES)
         torch.save(module.state_dict(), version(name) / "model.pth")
         (base / name / "servekit.yaml").write_text(f"options: {options}\n")
     return {
-        "ts_clf": clf, "ep_clf": clf, "sd_clf": sd_clf,
-        "ts_heads": heads, "ep_heads": heads, "sd_heads": heads,
-        "ts_pair": pair, "sd_pair": pair, "sd_embed": embed,
+        "ts_clf": clf,
+        "ep_clf": clf,
+        "sd_clf": sd_clf,
+        "ts_heads": heads,
+        "ep_heads": heads,
+        "sd_heads": heads,
+        "ts_pair": pair,
+        "sd_pair": pair,
+        "sd_embed": embed,
     }
 
 

@@ -27,9 +27,7 @@ class SKLearnModel(Model):
         self.ready = True
         return self.ready
 
-    def predict(
-        self, payload: dict | InferRequest, headers: dict[str, str] = None
-    ) -> dict | InferResponse:
+    def predict(self, payload: dict | InferRequest, headers: dict[str, str] = None) -> dict | InferResponse:
         instances = get_predict_input(payload)
         result = self.model.predict(instances)
         return get_predict_response(payload, result, self.name)

@@ -21,7 +21,9 @@ import joblib
 import numpy as np
 import orjson
 
-MODELS = {p.parent.parent.name: joblib.load(p) for p in sorted(Path(os.environ["BENCH_MODELS"]).glob("*/1/model.joblib"))}
+MODELS = {
+    p.parent.parent.name: joblib.load(p) for p in sorted(Path(os.environ["BENCH_MODELS"]).glob("*/1/model.joblib"))
+}
 JSON = [("Content-Type", "application/json")]
 
 
@@ -39,9 +41,9 @@ def v1(name: str, body: bytes) -> bytes:
 
 def route(path: str) -> tuple[Callable[[str, bytes], bytes], str] | None:
     if path.startswith("/v2/models/") and path.endswith("/infer"):
-        return v2, path[len("/v2/models/"):-len("/infer")]
+        return v2, path[len("/v2/models/") : -len("/infer")]
     if path.startswith("/v1/models/") and path.endswith(":predict"):
-        return v1, path[len("/v1/models/"):-len(":predict")]
+        return v1, path[len("/v1/models/") : -len(":predict")]
     return None
 
 

@@ -116,7 +116,7 @@ def split(outputs: Any, rows: list[int]) -> list[Any]:
 def _cut(sequence: Any, rows: list[int]) -> list[Any]:
     parts, start = [], 0
     for n in rows:
-        parts.append(sequence[start:start + n])
+        parts.append(sequence[start : start + n])
         start += n
     return parts
 
@@ -264,7 +264,8 @@ class Batcher:
             except Unsplittable as exc:
                 log.warning(
                     "model %s: batching switched off: %s; set batching.max_batch_size: 0 for it",
-                    self.name, exc,
+                    self.name,
+                    exc,
                 )
                 self.enabled = False
                 self._retry(members)

@@ -36,14 +36,12 @@ def parse_model_config(
     unknown = set(raw) - _KEYS
     if unknown:
         raise ConfigError(
-            f"{CONFIG_FILE}: unknown setting(s) {', '.join(sorted(unknown))}; "
-            f"expected {', '.join(sorted(_KEYS))}"
+            f"{CONFIG_FILE}: unknown setting(s) {', '.join(sorted(unknown))}; expected {', '.join(sorted(_KEYS))}"
         )
     labels = raw.get("labels")
     labels = {} if labels is None else labels
     if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
-        for k, v in labels.items()
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in labels.items()
     ):
         raise ConfigError(f"{CONFIG_FILE}: 'labels' must map label names to version numbers")
     batching = raw.get("batching")
@@ -84,8 +82,9 @@ def _placement(raw: dict[str, Any]) -> tuple[str | None, int]:
         raise ConfigError(f"{CONFIG_FILE}: 'placement' must be worker or process, found {placement!r}")
     replicas = raw.get("replicas", 1)
     if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
-        raise ConfigError(f"{CONFIG_FILE}: 'replicas' must be a number of host processes from 1 to 64, "
-                          f"found {replicas!r}")
+        raise ConfigError(
+            f"{CONFIG_FILE}: 'replicas' must be a number of host processes from 1 to 64, found {replicas!r}"
+        )
     if replicas > 1 and placement == "worker":
         raise ConfigError(f"{CONFIG_FILE}: 'replicas' needs placement: process (each worker has its own copy)")
     return placement, replicas
@@ -98,8 +97,10 @@ def check_version_policy(policy: Any) -> None:
         ((kind, value),) = policy.items()
         if kind == "specific":
             versions = value.get("versions") if isinstance(value, dict) else value
-            if isinstance(versions, list) and versions and all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in versions
+            if (
+                isinstance(versions, list)
+                and versions
+                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in versions)
             ):
                 return
         if kind == "latest":

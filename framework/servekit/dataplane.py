@@ -88,16 +88,24 @@ class DataPlane:
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
         if mv.host is not None:  # the version runs in model host processes (servekit.hosts)
-            return mv.host.call("predict", inputs, parameters=parameters,
-                                signature_name=signature_name, output_names=output_names)
+            return mv.host.call(
+                "predict", inputs, parameters=parameters, signature_name=signature_name, output_names=output_names
+            )
         stat = statistics.current()
         inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
 
         def run(batch: Tensors) -> Any:
-            return stat.execution(statistics.rows_of(batch), lambda: self._call(
-                mv, "predict", inputs=batch, parameters=parameters,
-                signature_name=signature_name, output_names=output_names,
-            ))
+            return stat.execution(
+                statistics.rows_of(batch),
+                lambda: self._call(
+                    mv,
+                    "predict",
+                    inputs=batch,
+                    parameters=parameters,
+                    signature_name=signature_name,
+                    output_names=output_names,
+                ),
+            )
 
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
@@ -128,8 +136,13 @@ class DataPlane:
     def _infer(self, mv: ModelVersion, request: InferRequest) -> Any:
         if request.check_shapes:
             check_inputs(mv, request.inputs, request.signature_name)
-        return self.predict(mv, request.inputs, parameters=request.parameters,
-                            signature_name=request.signature_name, output_names=request.output_names)
+        return self.predict(
+            mv,
+            request.inputs,
+            parameters=request.parameters,
+            signature_name=request.signature_name,
+            output_names=request.output_names,
+        )
 
     def explain(
         self,
@@ -301,9 +314,7 @@ def filter_outputs(outputs: dict[str, Any], requested: list[str] | None) -> dict
         return outputs
     missing = [n for n in requested if n not in outputs]
     if missing:
-        raise BadRequest(
-            f"unknown output(s) {', '.join(missing)}; the model returns {', '.join(outputs) or 'none'}"
-        )
+        raise BadRequest(f"unknown output(s) {', '.join(missing)}; the model returns {', '.join(outputs) or 'none'}")
     return {n: outputs[n] for n in requested}
 
 

@@ -135,9 +135,7 @@ def format_chat(messages: list[dict[str, Any]], tokenizer: Any | None, template_
     plain = [{**m, "content": message_text(m)} for m in messages]
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         try:
-            text = tokenizer.apply_chat_template(
-                plain, tokenize=False, add_generation_prompt=True, **template_kwargs
-            )
+            text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **template_kwargs)
         except Exception as exc:  # a template may reject a role or an order of messages
             raise BadRequest(f"the model's chat template rejected the messages: {exc}", param="messages") from None
         return text if isinstance(text, str) else str(text)
@@ -239,9 +237,7 @@ def as_result(value: Any) -> GenerationResult:
         return value
     if isinstance(value, str):
         return GenerationResult(text=value)
-    raise ModelFailure(
-        f"complete returned {type(value).__name__}; expected a GenerationResult, a str or a generator"
-    )
+    raise ModelFailure(f"complete returned {type(value).__name__}; expected a GenerationResult, a str or a generator")
 
 
 def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> Choice:
@@ -257,7 +253,10 @@ def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> C
         return make_choice(
             request,
             GenerationResult(
-                "".join(pieces), last.finish_reason, last.prompt_tokens, last.completion_tokens,
+                "".join(pieces),
+                last.finish_reason,
+                last.prompt_tokens,
+                last.completion_tokens,
                 "".join(reasoning) or None,
             ),
             tokenizer,
@@ -289,8 +288,13 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
     """
     if not is_stream(output):
         result = as_result(output)
-        output = iter([GenerationChunk(result.text, result.finish_reason, result.prompt_tokens,
-                                       result.completion_tokens, result.reasoning)])
+        output = iter(
+            [
+                GenerationChunk(
+                    result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens, result.reasoning
+                )
+            ]
+        )
     scanner = StopScanner(request.stop)
     reason: str | None = None
     prompt_tokens = completion_tokens = None
@@ -299,9 +303,7 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
             if isinstance(item, str):
                 item = GenerationChunk(item)
             elif not isinstance(item, GenerationChunk):
-                raise ModelFailure(
-                    f"complete yielded {type(item).__name__}; expected str or GenerationChunk"
-                )
+                raise ModelFailure(f"complete yielded {type(item).__name__}; expected str or GenerationChunk")
             prompt_tokens = item.prompt_tokens if item.prompt_tokens is not None else prompt_tokens
             completion_tokens = item.completion_tokens if item.completion_tokens is not None else completion_tokens
             reason = item.finish_reason or reason

@@ -273,7 +273,6 @@ def server_started(models: list[str]) -> None:
     """Called once per worker when the server starts, with the configured model names."""
 
 
-
 # ---------------------------------------------------------------------------
 # Request log (cross-cutting plugins)
 # ---------------------------------------------------------------------------
@@ -299,5 +298,6 @@ def log_request(record: RequestLog) -> None:
         ``PredictionLog(prediction_log_id, index, output)`` per row, choice or
         streamed event, under the ``X-Prediction-Log-Ids`` the client got.
     """
+
 
 __all__ = ["hookimpl", "hookspec"]

@@ -59,12 +59,10 @@ _READ_CHUNK = 64 * 1024
 _RETRY_LATER = [("Retry-After", "1")]
 
 
-def error_response(start_response: Callable, exc: ServekitError, path: str,
-                   headers: list | None = None) -> list[bytes]:
+def error_response(start_response: Callable, exc: ServekitError, path: str, headers: list | None = None) -> list[bytes]:
     body = jsonc.dumps(render(exc, path))
     status = f"{exc.status} {HTTPStatus(exc.status).phrase}"
-    start_response(status, [("Content-Type", "application/json"),
-                            ("Content-Length", str(len(body))), *(headers or [])])
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *(headers or [])])
     return [body]
 
 
@@ -195,8 +193,12 @@ class LimitsMiddleware:
         except FutureTimeout:
             environ["servekit.timed_out"] = True
             future.add_done_callback(lambda f: _close_late(f, release))
-            log.warning("request %s %s passed its %gs timeout", environ.get("REQUEST_METHOD"),
-                        environ.get("PATH_INFO"), self.request_timeout)
+            log.warning(
+                "request %s %s passed its %gs timeout",
+                environ.get("REQUEST_METHOD"),
+                environ.get("PATH_INFO"),
+                self.request_timeout,
+            )
             timeout = Timeout(f"request not answered within {self.request_timeout:g}s (--request-timeout)")
             return error_response(start_response, timeout, environ.get("PATH_INFO", ""))
         except BaseException:
@@ -248,9 +250,7 @@ class _Inflater:
 
     def result(self) -> bytes:
         if not self._inflater.eof:
-            raise BadRequest(
-                f"request body is not complete {self.encoding} data (Content-Encoding: {self.encoding})"
-            )
+            raise BadRequest(f"request body is not complete {self.encoding} data (Content-Encoding: {self.encoding})")
         return self.out.getvalue()
 
 

@@ -78,9 +78,7 @@ def _trace(pm: pluggy.PluginManager) -> None:
 def _register(pm: pluggy.PluginManager, plugin: Any, name: str, source: str) -> None:
     existing = pm.get_plugin(name)
     if existing is not None:
-        raise PluginError(
-            f"plugin name {name!r} is registered twice: by {_source_of(pm, name)} and by {source}"
-        )
+        raise PluginError(f"plugin name {name!r} is registered twice: by {_source_of(pm, name)} and by {source}")
     pm.register(plugin, name=name)
     pm._servekit_sources = getattr(pm, "_servekit_sources", {})  # type: ignore[attr-defined]
     pm._servekit_sources[name] = source  # type: ignore[attr-defined]
@@ -105,11 +103,7 @@ def _class_plugins(module: Any) -> list[tuple[str, Any]]:
     for cls_name, cls in vars(module).items():
         if not inspect.isclass(cls) or cls.__module__ != module.__name__:
             continue
-        if any(
-            hasattr(getattr(cls, attr, None), "servekit_impl")
-            for attr in dir(cls)
-            if not attr.startswith("__")
-        ):
+        if any(hasattr(getattr(cls, attr, None), "servekit_impl") for attr in dir(cls) if not attr.startswith("__")):
             found.append((cls_name, cls()))
     return found
 
@@ -127,8 +121,7 @@ def load_entry_points(pm: pluggy.PluginManager) -> None:
             if seen[ep.name] == f"{dist} ({ep.value})":
                 continue  # the same distribution seen twice on sys.path
             raise PluginError(
-                f"plugin name {ep.name!r} is registered twice: by {seen[ep.name]} "
-                f"and by {dist} ({ep.value})"
+                f"plugin name {ep.name!r} is registered twice: by {seen[ep.name]} and by {dist} ({ep.value})"
             )
         seen[ep.name] = f"{dist} ({ep.value})"
         try:
@@ -221,15 +214,17 @@ def check_hook_names(pm: pluggy.PluginManager, name: str, where: str) -> None:
     run and its endpoint would answer 501.  Checked for the model's own plugins
     only: a third-party plugin may carry optional hooks for other hosts.
     """
-    unknown = sorted({
-        caller.name
-        for plugin_name, plugin in pm.list_name_plugin()
-        if plugin_name == name or plugin_name.startswith(name + ".")
-        for caller in pm.get_hookcallers(plugin) or []
-        if caller.spec is None
-        for impl in caller.get_hookimpls()
-        if impl.plugin is plugin and not impl.optionalhook
-    })
+    unknown = sorted(
+        {
+            caller.name
+            for plugin_name, plugin in pm.list_name_plugin()
+            if plugin_name == name or plugin_name.startswith(name + ".")
+            for caller in pm.get_hookcallers(plugin) or []
+            if caller.spec is None
+            for impl in caller.get_hookimpls()
+            if impl.plugin is plugin and not impl.optionalhook
+        }
+    )
     if unknown:
         specs = sorted(n for n in vars(pm.hook) if getattr(pm.hook, n).spec is not None)
         hints = [
@@ -253,10 +248,14 @@ def load_caller(pm: pluggy.PluginManager, plugin: str | None) -> Any:
     impls = pm.hook.load.get_hookimpls()
     if not any(i.plugin_name == plugin for i in impls):
         known = sorted({i.plugin_name for i in impls if not i.plugin_name.startswith(MODEL_PY_PREFIX)})
-        raise PluginError(f"servekit.yaml names plugin {plugin!r}, which is not installed; installed: {', '.join(known)}")
+        raise PluginError(
+            f"servekit.yaml names plugin {plugin!r}, which is not installed; installed: {', '.join(known)}"
+        )
     others = [
-        i.plugin for i in impls
-        if i.plugin_name != plugin and not i.plugin_name.startswith(MODEL_PY_PREFIX)
+        i.plugin
+        for i in impls
+        if i.plugin_name != plugin
+        and not i.plugin_name.startswith(MODEL_PY_PREFIX)
         and not (i.wrapper or i.hookwrapper)
     ]
     return pm.subset_hook_caller("load", remove_plugins=others)
@@ -308,7 +307,8 @@ def model_hooks(pm: pluggy.PluginManager, loaded_by: str | None, plugin: str | N
     for name, caller in vars(pm.hook).items():
         if caller.spec is not None and "model" in caller.spec.argnames:
             others = [
-                impl.plugin for impl in caller.get_hookimpls()
+                impl.plugin
+                for impl in caller.get_hookimpls()
                 if not (impl.wrapper or impl.hookwrapper) and not _owned(impl.plugin_name, roots)
             ]
             caller = pm.subset_hook_caller(name, remove_plugins=others)

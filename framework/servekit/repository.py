@@ -108,7 +108,11 @@ def discover(paths: list[Path], model_name: str | None = None) -> dict[str, Path
         path = Path(path)
         if not path.is_dir():
             raise ConfigError(f"model path not found: {path}")
-        folders = [path] if is_model_dir(path) else sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        folders = (
+            [path]
+            if is_model_dir(path)
+            else sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+        )
         for folder in folders:
             name = folder.name
             if name in found:
@@ -207,8 +211,7 @@ class ModelRepository:
         failing = [name for name in down if not self.models[name].unloaded]
         if strict and failing:
             return False, (
-                f"model(s) without an AVAILABLE version: {', '.join(failing)} "
-                "(--no-strict-readiness serves the others)"
+                f"model(s) without an AVAILABLE version: {', '.join(failing)} (--no-strict-readiness serves the others)"
             )
         return True, ""
 
@@ -278,7 +281,11 @@ class ModelRepository:
             log.warning(
                 "model %s: label %r points at version %d, which is not loaded (%s; serving: %s); "
                 "requests for the label fail until it is",
-                model.name, label, version, why, ", ".join(map(str, serving)) or "none",
+                model.name,
+                label,
+                version,
+                why,
+                ", ".join(map(str, serving)) or "none",
             )
         model.dangling_labels = dangling
 
@@ -304,7 +311,9 @@ class ModelRepository:
                 self._load_here(model, mv)
                 mv.load_seconds = time.perf_counter() - started
                 mv.state = State.AVAILABLE
-                log.info("loaded %s version %d in %.2fs (plugin %s)", model.name, version, mv.load_seconds, mv.loaded_by)
+                log.info(
+                    "loaded %s version %d in %.2fs (plugin %s)", model.name, version, mv.load_seconds, mv.loaded_by
+                )
             except Exception as exc:
                 self._fail(mv, _clean(_describe_error(exc), model.base_path), exc)
         with self._lock:

@@ -46,4 +46,4 @@ def is_open_path(path: str, open_paths: Iterable[str] = OPEN_PATHS) -> bool:
 
 def is_openai_path(path: str) -> bool:
     """Whether ``path`` is one of the OpenAI routes (whose errors take OpenAI's shape)."""
-    return any(path.startswith(prefix) and path[len(prefix):] in OPENAI_ROUTES for prefix in OPENAI_PREFIXES)
+    return any(path.startswith(prefix) and path[len(prefix) :] in OPENAI_ROUTES for prefix in OPENAI_PREFIXES)

@@ -43,8 +43,19 @@ from .scaffold_render import (
 )
 
 __all__ = [
-    "BUILD_FILES", "DEFAULT_CUDA", "DEFAULT_PYTHON", "DOCKER_TEMPLATES", "MARKER", "BuildOptions",
-    "ScaffoldError", "build", "new_project", "render", "render_dockerfile", "render_manifests", "write_build_files",
+    "BUILD_FILES",
+    "DEFAULT_CUDA",
+    "DEFAULT_PYTHON",
+    "DOCKER_TEMPLATES",
+    "MARKER",
+    "BuildOptions",
+    "ScaffoldError",
+    "build",
+    "new_project",
+    "render",
+    "render_dockerfile",
+    "render_manifests",
+    "write_build_files",
 ]
 
 TEMPLATES_ROOT = Path(__file__).parent / "scaffold_templates"
@@ -101,10 +112,7 @@ def detect_extras(folder: Path) -> list[str]:
 def default_requirements(folder: Path) -> str:
     extras = detect_extras(folder)
     spec = f"servekit[{','.join(extras)}]" if extras else "servekit"
-    return (
-        "# Written by `servekit build`: what the image installs before copying the model.\n"
-        f"{spec}=={__version__}\n"
-    )
+    return f"# Written by `servekit build`: what the image installs before copying the model.\n{spec}=={__version__}\n"
 
 
 def _generated(path: Path) -> bool:
@@ -210,10 +218,15 @@ def _source_copy(source: Path, into: Path) -> Path:
     ``build/``; a copy leaves the checkout untouched and the wheel exact.  In a
     git checkout the files are what git tracks or would track.
     """
-    listed = subprocess.run(
-        ["git", "-C", str(source), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True, text=True,
-    ) if (source / ".git").exists() and shutil.which("git") else None
+    listed = (
+        subprocess.run(
+            ["git", "-C", str(source), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            text=True,
+        )
+        if (source / ".git").exists() and shutil.which("git")
+        else None
+    )
     if listed is None or listed.returncode != 0:
         shutil.copytree(source, into, symlinks=True, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
         return into
@@ -294,7 +307,11 @@ def _with_wheel(options: _render.BuildOptions, wheel: Path | None) -> _render.Bu
 
 
 def build(
-    folder: Path, options: _render.BuildOptions, *, run_docker: bool | None = None, wheel: str | None = "auto",
+    folder: Path,
+    options: _render.BuildOptions,
+    *,
+    run_docker: bool | None = None,
+    wheel: str | None = "auto",
     echo=print,
 ) -> int:
     """``servekit build``: the build context (wheel, Dockerfile, manifests), then ``docker build``.
@@ -311,8 +328,10 @@ def build(
         echo(f"wrote {vendored.relative_to(folder)} (the image installs servekit from it)")
         pinned = pin_mismatch((folder / "requirements.txt").read_text(), vendored.name)
         if pinned:
-            echo(f"warning: requirements.txt pins servekit=={pinned} but the wheel is {vendored.name}; "
-                 "pip will refuse both: change the pin")
+            echo(
+                f"warning: requirements.txt pins servekit=={pinned} but the wheel is {vendored.name}; "
+                "pip will refuse both: change the pin"
+            )
         if folder / "Dockerfile" in files.kept and vendored.name not in (folder / "Dockerfile").read_text():
             echo(f"warning: your Dockerfile does not install {WHEELS}/{vendored.name}")
     for path in files.written:
@@ -392,27 +411,49 @@ def add_commands(sub: Any) -> None:
     new = sub.add_parser("new", help="create a model container project (or a plugin package) from a template")
     new.add_argument("--plugin", action="store_true", help="create a plugin package instead of a model container")
     new.add_argument("--no-input", action="store_true", help="take the defaults (and --set values) without prompting")
-    new.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="answer a prompt up front, e.g. --set framework=torch (repeatable)")
+    new.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="answer a prompt up front, e.g. --set framework=torch (repeatable)",
+    )
     new.add_argument("--output-dir", default=".", help="where the new folder is created (default: here)")
     new.add_argument("--force", action="store_true", help="write into an existing folder of the same name")
 
-    build_ = sub.add_parser("build", help="write the build context (Dockerfile, manifests) of a model folder "
-                                          "and docker build it")
+    build_ = sub.add_parser(
+        "build", help="write the build context (Dockerfile, manifests) of a model folder and docker build it"
+    )
     build_.add_argument("path", help="the model folder (a project from `servekit new`, or any model folder)")
     build_.add_argument("--gpu", action="store_true", help="CUDA runtime base image and CUDA torch wheels")
     build_.add_argument("--tag", help="image tag (default: MODEL_NAME:latest)")
     build_.add_argument("--model-name", help="served model name (default: the folder's name)")
     build_.add_argument("--python-version", default=DEFAULT_PYTHON, help="Python of the CPU image")
     build_.add_argument("--cuda-version", default=DEFAULT_CUDA, help="CUDA of the GPU image")
-    build_.add_argument("--context-only", "--no-docker", dest="context_only", action="store_true",
-                        help="only write the build context; without it, no Docker engine is an error")
+    build_.add_argument(
+        "--context-only",
+        "--no-docker",
+        dest="context_only",
+        action="store_true",
+        help="only write the build context; without it, no Docker engine is an error",
+    )
     wheel = build_.add_mutually_exclusive_group()
-    wheel.add_argument("--wheel", nargs="?", const="build", default="auto", metavar="WHEEL",
-                       help="install servekit in the image from this wheel (or, with no WHEEL, one built from "
-                            "servekit's source); default: only when servekit is not from a package index")
-    wheel.add_argument("--no-wheel", dest="wheel", action="store_const", const=None,
-                       help="install servekit from the package index, whatever this install is")
+    wheel.add_argument(
+        "--wheel",
+        nargs="?",
+        const="build",
+        default="auto",
+        metavar="WHEEL",
+        help="install servekit in the image from this wheel (or, with no WHEEL, one built from "
+        "servekit's source); default: only when servekit is not from a package index",
+    )
+    wheel.add_argument(
+        "--no-wheel",
+        dest="wheel",
+        action="store_const",
+        const=None,
+        help="install servekit from the package index, whatever this install is",
+    )
 
 
 def run_command(args: Any) -> int:
@@ -440,8 +481,11 @@ def _new(args: Any) -> int:
     logging.getLogger("cookiecutter").propagate = False
     try:
         created = new_project(
-            Path(args.output_dir), plugin=args.plugin, no_input=args.no_input,
-            extra_context=context, overwrite=args.force,
+            Path(args.output_dir),
+            plugin=args.plugin,
+            no_input=args.no_input,
+            extra_context=context,
+            overwrite=args.force,
         )
     except ScaffoldError:
         raise
@@ -459,7 +503,10 @@ def _build(args: Any) -> int:
         raise ScaffoldError(f"not a folder: {folder}", 2)
     options = BuildOptions(
         model_name=args.model_name or _model_name_of(folder.resolve()),
-        gpu=args.gpu, image=args.tag, python_version=args.python_version, cuda_version=args.cuda_version,
+        gpu=args.gpu,
+        image=args.tag,
+        python_version=args.python_version,
+        cuda_version=args.cuda_version,
     )
     return build(folder, options, run_docker=False if args.context_only else None, wheel=args.wheel)
 

@@ -23,39 +23,86 @@ def _opt(default: Any, help: str, **kw: Any) -> Any:
 
 @dataclass
 class Settings:
-    paths: list[str] = field(default_factory=list, metadata={"help": "model folders, base paths or repositories", "positional": True})
+    paths: list[str] = field(
+        default_factory=list, metadata={"help": "model folders, base paths or repositories", "positional": True}
+    )
     model_name: str | None = _opt(None, "serve the single model folder under this name")
     host: str = _opt("0.0.0.0", "address to bind")
     http_port: int = _opt(8080, "HTTP port (REST: V1, V2, OpenAI)")
     grpc_port: int = _opt(8081, "gRPC port (TF Serving and V2 services); 0 disables gRPC")
-    grpc_max_message_size: int = _opt(64 * 1024 * 1024, "largest gRPC message in bytes, either way (RESOURCE_EXHAUSTED above)")
-    workers: str = _opt("auto", "HTTP worker processes: a number, or 'auto' for the CPUs this process may use (affinity and cgroup quota)")
-    server: str = _opt("gunicorn", "HTTP engine for the WSGI app: 'gunicorn' (default) or 'granian' (Rust HTTP, higher throughput)", choices=("gunicorn", "granian"))
+    grpc_max_message_size: int = _opt(
+        64 * 1024 * 1024, "largest gRPC message in bytes, either way (RESOURCE_EXHAUSTED above)"
+    )
+    workers: str = _opt(
+        "auto",
+        "HTTP worker processes: a number, or 'auto' for the CPUs this process may use (affinity and cgroup quota)",
+    )
+    server: str = _opt(
+        "gunicorn",
+        "HTTP engine for the WSGI app: 'gunicorn' (default) or 'granian' (Rust HTTP, higher throughput)",
+        choices=("gunicorn", "granian"),
+    )
     threads: int = _opt(16, "threads per worker (concurrent requests and streams per worker)")
-    plugin: list[str] = field(default_factory=list, metadata={"help": "plugin module or .py file (repeatable)", "repeat": True})
+    plugin: list[str] = field(
+        default_factory=list, metadata={"help": "plugin module or .py file (repeatable)", "repeat": True}
+    )
     config: str | None = _opt(None, "YAML file with any of these settings")
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on inference routes")
     max_request_size: int = _opt(64 * 1024 * 1024, "largest request body in bytes (413 above)")
-    request_timeout: float = _opt(0.0, "seconds a request may take before it is answered 504; 0 (default) sets no limit")
+    request_timeout: float = _opt(
+        0.0, "seconds a request may take before it is answered 504; 0 (default) sets no limit"
+    )
     poll_interval: float = _opt(1.0, "seconds between file-system polls for new model versions; 0 disables")
     max_batch_size: int = _opt(0, "default adaptive batch size per model; 0 disables batching")
     max_batch_time_ms: float = _opt(2.0, "default longest wait to fill a batch, in milliseconds")
     log_level: str = _opt("info", "debug, info, warning or error")
-    preload: bool | None = _opt(None, "load models once before forking workers, shared copy-on-write (default auto: with several workers, when every model is a scikit-learn artifact; TensorFlow, torch, CUDA and model.py load in each worker)", flag=True)
-    fast_lane: bool = _opt(True, "answer inference routes (V2 infer, V1 predict/classify/regress, /predict) without Flask's request machinery; --no-fast-lane sends them through Flask", flag=True)
-    strict_readiness: bool = _opt(True, "/v2/health/ready is 200 only when every model has an AVAILABLE version; --no-strict-readiness: every first load finished and one model AVAILABLE", flag=True)
-    model_control_mode: str = _opt("none", "V2 repository load/unload: 'none' refuses them (4xx), 'explicit' allows them (Triton's flag)", choices=("none", "explicit"))
+    preload: bool | None = _opt(
+        None,
+        "load models once before forking workers, shared copy-on-write (default auto: with several workers, when every model is a scikit-learn artifact; TensorFlow, torch, CUDA and model.py load in each worker)",
+        flag=True,
+    )
+    fast_lane: bool = _opt(
+        True,
+        "answer inference routes (V2 infer, V1 predict/classify/regress, /predict) without Flask's request machinery; --no-fast-lane sends them through Flask",
+        flag=True,
+    )
+    strict_readiness: bool = _opt(
+        True,
+        "/v2/health/ready is 200 only when every model has an AVAILABLE version; --no-strict-readiness: every first load finished and one model AVAILABLE",
+        flag=True,
+    )
+    model_control_mode: str = _opt(
+        "none",
+        "V2 repository load/unload: 'none' refuses them (4xx), 'explicit' allows them (Triton's flag)",
+        choices=("none", "explicit"),
+    )
     grpc_socket_path: str = _opt("", "also serve gRPC on this Unix socket (TF Serving's --grpc_socket_path)")
-    grpc_channel_arguments: str = _opt("", "extra gRPC server arguments as key=value,key=value (TF Serving's --grpc_channel_arguments)")
-    grpc_tensor_content: bool = _opt(False, "TF Serving gRPC answers in tensor_content instead of the typed fields (TF Serving's --enable_serialization_as_tensor_content)", flag=True)
-    placement: str = _opt("worker", "where models run unless servekit.yaml says: 'worker' (inside each HTTP worker) or 'process' (a model host process shared by all workers)", choices=("worker", "process"))
+    grpc_channel_arguments: str = _opt(
+        "", "extra gRPC server arguments as key=value,key=value (TF Serving's --grpc_channel_arguments)"
+    )
+    grpc_tensor_content: bool = _opt(
+        False,
+        "TF Serving gRPC answers in tensor_content instead of the typed fields (TF Serving's --enable_serialization_as_tensor_content)",
+        flag=True,
+    )
+    placement: str = _opt(
+        "worker",
+        "where models run unless servekit.yaml says: 'worker' (inside each HTTP worker) or 'process' (a model host process shared by all workers)",
+        choices=("worker", "process"),
+    )
     # -- production hardening (docs/operations.md) --
-    open_paths: list[str] = field(default_factory=lambda: ["/v2/health/", "/metrics", "/"], metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True})
+    open_paths: list[str] = field(
+        default_factory=lambda: ["/v2/health/", "/metrics", "/"],
+        metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True},
+    )
     max_inflight: int = _opt(0, "requests one worker runs at once; 0 means its thread count")
     max_queue: int = _opt(16, "requests one worker keeps waiting for a free slot; more are answered 429")
     drain_seconds: float = _opt(30.0, "after SIGTERM, seconds in-flight requests and streams get to finish")
     shutdown_delay: float = _opt(0.0, "after SIGTERM, seconds to keep accepting while readiness answers 503")
-    request_log_url: str = _opt("off", "request/prediction log store: 'sqlite' (a file in a temporary folder), sqlite:///FILE, a SQLAlchemy URL, or 'off'")
+    request_log_url: str = _opt(
+        "off",
+        "request/prediction log store: 'sqlite' (a file in a temporary folder), sqlite:///FILE, a SQLAlchemy URL, or 'off'",
+    )
     log_format: str = _opt("text", "log lines as 'text' or 'json'")
     access_log: bool = _opt(False, "log one line per request", flag=True)
 
@@ -158,7 +205,9 @@ def _validate(settings: Settings) -> None:
     if not 1 <= settings.http_port <= 65535:
         raise ValueError(f"--http-port: expected a port between 1 and 65535, found {settings.http_port}")
     if not 0 <= settings.grpc_port <= 65535:
-        raise ValueError(f"--grpc-port: expected a port between 1 and 65535 (0 disables gRPC), found {settings.grpc_port}")
+        raise ValueError(
+            f"--grpc-port: expected a port between 1 and 65535 (0 disables gRPC), found {settings.grpc_port}"
+        )
     channel_arguments(settings.grpc_channel_arguments)
     if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) > 0):
         raise ValueError(f"--workers: expected a positive number or 'auto', found {settings.workers!r}")

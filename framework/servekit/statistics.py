@@ -67,17 +67,15 @@ class _Counters:
         self.count = Counter(_PREFIX + "phase_count", "requests per phase (Triton statistics)", labels)
         self.ns = Counter(_PREFIX + "phase_ns", "cumulative nanoseconds per phase", labels)
         self.rows = Counter(_PREFIX + "rows", "inferences (rows) run", ("model", "version"))
-        self.executions = Counter(
-            _PREFIX + "executions", "calls of the predict hook", ("model", "version")
-        )
+        self.executions = Counter(_PREFIX + "executions", "calls of the predict hook", ("model", "version"))
         batch = ("model", "version", "batch_size")
         self.batch_count = Counter(_PREFIX + "batch_executions", "predict calls by rows", batch)
-        self.batch_ns = Counter(
-            _PREFIX + "batch_infer_ns", "nanoseconds of predict calls by rows", batch
-        )
+        self.batch_ns = Counter(_PREFIX + "batch_infer_ns", "nanoseconds of predict calls by rows", batch)
         self.last = Gauge(
-            _PREFIX + "last_ms", "epoch milliseconds of the last inference",
-            ("model", "version"), multiprocess_mode="max",
+            _PREFIX + "last_ms",
+            "epoch milliseconds of the last inference",
+            ("model", "version"),
+            multiprocess_mode="max",
         )
 
 
@@ -219,9 +217,7 @@ def flush() -> None:
     _tally.flush()
 
 
-_current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
-    "servekit_statistics", default=None
-)
+_current: contextvars.ContextVar[Request | None] = contextvars.ContextVar("servekit_statistics", default=None)
 
 
 def current() -> Request:
@@ -278,7 +274,7 @@ def snapshot() -> dict[tuple[str, str], ModelStats]:
     found: dict[tuple[str, str], ModelStats] = {}
     for name, labels, value in _samples():
         key = (labels.get("model", ""), labels.get("version", ""))
-        _add(found.setdefault(key, ModelStats()), name[len(_PREFIX):], labels, int(value))
+        _add(found.setdefault(key, ModelStats()), name[len(_PREFIX) :], labels, int(value))
     return found
 
 
@@ -316,4 +312,3 @@ def _samples() -> Iterator[tuple[str, dict[str, str], float]]:
         for sample in family.samples:
             if sample.name.startswith(_PREFIX) and not sample.name.endswith("_created"):
                 yield sample.name, sample.labels, sample.value
-

@@ -54,8 +54,19 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "servekit", "serve", *self.paths, "--host", "127.0.0.1",
-               "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "servekit",
+            "serve",
+            *self.paths,
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
+        ]
         for key, value in self.settings.items():
             flag = "--" + key.replace("_", "-")
             values = value if isinstance(value, (list, tuple)) else [value]

@@ -244,8 +244,13 @@ def read_batching_file(path: str) -> tuple[int, float]:
             "--batching_parameters_file: allowed_batch_sizes and pad_variable_length_inputs are not "
             "supported; servekit batches requests of equal trailing shape, any batch size"
         )
-    for name in ("num_batch_threads", "max_enqueued_batches", "thread_pool_name",
-                 "max_execution_batch_size", "enable_large_batch_splitting"):
+    for name in (
+        "num_batch_threads",
+        "max_enqueued_batches",
+        "thread_pool_name",
+        "max_execution_batch_size",
+        "enable_large_batch_splitting",
+    ):
         if params.HasField(name):
             # scheduler tuning of TF's batcher: servekit's batcher runs in the request threads
             log.warning("--batching_parameters_file: %s has no servekit counterpart; not applied", name)
@@ -298,15 +303,19 @@ class Mirror:
             log.error("%s; keeping the previous configuration", exc)
             return
         if sorted(fresh) != sorted(self.models):
-            log.warning("--model_config_file now names models %s; adding or removing models "
-                        "needs a restart, serving %s", sorted(fresh), sorted(self.models))
+            log.warning(
+                "--model_config_file now names models %s; adding or removing models needs a restart, serving %s",
+                sorted(fresh),
+                sorted(self.models),
+            )
         self.models.update({n: m for n, m in fresh.items() if n in self.models})
 
     def watch(self, poll_seconds: float, reload_seconds: float) -> None:
         """Keep the folders in step in a daemon thread (in gunicorn's master)."""
         interval = min(s for s in (poll_seconds, reload_seconds, 60.0) if s > 0)
-        thread = threading.Thread(target=self._run, args=(interval, reload_seconds),
-                                  name="servekit-tfserving-config", daemon=True)
+        thread = threading.Thread(
+            target=self._run, args=(interval, reload_seconds), name="servekit-tfserving-config", daemon=True
+        )
         thread.start()
 
     def _run(self, interval: float, reload_seconds: float) -> None:
@@ -375,8 +384,11 @@ def settings_values(flags: dict[str, Any]) -> dict[str, Any]:
     if get("batching_parameters_file") and not get("enable_batching"):
         raise FlagError("--batching_parameters_file needs --enable_batching")
     if get("enable_batching"):
-        size, ms = (read_batching_file(get("batching_parameters_file"))
-                    if get("batching_parameters_file") else (DEFAULT_MAX_BATCH_SIZE, 0.0))
+        size, ms = (
+            read_batching_file(get("batching_parameters_file"))
+            if get("batching_parameters_file")
+            else (DEFAULT_MAX_BATCH_SIZE, 0.0)
+        )
         values["max_batch_size"], values["max_batch_time_ms"] = size, ms
     if get("monitoring_config_file"):
         check_monitoring_file(get("monitoring_config_file"))
@@ -464,8 +476,9 @@ def usage() -> str:
 
 def add_command(sub: Any) -> Callable[[argparse.Namespace], int]:
     """``servekit tfserving``: the same flags, passed through unparsed."""
-    parser = sub.add_parser("tfserving", help="serve with tensorflow_model_server's flags",
-                            add_help=False, prefix_chars="\0")
+    parser = sub.add_parser(
+        "tfserving", help="serve with tensorflow_model_server's flags", add_help=False, prefix_chars="\0"
+    )
     parser.add_argument("tf_flags", nargs=argparse.REMAINDER)
     return lambda args: main(args.tf_flags)
 

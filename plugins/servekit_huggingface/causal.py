@@ -61,8 +61,9 @@ class CausalLM:
         options = request.options
         for key in ("presence_penalty", "frequency_penalty"):
             if options.get(key):
-                raise BadRequest(f"'{key}' is not supported by Hugging Face models; use 'repetition_penalty'",
-                                 param=key)
+                raise BadRequest(
+                    f"'{key}' is not supported by Hugging Face models; use 'repetition_penalty'", param=key
+                )
         encoded = self.tokenizer(request.prompt, return_tensors="pt", add_special_tokens=not request.is_chat)
         prompt_tokens = int(encoded["input_ids"].shape[1])
         max_new = self._max_new_tokens(request, prompt_tokens)
@@ -74,8 +75,11 @@ class CausalLM:
         processors = []
         temperature = 1.0 if request.temperature is None else request.temperature
         if temperature > 0:
-            processors.append(Sampler(temperature, request.top_p or 1.0, options.get("top_k") or 0,
-                                      options.get("min_p") or 0.0, generator))
+            processors.append(
+                Sampler(
+                    temperature, request.top_p or 1.0, options.get("top_k") or 0, options.get("min_p") or 0.0, generator
+                )
+            )
         kwargs: dict[str, Any] = {
             **{k: v.to(self.device) for k, v in encoded.items()},
             "max_new_tokens": max_new,
@@ -92,8 +96,10 @@ class CausalLM:
     def _max_new_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
         room = None if self.context is None else self.context - prompt_tokens
         if room is not None and room <= 0:
-            raise BadRequest(f"the prompt has {prompt_tokens} tokens; the model's context holds {self.context}",
-                             param="messages" if request.is_chat else "prompt")
+            raise BadRequest(
+                f"the prompt has {prompt_tokens} tokens; the model's context holds {self.context}",
+                param="messages" if request.is_chat else "prompt",
+            )
         if request.max_tokens is None:
             return room if room is not None else DEFAULT_MAX_NEW_TOKENS
         if room is not None and request.max_tokens > room:
@@ -121,8 +127,7 @@ class CausalLM:
             output = self.model.generate(**kwargs)
         generated = output[0, prompt_tokens:].tolist()
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return GenerationResult(text, self._finish(generated, kwargs["max_new_tokens"]), prompt_tokens,
-                                len(generated))
+        return GenerationResult(text, self._finish(generated, kwargs["max_new_tokens"]), prompt_tokens, len(generated))
 
     # -- streaming --------------------------------------------------------------------
 
@@ -158,14 +163,12 @@ class CausalLM:
         try:
             for text in streamer:
                 if text:
-                    yield GenerationChunk(text, prompt_tokens=prompt_tokens,
-                                          completion_tokens=len(streamer.generated))
+                    yield GenerationChunk(text, prompt_tokens=prompt_tokens, completion_tokens=len(streamer.generated))
             thread.join()
             if failure:
                 raise failure[0]
             generated = streamer.generated
-            yield GenerationChunk("", self._finish(generated, kwargs["max_new_tokens"]), prompt_tokens,
-                                  len(generated))
+            yield GenerationChunk("", self._finish(generated, kwargs["max_new_tokens"]), prompt_tokens, len(generated))
         finally:
             flag.set()  # client gone or stop sequence: generate stops after the current token
             thread.join()
@@ -243,7 +246,7 @@ class StopText(StoppingCriteria):
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         done = False
         if self.stop:
-            tail = input_ids[0, max(self.prompt_len, input_ids.shape[1] - self.window):].tolist()
+            tail = input_ids[0, max(self.prompt_len, input_ids.shape[1] - self.window) :].tolist()
             text = self.tokenizer.decode(tail, skip_special_tokens=True)
             done = any(s in text for s in self.stop)
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)

@@ -75,8 +75,7 @@ class Encoder:
         if all(row is not None for row in ids):
             rows = {"input_ids": [row[: self.max_length] for row in ids]}
             return self.tokenizer.pad(rows, padding=True, return_tensors="pt")
-        return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
-                              return_tensors="pt")
+        return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
 
 
 def _pool(mode: str, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,11 @@ def read_hf_config(path: Path) -> dict[str, Any] | None:
 def check_files(path: Path) -> None:
     if not (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
         pickles = [p.name for p in path.glob("*.bin")]
-        hint = f" (found {', '.join(pickles)}: pickle weights are not loaded; convert them to safetensors)" if pickles else ""
+        hint = (
+            f" (found {', '.join(pickles)}: pickle weights are not loaded; convert them to safetensors)"
+            if pickles
+            else ""
+        )
         raise LoadError(f"no safetensors weights in the Hugging Face folder{hint}")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise LoadError(f"no tokenizer files in the Hugging Face folder; expected one of {', '.join(TOKENIZER_FILES)}")

@@ -144,8 +144,14 @@ def _linear_call(model: Any, method: str) -> Call | None:
     n_features = coef_t.shape[0]
 
     def decision(X: Any) -> Any:
-        if not (isinstance(X, np.ndarray) and X.dtype == np.float64 and X.ndim == 2 and X.shape[1] == n_features
-                and X.flags.c_contiguous and np.isfinite(X).all()):
+        if not (
+            isinstance(X, np.ndarray)
+            and X.dtype == np.float64
+            and X.ndim == 2
+            and X.shape[1] == n_features
+            and X.flags.c_contiguous
+            and np.isfinite(X).all()
+        ):
             return None
         scores = X @ coef_t + intercept
         return scores.reshape(-1) if scores.ndim > 1 and scores.shape[1] == 1 else scores

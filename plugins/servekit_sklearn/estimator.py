@@ -78,8 +78,10 @@ class SklearnModel:
         if self.is_classifier and "predict_proba" in signatures:
             signatures["classification"] = Signature(
                 inputs=inputs,
-                outputs=[TensorSpec("classes", "BYTES", [-1, len(self.estimator.classes_)]),
-                         TensorSpec("scores", "FP32", [-1, len(self.estimator.classes_)])],
+                outputs=[
+                    TensorSpec("classes", "BYTES", [-1, len(self.estimator.classes_)]),
+                    TensorSpec("scores", "FP32", [-1, len(self.estimator.classes_)]),
+                ],
                 method_name=CLASSIFY_METHOD,
             )
         return ModelMetadata(signatures=signatures, platform="sklearn")
@@ -100,9 +102,7 @@ class SklearnModel:
     def predict(self, inputs: Any, signature_name: str | None) -> dict[str, np.ndarray]:
         method = self._methods.get(signature_name or "serving_default")
         if method is None:
-            raise BadRequest(
-                f"unknown signature {signature_name!r}; this model has {', '.join(self._methods)}"
-            )
+            raise BadRequest(f"unknown signature {signature_name!r}; this model has {', '.join(self._methods)}")
         return {method: self._checked_call(method, self.rows(inputs))}
 
     def classify(self, X: Any) -> list[list[tuple[str, float]]]:
@@ -157,8 +157,9 @@ class SklearnModel:
             raise BadRequest(f"expected inputs {names}, found {sorted(inputs)}")
         columns = [_column(inputs[n], n) for n in names]
         if len({len(c) for c in columns}) > 1:
-            raise BadRequest(f"inputs {names} must have one value per row each; found lengths "
-                             f"{[len(c) for c in columns]}")
+            raise BadRequest(
+                f"inputs {names} must have one value per row each; found lengths {[len(c) for c in columns]}"
+            )
         if not self.accepts.numbers_only:
             return _frame(dict(zip(names, columns)), names)
         checked = [self.accepts.numbers(c.reshape(-1, 1), "", [n]) for c, n in zip(columns, names)]
@@ -198,7 +199,7 @@ class SklearnModel:
             if len(ex) != 1:
                 raise BadRequest(
                     f"examples[{i}]: this model was fitted without feature names; send each example "
-                    "as one feature holding the row, e.g. {\"inputs\": [v1, v2, ...]}"
+                    'as one feature holding the row, e.g. {"inputs": [v1, v2, ...]}'
                 )
             rows.append([_text(v) for v in next(iter(ex.values()))])
         try:

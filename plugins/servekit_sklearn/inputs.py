@@ -26,16 +26,44 @@ import numpy as np
 from servekit.errors import BadRequest
 
 #: scikit-learn families whose estimators validate ``X`` as numbers (``check_array(dtype="numeric")``)
-NUMERIC_MODULES = tuple(f"sklearn.{m}" for m in (
-    "linear_model", "ensemble", "tree", "svm", "neighbors", "naive_bayes", "neural_network",
-    "cluster", "decomposition", "discriminant_analysis", "gaussian_process", "kernel_ridge",
-    "cross_decomposition", "kernel_approximation", "random_projection", "preprocessing._data",
-    "preprocessing._polynomial", "mixture", "covariance", "semi_supervised",
-))
+NUMERIC_MODULES = tuple(
+    f"sklearn.{m}"
+    for m in (
+        "linear_model",
+        "ensemble",
+        "tree",
+        "svm",
+        "neighbors",
+        "naive_bayes",
+        "neural_network",
+        "cluster",
+        "decomposition",
+        "discriminant_analysis",
+        "gaussian_process",
+        "kernel_ridge",
+        "cross_decomposition",
+        "kernel_approximation",
+        "random_projection",
+        "preprocessing._data",
+        "preprocessing._polynomial",
+        "mixture",
+        "covariance",
+        "semi_supervised",
+    )
+)
 #: composites: what they accept is what their parts accept
-COMPOSITE_MODULES = tuple(f"sklearn.{m}" for m in (
-    "pipeline", "compose", "multiclass", "multioutput", "calibration", "model_selection", "ensemble",
-))
+COMPOSITE_MODULES = tuple(
+    f"sklearn.{m}"
+    for m in (
+        "pipeline",
+        "compose",
+        "multiclass",
+        "multioutput",
+        "calibration",
+        "model_selection",
+        "ensemble",
+    )
+)
 #: transformers that keep NaN where it was (so the next step decides)
 NAN_PRESERVING = ("sklearn.preprocessing._data",)
 

@@ -50,9 +50,7 @@ def metadata(model: TFModel) -> servekit.ModelMetadata:
 
 
 @servekit.hookimpl
-def predict(
-    inputs: Any, model: TFModel, signature_name: str | None, output_names: list[str] | None
-) -> dict[str, Any]:
+def predict(inputs: Any, model: TFModel, signature_name: str | None, output_names: list[str] | None) -> dict[str, Any]:
     """Named outputs of one signature; the V1 codec drops the name of a single output."""
     sig_name, sig_def = model.signature_def(signature_name)
     outputs = dict(sig_def.outputs)
@@ -65,9 +63,7 @@ def predict(
         )
     sparse = [k for k in keys if outputs[k].WhichOneof("encoding") != "name"]
     if sparse:
-        raise BadRequest(
-            f"output(s) {', '.join(sparse)} are sparse or composite tensors; ask for others"
-        )
+        raise BadRequest(f"output(s) {', '.join(sparse)} are sparse or composite tensors; ask for others")
     feeds = feeds_for(sig_name, sig_def, inputs)
     values = model.run(feeds, [outputs[k].name for k in keys])
     return dict(zip(keys, values))

@@ -71,7 +71,7 @@ def _input_tensor(sig_name: str, sig_def: Any, verb: str, model: TFModel) -> str
         raise BadRequest(
             f"signature {sig_name!r} cannot {verb} examples: its input {INPUTS!r} is a "
             f"{dtype} tensor, not a DT_STRING tensor of serialized tf.Example protos; "
-            f"call :predict with {{\"inputs\": ...}} instead{_suggest(model, verb)}"
+            f'call :predict with {{"inputs": ...}} instead{_suggest(model, verb)}'
         )
     return info.name
 
@@ -91,9 +91,7 @@ def _takes_examples(model: TFModel, sig_def: Any, verb: str) -> bool:
     return bool(set(sig_def.outputs) & {CLASSES, SCORES}) and len(sig_def.outputs) <= 2
 
 
-def regress(
-    model: TFModel, examples: list[dict[str, list[Any]]], signature_name: str | None
-) -> list[float]:
+def regress(model: TFModel, examples: list[dict[str, list[Any]]], signature_name: str | None) -> list[float]:
     sig_name, sig_def = model.signature_def(signature_name)
     feed = _input_tensor(sig_name, sig_def, "regress", model)
     if len(sig_def.outputs) != 1 or OUTPUTS not in sig_def.outputs:
@@ -106,13 +104,10 @@ def regress(
     column = values.ndim == 1 or (values.ndim == 2 and values.shape[1] == 1)
     if not column or values.shape[0] != n:
         raise BadRequest(
-            f"signature {sig_name!r} returned outputs of shape {list(values.shape)}; "
-            f"regress expects [{n}] or [{n}, 1]"
+            f"signature {sig_name!r} returned outputs of shape {list(values.shape)}; regress expects [{n}] or [{n}, 1]"
         )
     if values.dtype.kind != "f":
-        raise BadRequest(
-            f"signature {sig_name!r} returned {values.dtype} outputs; regress expects floats"
-        )
+        raise BadRequest(f"signature {sig_name!r} returned {values.dtype} outputs; regress expects floats")
     return values.reshape(n).astype(float).tolist()
 
 
@@ -140,13 +135,10 @@ def classify(
     classes, scores = fetched.get(CLASSES), fetched.get(SCORES)
     if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
         raise BadRequest(
-            f"signature {sig_name!r} returned {classes.shape[1]} classes "
-            f"but {scores.shape[1]} scores per example"
+            f"signature {sig_name!r} returned {classes.shape[1]} classes but {scores.shape[1]} scores per example"
         )
     if scores is not None and scores.dtype.kind != "f":
-        raise BadRequest(
-            f"signature {sig_name!r} returned {scores.dtype} scores; classify expects floats"
-        )
+        raise BadRequest(f"signature {sig_name!r} returned {scores.dtype} scores; classify expects floats")
     width = next(iter(fetched.values())).shape[1]  # classes and scores agree (checked above)
     results = []
     for i in range(n):

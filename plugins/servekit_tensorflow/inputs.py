@@ -33,8 +33,7 @@ def feeds_for(sig_name: str, sig_def: Any, inputs: Any) -> dict[str, np.ndarray]
     unknown = sorted(set(inputs) - set(expected))
     if unknown:
         raise BadRequest(
-            f"signature {sig_name!r} has no input(s) {', '.join(unknown)}; "
-            f"its inputs are {', '.join(sorted(expected))}"
+            f"signature {sig_name!r} has no input(s) {', '.join(unknown)}; its inputs are {', '.join(sorted(expected))}"
         )
     with_default = set(getattr(sig_def, "defaults", {}) or {})
     missing = sorted(set(expected) - set(inputs) - with_default)
@@ -44,9 +43,7 @@ def feeds_for(sig_name: str, sig_def: Any, inputs: Any) -> dict[str, np.ndarray]
     for key, value in inputs.items():
         info = expected[key]
         if info.WhichOneof("encoding") != "name":
-            raise BadRequest(
-                f"input {key!r} is a sparse or composite tensor, which predict cannot feed"
-            )
+            raise BadRequest(f"input {key!r} is a sparse or composite tensor, which predict cannot feed")
         feeds[info.name] = cast(np.asarray(value), info.dtype, key)
     return feeds
 
@@ -56,9 +53,7 @@ def cast(value: np.ndarray, dtype: int, where: str) -> np.ndarray:
     datatype = v2_datatype(dtype)
     target = V2_TO_NUMPY.get(datatype)
     if target is None:
-        raise BadRequest(
-            f"input {where!r} has dtype {tf_dtype_name(dtype)}, which JSON cannot express"
-        )
+        raise BadRequest(f"input {where!r} has dtype {tf_dtype_name(dtype)}, which JSON cannot express")
     kind = value.dtype.kind
     name = tf_dtype_name(dtype)
     if datatype == "BYTES":
@@ -88,9 +83,7 @@ def _as_integers(value: np.ndarray, target: np.dtype, dtype: int, where: str) ->
         raise BadRequest(f"input {where!r} expects {name} integers, found a fractional or non-finite value")
     info = np.iinfo(target)
     if value.size and (value.min() < info.min or value.max() > info.max):
-        raise BadRequest(
-            f"input {where!r}: a value is out of the range of {name} [{info.min}, {info.max}]"
-        )
+        raise BadRequest(f"input {where!r}: a value is out of the range of {name} [{info.min}, {info.max}]")
     return value.astype(target)
 
 
@@ -107,7 +100,5 @@ def _as_bytes(value: np.ndarray, where: str) -> np.ndarray:
         elif isinstance(item, str):
             out[i] = item.encode("utf-8")
         else:
-            raise BadRequest(
-                f"input {where!r} expects DT_STRING values, found {type(item).__name__}"
-            )
+            raise BadRequest(f"input {where!r} expects DT_STRING values, found {type(item).__name__}")
     return out.reshape(value.shape)

@@ -60,8 +60,7 @@ class TFModel:
             known = sorted(n for n in self.signature_defs if n != INIT_OP_SIGNATURE)
             callable_names = ", ".join(known)
             raise BadRequest(
-                f"Serving signature name: {key!r} not found in signature def; "
-                f"this model has {callable_names or 'none'}"
+                f"Serving signature name: {key!r} not found in signature def; this model has {callable_names or 'none'}"
             )
         return key, sig
 
@@ -165,9 +164,7 @@ def _session_config(tf: Any, device: str, options: dict[str, Any]) -> tuple[Any,
         gpus = tf.config.list_physical_devices("GPU")
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         if index >= len(gpus):
-            raise RuntimeError(
-                f"device {device!r} requested, but TensorFlow sees {len(gpus)} GPU(s)"
-            )
+            raise RuntimeError(f"device {device!r} requested, but TensorFlow sees {len(gpus)} GPU(s)")
         if ":" in device:
             pin = f"/device:GPU:{index}"
     return tf.compat.v1.ConfigProto(**kwargs), pin

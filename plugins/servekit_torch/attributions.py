@@ -58,7 +58,7 @@ def integrated_gradients(model: TorchModel, inputs: Any, parameters: dict[str, A
         full: list[Any] = [None] * len(values)
         for index, tensor in zip(attributed + fixed, tensors):
             full[index] = tensor
-        keywords = dict(zip(keyword_names, full[len(args):]))
+        keywords = dict(zip(keyword_names, full[len(args) :]))
         return _select(model.module(*full[: len(args)], **keywords), output, model)
 
     floats = tuple(values[i] for i in attributed)
@@ -134,7 +134,9 @@ def _target(output: torch.Tensor, parameters: dict[str, Any]) -> np.ndarray | No
         if per_row == 1:
             return None
         if output.ndim != 2:
-            raise BadRequest(f"output has shape {list(output.shape)}; pass parameters.target to pick the value to explain")
+            raise BadRequest(
+                f"output has shape {list(output.shape)}; pass parameters.target to pick the value to explain"
+            )
         return output.argmax(dim=1).cpu().numpy()
     values = np.asarray(raw)
     if values.dtype.kind not in "iu" or values.ndim > 1:

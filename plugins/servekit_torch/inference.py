@@ -56,7 +56,7 @@ def match_inputs(model: TorchModel, inputs: Any) -> list[tuple[InputSpec, np.nda
         if len(required) > 1:
             raise BadRequest(
                 f"this model takes {len(required)} inputs ({', '.join(s.name for s in required)}); "
-                "send them named, e.g. {\"inputs\": {\"" + required[0].name + "\": ...}}"
+                'send them named, e.g. {"inputs": {"' + required[0].name + '": ...}}'
             )
         spec = required[0] if required else (specs[0] if specs else InputSpec("input"))
         return [(spec, _check_shape(spec, np.asarray(inputs)))]
@@ -88,10 +88,7 @@ def _by_position(model: TorchModel, inputs: dict[str, Any]) -> list[tuple[InputS
     specs = model.inputs
     if specs and len(positions) > len(specs):
         raise BadRequest(f"{len(positions)} positional inputs sent; this model takes at most {len(specs)}")
-    return [
-        (specs[i] if specs else InputSpec(positions[i]), inputs[positions[i]])
-        for i in range(len(positions))
-    ]
+    return [(specs[i] if specs else InputSpec(positions[i]), inputs[positions[i]]) for i in range(len(positions))]
 
 
 def _check_shape(spec: InputSpec, array: np.ndarray) -> np.ndarray:

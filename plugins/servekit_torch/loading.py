@@ -34,8 +34,17 @@ from .tensors import dtype_name, resolve_device
 log = logging.getLogger("servekit.torch")
 
 ARTIFACTS = {"model.pt": "torchscript", "model.pt2": "export", "model.pth": "state_dict"}
-OPTIONS = {"class", "init", "half", "inputs", "outputs", "explain_baseline", "explain_steps",
-           "explain_output", "internal_batch_size"}
+OPTIONS = {
+    "class",
+    "init",
+    "half",
+    "inputs",
+    "outputs",
+    "explain_baseline",
+    "explain_steps",
+    "explain_output",
+    "internal_batch_size",
+}
 
 
 def load_model(file: Path, config: ModelConfig) -> TorchModel:
@@ -176,7 +185,9 @@ def check_export_archive(file: Path) -> None:
         names = {_inside(n): n for n in archive.namelist()}
         for name, full in names.items():
             if name.startswith(("data/weights/", "data/constants/")) and name.endswith(".pt"):
-                raise ValueError(f"model.pt2 uses the legacy pickled format ({name}); re-save it with torch.export.save")
+                raise ValueError(
+                    f"model.pt2 uses the legacy pickled format ({name}); re-save it with torch.export.save"
+                )
             if name.startswith(("data/weights/", "data/constants/")) and name.endswith("config.json"):
                 for entry, meta in json.loads(archive.read(full)).get("config", {}).items():
                     path_name = str(meta.get("path_name", ""))
@@ -209,9 +220,7 @@ def _load_state_dict_module(file: Path, config: ModelConfig, options: dict[str, 
     if not model_py.is_file() and config.base_path is not None:
         model_py = config.base_path / "model.py"
     if not model_py.is_file():
-        raise ValueError(
-            "model.pth is a state dict, so the model folder needs a model.py defining the nn.Module class"
-        )
+        raise ValueError("model.pth is a state dict, so the model folder needs a model.py defining the nn.Module class")
     cls = _module_class(import_file(model_py), options.get("class"))
     init = options.get("init") or {}
     if not isinstance(init, dict):
@@ -254,7 +263,8 @@ def _module_class(module: Any, name: Any) -> type:
             raise ValueError(f"options.class is {name!r}, but model.py defines no nn.Module class of that name")
         return cls
     found = [
-        value for value in vars(module).values()
+        value
+        for value in vars(module).values()
         if isinstance(value, type) and issubclass(value, torch.nn.Module) and value.__module__ == module.__name__
     ]
     if len(found) != 1:

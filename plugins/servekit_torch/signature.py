@@ -34,8 +34,8 @@ def module_inputs(module: torch.nn.Module) -> list[InputSpec]:
     return [
         InputSpec(p.name, required=p.default is inspect.Parameter.empty)
         for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                      inspect.Parameter.KEYWORD_ONLY)
+        if p.kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     ]
 
 
@@ -140,8 +140,7 @@ def export_inputs(program: Any) -> list[InputSpec]:
 def export_outputs(program: Any) -> tuple[str, list[OutputSpec]]:
     out_spec = program.call_spec.out_spec
     output_node = next(node for node in program.graph.nodes if node.op == "output")
-    metas = [_fake_spec(arg.meta.get("val") if hasattr(arg, "meta") else None)
-             for arg in output_node.args[0]]
+    metas = [_fake_spec(arg.meta.get("val") if hasattr(arg, "meta") else None) for arg in output_node.args[0]]
     user_count = len(program.graph_signature.user_outputs)
     metas = metas[-user_count:] if user_count else metas  # mutated buffers come first
     if out_spec is None or out_spec.is_leaf():
@@ -187,19 +186,25 @@ def apply_input_options(inputs: list[InputSpec], declared: Any) -> list[InputSpe
         known = {spec.name: spec for spec in inputs}
     for name, value in declared.items():
         if name not in known:
-            raise ValueError(f"options.inputs names {name!r}, but forward() takes {', '.join(known) or 'no named arguments'}")
+            raise ValueError(
+                f"options.inputs names {name!r}, but forward() takes {', '.join(known) or 'no named arguments'}"
+            )
         spec = known[name]
         if isinstance(value, dict):
             unknown = set(value) - {"datatype", "shape"}
             if unknown:
-                raise ValueError(f"options.inputs.{name}: unknown key(s) {', '.join(sorted(unknown))}; expected datatype, shape")
+                raise ValueError(
+                    f"options.inputs.{name}: unknown key(s) {', '.join(sorted(unknown))}; expected datatype, shape"
+                )
             datatype, shape = value.get("datatype"), value.get("shape")
         else:
             datatype, shape = value, None
         if datatype is not None:
             spec.dtype = dtype_name(datatype)
         if shape is not None:
-            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape):
+            if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape
+            ):
                 raise ValueError(f"options.inputs.{name}.shape must be a list of sizes, -1 for any")
             spec.shape = list(shape)
     return inputs

@@ -39,9 +39,21 @@ DTYPES: dict[str, tuple[torch.dtype, np.dtype, str]] = {
 
 #: names accepted in ``options.inputs`` (V2 names, Triton's BF16, torch names)
 ALIASES = {
-    "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32",
-    "INT64": "int64", "FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64",
-    "half": "float16", "float": "float32", "double": "float64", "long": "int64", "int": "int32",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "BF16": "bfloat16",
+    "FP32": "float32",
+    "FP64": "float64",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "long": "int64",
+    "int": "int32",
 }
 
 _NAME_OF = {torch_dtype: name for name, (torch_dtype, _, _) in DTYPES.items()}
@@ -166,8 +178,7 @@ def _cast(array: np.ndarray, target: np.dtype, name: str, datatype: str) -> np.n
     if not np.all(same):
         bad = array[~same].reshape(-1)[0] if np.ndim(array) else array.item()
         raise BadRequest(
-            f"input {name!r}: expected {datatype}, found {array.dtype} value {bad!r} "
-            "that would change when converted"
+            f"input {name!r}: expected {datatype}, found {array.dtype} value {bad!r} that would change when converted"
         )
     return converted
 

@@ -46,6 +46,4 @@ def v2_to_numpy(datatype: str) -> np.dtype:
     try:
         return V2_TO_NUMPY[datatype]
     except KeyError:
-        raise BadRequest(
-            f"unsupported datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}"
-        ) from None
+        raise BadRequest(f"unsupported datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}") from None

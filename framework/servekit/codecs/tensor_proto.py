@@ -67,9 +67,7 @@ def _table() -> list[DType]:
         rows += [
             DType("DT_BFLOAT16", 14, np.dtype(ml_dtypes.bfloat16), "half_val", "bits16"),
             DType("DT_FLOAT8_E5M2", 24, np.dtype(ml_dtypes.float8_e5m2), "float8_val", "bytes8"),
-            DType(
-                "DT_FLOAT8_E4M3FN", 25, np.dtype(ml_dtypes.float8_e4m3fn), "float8_val", "bytes8"
-            ),
+            DType("DT_FLOAT8_E4M3FN", 25, np.dtype(ml_dtypes.float8_e4m3fn), "float8_val", "bytes8"),
             DType(
                 "DT_FLOAT8_E4M3FNUZ",
                 26,
@@ -122,9 +120,7 @@ def dtype_for_number(number: int) -> DType:
     if found is not None:
         return found
     if number in _REFUSED:
-        raise BadRequest(
-            f"tensor dtype {_REFUSED[number]} is not supported; send a numeric, bool or string tensor"
-        )
+        raise BadRequest(f"tensor dtype {_REFUSED[number]} is not supported; send a numeric, bool or string tensor")
     if number in (14, 24, 25, 26, 27, 28, 29, 30):
         raise BadRequest(f"tensor dtype {number} needs the ml_dtypes package on the server")
     if number == 0:
@@ -150,9 +146,7 @@ def dtype_for_numpy(dtype: np.dtype) -> DType:
 def shape_of(proto: Any, where: str = "tensor") -> tuple[int, ...]:
     shape = proto.tensor_shape
     if shape.unknown_rank:
-        raise BadRequest(
-            f"{where}: tensor_shape has unknown_rank; a request tensor needs a known shape"
-        )
+        raise BadRequest(f"{where}: tensor_shape has unknown_rank; a request tensor needs a known shape")
     dims = tuple(int(d.size) for d in shape.dim)
     if any(d < 0 for d in dims):
         raise BadRequest(f"{where}: tensor_shape {list(dims)} has a negative dimension")
@@ -174,9 +168,7 @@ def to_numpy(proto: Any, where: str = "tensor") -> np.ndarray:
     return _from_field(proto, dt, shape, count, where)
 
 
-def _from_content(
-    content: bytes, dt: DType, shape: tuple[int, ...], count: int, where: str
-) -> np.ndarray:
+def _from_content(content: bytes, dt: DType, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
     little = dt.numpy.newbyteorder("<")
     expected = count * little.itemsize
     if len(content) != expected:
@@ -190,9 +182,7 @@ def _from_content(
     return np.frombuffer(content, dtype=little).astype(dt.numpy).reshape(shape)
 
 
-def _from_field(
-    proto: Any, dt: DType, shape: tuple[int, ...], count: int, where: str
-) -> np.ndarray:
+def _from_field(proto: Any, dt: DType, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
     if dt.kind == "bytes8":
         values = np.frombuffer(proto.float8_val, dtype=np.uint8).view(dt.numpy)
     elif dt.kind == "bits16":
@@ -203,9 +193,7 @@ def _from_field(
     elif dt.kind == "complex":
         pairs = np.asarray(getattr(proto, dt.field), dtype=dt.numpy.type(0).real.dtype)
         if pairs.size % 2:
-            raise BadRequest(
-                f"{where}: {dt.field} needs real and imaginary parts in pairs, found {pairs.size} values"
-            )
+            raise BadRequest(f"{where}: {dt.field} needs real and imaginary parts in pairs, found {pairs.size} values")
         values = pairs.view(dt.numpy)
     else:
         values = _checked_ints(getattr(proto, dt.field), dt, where)
@@ -221,24 +209,18 @@ def _checked_ints(raw: Any, dt: DType, where: str) -> np.ndarray:
         return np.asarray(raw, dtype=dt.numpy)
     wide = np.asarray(raw, dtype=np.int64)
     if wide.size:
-        info = (
-            ml_dtypes.iinfo(dt.numpy) if dt.name in ("DT_INT4", "DT_UINT4") else np.iinfo(dt.numpy)
-        )
+        info = ml_dtypes.iinfo(dt.numpy) if dt.name in ("DT_INT4", "DT_UINT4") else np.iinfo(dt.numpy)
         if wide.min() < int(info.min) or wide.max() > int(info.max):
             raise BadRequest(f"{where}: a value in {dt.field} is out of range for {dt.name}")
     return wide.astype(dt.numpy)
 
 
-def _fill(
-    values: np.ndarray, dt: DType, shape: tuple[int, ...], count: int, where: str
-) -> np.ndarray:
+def _fill(values: np.ndarray, dt: DType, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
     given = values.size
     if given == count:
         return values.reshape(shape).copy()
     if given > count:
-        raise BadRequest(
-            f"{where}: {dt.field} holds {given} values; shape {list(shape)} has room for {count}"
-        )
+        raise BadRequest(f"{where}: {dt.field} holds {given} values; shape {list(shape)} has room for {count}")
     if given == 0:
         return np.zeros(shape, dtype=dt.numpy)
     # TensorFlow's rule: the last value fills the rest (one value fills the tensor)
@@ -250,9 +232,7 @@ def _fill(
 
 def _strings(values: list[bytes], shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
     if len(values) > count:
-        raise BadRequest(
-            f"{where}: string_val holds {len(values)} values; shape {list(shape)} has room for {count}"
-        )
+        raise BadRequest(f"{where}: string_val holds {len(values)} values; shape {list(shape)} has room for {count}")
     out = np.empty(count, dtype=object)
     if values:
         out[: len(values)] = values
@@ -267,9 +247,7 @@ def _strings(values: list[bytes], shape: tuple[int, ...], count: int, where: str
 # ---------------------------------------------------------------------------
 
 
-def from_numpy(
-    array: Any, into: Any, *, use_tensor_content: bool = True, name: str = "output"
-) -> Any:
+def from_numpy(array: Any, into: Any, *, use_tensor_content: bool = True, name: str = "output") -> Any:
     """Write ``array`` into the ``TensorProto`` message ``into`` (e.g. ``response.outputs[name]``).
 
     :param use_tensor_content: numbers as raw bytes (``True``) or in the dtype's
@@ -299,9 +277,7 @@ def _object_dtype(arr: np.ndarray, name: str) -> DType:
         return BY_NAME["DT_STRING"]
     numeric = np.asarray(flat.tolist())
     if numeric.dtype.kind == "O":
-        raise ModelFailure(
-            f"output {name!r} mixes strings and other values; no TensorFlow dtype holds it"
-        )
+        raise ModelFailure(f"output {name!r} mixes strings and other values; no TensorFlow dtype holds it")
     return dtype_for_numpy(numeric.dtype)
 
 

@@ -84,9 +84,7 @@ def _walk(value: Any, where: str) -> tuple[tuple[int, ...], list[Any], str]:
             leaves.append(node)
             kinds.add("number")
         else:
-            raise BadRequest(
-                f"{where}: expected numbers, booleans, strings or {{\"b64\": ...}}, found {_kind(node)}"
-            )
+            raise BadRequest(f'{where}: expected numbers, booleans, strings or {{"b64": ...}}, found {_kind(node)}')
         if len(kinds) > 1:
             raise BadRequest(f"{where}: a tensor mixes {' and '.join(sorted(kinds))} values")
         return ()
@@ -138,7 +136,9 @@ def decode_instances(instances: Any) -> Any:
     keys = set(names)
     for i, row in enumerate(instances):
         if not isinstance(row, dict) or is_b64(row):
-            raise BadRequest(f"instances[{i}]: expected an object of named inputs like instances[0], found {_kind(row)}")
+            raise BadRequest(
+                f"instances[{i}]: expected an object of named inputs like instances[0], found {_kind(row)}"
+            )
         if row.keys() != keys:
             raise BadRequest(
                 f"instances[{i}]: has inputs {sorted(row)}, but instances[0] has {sorted(keys)}; "
@@ -202,7 +202,7 @@ def _feature(value: Any, where: str) -> list[Any]:
             out.append(item)
             kinds.add("float")
         else:
-            raise BadRequest(f"{where}: expected numbers, strings or {{\"b64\": ...}}, found {_kind(item)}")
+            raise BadRequest(f'{where}: expected numbers, strings or {{"b64": ...}}, found {_kind(item)}')
     if "bytes" in kinds and len(kinds) > 1:
         raise BadRequest(f"{where}: a feature mixes strings and numbers")
     if kinds == {"int", "float"}:
@@ -248,7 +248,7 @@ def encode_predict_response(outputs: Any, row_format: bool) -> dict[str, Any]:
     key = "predictions" if row_format else "outputs"
     if isinstance(outputs, dict):
         if len(outputs) == 1:
-            (name, value), = outputs.items()
+            ((name, value),) = outputs.items()
             return {key: encode_tensor(value, name)}
         if not row_format:
             return {key: {name: encode_tensor(v, name) for name, v in outputs.items()}}

@@ -60,9 +60,7 @@ def check_datatype(datatype: Any, where: str) -> str:
     if not isinstance(datatype, str):
         raise BadRequest(f"{where}: 'datatype' must be a string, found {datatype!r}")
     if datatype not in V2_TO_NUMPY:
-        raise BadRequest(
-            f"{where}: unsupported datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}"
-        )
+        raise BadRequest(f"{where}: unsupported datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}")
     return datatype
 
 
@@ -91,9 +89,7 @@ def as_v2_array(value: Any, name: str) -> np.ndarray:
     if numeric.dtype.kind in "biuf":
         return numeric.reshape(arr.shape)
     kinds = sorted({type(v).__name__ for v in flat if not isinstance(v, (bytes, str))})
-    raise ModelFailure(
-        f"output {name!r} holds {', '.join(kinds)} values; V2 carries numbers, booleans and strings"
-    )
+    raise ModelFailure(f"output {name!r} holds {', '.join(kinds)} values; V2 carries numbers, booleans and strings")
 
 
 # ---------------------------------------------------------------------------
@@ -101,7 +97,9 @@ def as_v2_array(value: Any, name: str) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def tensor_from_bytes(datatype: str, shape: list[int] | tuple[int, ...], raw: bytes | bytearray | memoryview) -> np.ndarray:
+def tensor_from_bytes(
+    datatype: str, shape: list[int] | tuple[int, ...], raw: bytes | bytearray | memoryview
+) -> np.ndarray:
     """Decode one tensor's binary data (V2 binary extension / gRPC raw contents).
 
     :param datatype: a V2 datatype name (``FP32``, ``BYTES``, ...).
@@ -139,9 +137,7 @@ def _bytes_from_binary(view: memoryview, shape: tuple[int, ...], count: int) -> 
     offset, size = 0, view.nbytes
     for i in range(count):
         if offset + 4 > size:
-            raise BadRequest(
-                f"binary tensor data: BYTES data ends after {i} of {count} elements (shape {list(shape)})"
-            )
+            raise BadRequest(f"binary tensor data: BYTES data ends after {i} of {count} elements (shape {list(shape)})")
         (length,) = _LENGTH.unpack_from(view, offset)
         offset += 4
         if offset + length > size:
@@ -233,9 +229,7 @@ def _check_layout(arr: np.ndarray, shape: tuple[int, ...], count: int, where: st
     if arr.ndim > 1 and arr.shape != shape:
         raise BadRequest(f"{where}: 'data' is nested as {list(arr.shape)} but 'shape' is {list(shape)}")
     if arr.size != count:
-        raise BadRequest(
-            f"{where}: 'shape' {list(shape)} needs {count} elements, but 'data' holds {arr.size}"
-        )
+        raise BadRequest(f"{where}: 'shape' {list(shape)} needs {count} elements, but 'data' holds {arr.size}")
 
 
 def _cast_checked(arr: np.ndarray, datatype: str, where: str) -> np.ndarray:
@@ -322,7 +316,7 @@ def tensor_to_json(arr: np.ndarray) -> np.ndarray | list[Any]:
             except UnicodeDecodeError:
                 raise BadRequest(
                     "an output holds bytes that are not UTF-8 text, which JSON cannot carry; "
-                    "request it with \"binary_data\": true"
+                    'request it with "binary_data": true'
                 ) from None
         elif not isinstance(value, str):
             raise ModelFailure(f"a BYTES output holds a {type(value).__name__}; expected str or bytes")
@@ -342,7 +336,7 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memo
     """
     view = memoryview(body)
     if header_length is None:
-        return view, view[len(view):]
+        return view, view[len(view) :]
     try:
         length = int(header_length)
     except ValueError:
@@ -373,7 +367,7 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None = No
     elif "data" in doc or "datatype" in doc:
         raw_inputs = [doc]  # the single-tensor request form
     else:
-        raise BadRequest("request has no 'inputs'; expected {\"inputs\": [{\"name\", \"shape\", \"datatype\", \"data\"}]}")
+        raise BadRequest('request has no \'inputs\'; expected {"inputs": [{"name", "shape", "datatype", "data"}]}')
 
     inputs: dict[str, np.ndarray] = {}
     offset = 0

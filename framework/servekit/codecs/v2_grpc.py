@@ -118,15 +118,11 @@ def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
     datatype = tensor.datatype
     field = CONTENTS_FIELD.get(datatype)
     if field is None:
-        raise BadRequest(
-            f"{where}: {datatype} has no typed contents field; send it in raw_input_contents"
-        )
+        raise BadRequest(f"{where}: {datatype} has no typed contents field; send it in raw_input_contents")
     values = getattr(tensor.contents, field)
     count = math.prod(shape)
     if len(values) != count:
-        raise BadRequest(
-            f"{where}: {field} holds {len(values)} values; shape {shape} needs {count}"
-        )
+        raise BadRequest(f"{where}: {field} holds {len(values)} values; shape {shape} needs {count}")
     if datatype == "BYTES":
         arr = np.empty(count, dtype=object)
         arr[:] = list(values)

@@ -35,8 +35,9 @@ def placement_of(config: Any) -> tuple[str, int]:
     replicas = int(getattr(config, "replicas", 1) or 1)
     if device.startswith("cuda"):
         if replicas > 1:
-            log.warning("device %s: one model host per device (one CUDA context); replicas: %d ignored",
-                        device, replicas)
+            log.warning(
+                "device %s: one model host per device (one CUDA context); replicas: %d ignored", device, replicas
+            )
         return "process", 1
     placement = getattr(config, "placement", None) or default_placement()
     return (placement, replicas) if placement == "process" else ("worker", 1)
@@ -50,10 +51,16 @@ def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
     folder = runtime.ensure()
     key = client.host_key(mv.name, mv.version, mv.path, mv.fingerprint, mv.config.device)
     spec = {
-        "name": mv.name, "version": mv.version, "path": str(mv.path),
-        "base_path": str(mv.config.base_path or mv.path.parent), "fingerprint": mv.fingerprint,
-        "plugins": plugin_specs(pm), "batching": [batching.max_batch_size, batching.max_batch_time_ms],
-        "folder": str(folder), "key": key, "log_level": logging.getLevelName(logging.getLogger().level),
+        "name": mv.name,
+        "version": mv.version,
+        "path": str(mv.path),
+        "base_path": str(mv.config.base_path or mv.path.parent),
+        "fingerprint": mv.fingerprint,
+        "plugins": plugin_specs(pm),
+        "batching": [batching.max_batch_size, batching.max_batch_time_ms],
+        "folder": str(folder),
+        "key": key,
+        "log_level": logging.getLevelName(logging.getLogger().level),
     }
     host = client.HostClient(spec, replicas)
     host.start()

@@ -51,8 +51,9 @@ class Connection:
         self.slab_in = channel.Slab.create(self.prefix, channel.SLAB_MIN)
         self.slab_out = channel.Slab.create(self.prefix, channel.SLAB_MIN)
         try:
-            channel.send(self.sock, {"op": "hello", "pid": os.getpid(),
-                                     "in": self.slab_in.name, "out": self.slab_out.name})
+            channel.send(
+                self.sock, {"op": "hello", "pid": os.getpid(), "in": self.slab_in.name, "out": self.slab_out.name}
+            )
             self.hello = channel.recv(self.sock)
         except BaseException:
             self.close()  # removes the names the host did not get to map
@@ -160,8 +161,12 @@ class Replica:
     def _forget(self, pid: int) -> None:
         from ..observability import metrics
 
-        log.warning("model host for %s version %s (pid %d) is gone; starting a new one",
-                    self.client.name, self.client.version, pid)
+        log.warning(
+            "model host for %s version %s (pid %d) is gone; starting a new one",
+            self.client.name,
+            self.client.version,
+            pid,
+        )
         channel.sweep(runtime.shm_prefix(pid))
         metrics.mark_process_dead(pid)
         metrics.host_restarted(self.client.name, str(self.client.version), str(self.index))
@@ -173,8 +178,12 @@ class Replica:
         spec_path = Path(f"{self.stem}.json")
         spec_path.write_text(json.dumps(spec))
         env = {**os.environ, runtime.ENV_IN_HOST: "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "servekit.hosts.host", str(spec_path)],
-                                stdin=subprocess.DEVNULL, env=env, close_fds=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "servekit.hosts.host", str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
         _children.append(proc)
         _reap()
         deadline = time.monotonic() + START_TIMEOUT

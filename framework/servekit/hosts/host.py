@@ -65,7 +65,9 @@ class Host:
         pm.register(metrics.BatchSizePlugin(None), name="servekit.metrics")  # type: ignore[arg-type]
         pm.register(_HostRows(self), name="servekit.hosts")
         repo = ModelRepository(
-            {spec["name"]: Path(spec["base_path"])}, pm, poll_interval=0,
+            {spec["name"]: Path(spec["base_path"])},
+            pm,
+            poll_interval=0,
             batching=BatchingConfig(*spec["batching"]),
         )
         model = repo.models[spec["name"]]
@@ -203,8 +205,10 @@ class Host:
                 idle = self.in_flight == 0
             if self.ever_attached and not self.attached and idle:
                 self.exit()
-            if self.terminating_since is not None and idle and (
-                not workers or time.monotonic() - self.terminating_since > TERM_LIMIT
+            if (
+                self.terminating_since is not None
+                and idle
+                and (not workers or time.monotonic() - self.terminating_since > TERM_LIMIT)
             ):
                 self.exit()
 
@@ -259,8 +263,10 @@ def _error_of(exc: BaseException) -> tuple[str, str]:
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     os.environ[runtime.ENV_IN_HOST] = "1"
-    logging.basicConfig(level=spec.get("log_level", "INFO").upper(),
-                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=spec.get("log_level", "INFO").upper(),
+        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+    )
     host = Host(spec)
     signal.signal(signal.SIGTERM, host.on_sigterm)
     signal.signal(signal.SIGINT, host.on_sigterm)

@@ -62,10 +62,20 @@ class ObserveMiddleware:
         metrics.observe_request(model, protocol, status, seconds)
         if self.log_access:
             access_log.info(
-                "%s %s %d %.1fms", environ.get("REQUEST_METHOD"), path, status, seconds * 1000,
-                extra={"request_id": environ["servekit.request_id"], "method": environ.get("REQUEST_METHOD"),
-                       "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
-                       "protocol": protocol, "model": model},
+                "%s %s %d %.1fms",
+                environ.get("REQUEST_METHOD"),
+                path,
+                status,
+                seconds * 1000,
+                extra={
+                    "request_id": environ["servekit.request_id"],
+                    "method": environ.get("REQUEST_METHOD"),
+                    "path": path,
+                    "status": status,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "protocol": protocol,
+                    "model": model,
+                },
             )
 
 

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-OPENAI_PATHS = frozenset({
-    "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models",
-    "/completions", "/chat/completions", "/embeddings", "/models",
-})
+OPENAI_PATHS = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/completions",
+        "/chat/completions",
+        "/embeddings",
+        "/models",
+    }
+)
 
 #: Protocols whose POST requests are inference requests (logged with their predictions).
 INFERENCE = frozenset({"v1", "v2", "openai", "generic"})
@@ -42,7 +50,7 @@ def model_of(path: str, served: Container[str]) -> str:
     """The served model a V1/V2 path names, else ``""``."""
     for prefix in ("/v1/models/", "/v2/models/"):
         if path.startswith(prefix):
-            rest = path[len(prefix):]
+            rest = path[len(prefix) :]
             end = len(rest)
             for sep in ("/", ":"):
                 i = rest.find(sep)

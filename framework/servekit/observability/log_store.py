@@ -40,22 +40,51 @@ _SCHEMA = (
         id VARCHAR(80) PRIMARY KEY, request_log_id VARCHAR(64), idx INTEGER, output TEXT)""",
     "CREATE INDEX IF NOT EXISTS servekit_prediction_logs_request ON servekit_prediction_logs (request_log_id)",
 )
-_REQUEST_COLUMNS = ("id", "request_id", "created", "method", "path", "protocol", "model", "status",
-                    "duration_ms", "request_body", "response_body")
+_REQUEST_COLUMNS = (
+    "id",
+    "request_id",
+    "created",
+    "method",
+    "path",
+    "protocol",
+    "model",
+    "status",
+    "duration_ms",
+    "request_body",
+    "response_body",
+)
 
 
 def _request_row(r: RequestLog) -> tuple:
-    return (r.request_log_id, r.request_id, r.created, r.method, r.path, r.protocol, r.model,
-            r.status, r.duration_ms, r.request_body, r.response_body)
+    return (
+        r.request_log_id,
+        r.request_id,
+        r.created,
+        r.method,
+        r.path,
+        r.protocol,
+        r.model,
+        r.status,
+        r.duration_ms,
+        r.request_body,
+        r.response_body,
+    )
 
 
 def _from_rows(row: tuple, predictions: list[tuple]) -> RequestLog:
     values = dict(zip(_REQUEST_COLUMNS, row))
     return RequestLog(
-        request_log_id=values["id"], request_id=values["request_id"] or "", created=values["created"],
-        method=values["method"], path=values["path"], protocol=values["protocol"], model=values["model"],
-        status=values["status"], duration_ms=values["duration_ms"],
-        request_body=values["request_body"] or "", response_body=values["response_body"] or "",
+        request_log_id=values["id"],
+        request_id=values["request_id"] or "",
+        created=values["created"],
+        method=values["method"],
+        path=values["path"],
+        protocol=values["protocol"],
+        model=values["model"],
+        status=values["status"],
+        duration_ms=values["duration_ms"],
+        request_body=values["request_body"] or "",
+        response_body=values["response_body"] or "",
         predictions=[PredictionLog(pid, idx, out or "") for pid, idx, out in predictions],
     )
 
@@ -80,11 +109,14 @@ class SqliteBackend:
         db = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany(f"INSERT OR REPLACE INTO servekit_request_logs VALUES ({','.join('?' * 11)})",
-                           [_request_row(r) for r in records])
-            db.executemany("INSERT OR REPLACE INTO servekit_prediction_logs VALUES (?,?,?,?)",
-                           [(p.prediction_log_id, r.request_log_id, p.index, p.output)
-                            for r in records for p in r.predictions])
+            db.executemany(
+                f"INSERT OR REPLACE INTO servekit_request_logs VALUES ({','.join('?' * 11)})",
+                [_request_row(r) for r in records],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO servekit_prediction_logs VALUES (?,?,?,?)",
+                [(p.prediction_log_id, r.request_log_id, p.index, p.output) for r in records for p in r.predictions],
+            )
             db.execute("COMMIT")
         finally:
             db.close()
@@ -130,18 +162,27 @@ class SqlAlchemyBackend:
         self.engine = sa.create_engine(url, pool_pre_ping=True)
         meta = sa.MetaData()
         self.requests = sa.Table(
-            "servekit_request_logs", meta,
-            sa.Column("id", sa.String(64), primary_key=True), sa.Column("request_id", sa.String(128)),
-            sa.Column("created", sa.Float), sa.Column("method", sa.String(8)), sa.Column("path", sa.Text),
-            sa.Column("protocol", sa.String(16)), sa.Column("model", sa.String(128)),
-            sa.Column("status", sa.Integer), sa.Column("duration_ms", sa.Float),
-            sa.Column("request_body", sa.Text), sa.Column("response_body", sa.Text),
+            "servekit_request_logs",
+            meta,
+            sa.Column("id", sa.String(64), primary_key=True),
+            sa.Column("request_id", sa.String(128)),
+            sa.Column("created", sa.Float),
+            sa.Column("method", sa.String(8)),
+            sa.Column("path", sa.Text),
+            sa.Column("protocol", sa.String(16)),
+            sa.Column("model", sa.String(128)),
+            sa.Column("status", sa.Integer),
+            sa.Column("duration_ms", sa.Float),
+            sa.Column("request_body", sa.Text),
+            sa.Column("response_body", sa.Text),
         )
         self.predictions = sa.Table(
-            "servekit_prediction_logs", meta,
+            "servekit_prediction_logs",
+            meta,
             sa.Column("id", sa.String(80), primary_key=True),
             sa.Column("request_log_id", sa.String(64), index=True),
-            sa.Column("idx", sa.Integer), sa.Column("output", sa.Text),
+            sa.Column("idx", sa.Integer),
+            sa.Column("output", sa.Text),
         )
         try:
             meta.create_all(self.engine)
@@ -150,8 +191,11 @@ class SqlAlchemyBackend:
 
     def write(self, records: list[RequestLog]) -> None:
         rows = [dict(zip(_REQUEST_COLUMNS, _request_row(r))) for r in records]
-        predictions = [{"id": p.prediction_log_id, "request_log_id": r.request_log_id, "idx": p.index,
-                        "output": p.output} for r in records for p in r.predictions]
+        predictions = [
+            {"id": p.prediction_log_id, "request_log_id": r.request_log_id, "idx": p.index, "output": p.output}
+            for r in records
+            for p in r.predictions
+        ]
         with self.engine.begin() as conn:
             conn.execute(self.requests.insert(), rows)
             if predictions:
@@ -180,7 +224,7 @@ class SqlAlchemyBackend:
 
 def open_backend(url: str) -> SqliteBackend | SqlAlchemyBackend:
     if url.startswith("sqlite:///") and "?" not in url:
-        return SqliteBackend(url[len("sqlite:///"):] or ":memory:")
+        return SqliteBackend(url[len("sqlite:///") :] or ":memory:")
     return SqlAlchemyBackend(url)
 
 

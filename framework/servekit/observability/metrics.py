@@ -113,12 +113,12 @@ class Metrics:
         labels = ("model", "protocol", "status")
         self.requests = Counter("servekit_requests", "HTTP requests answered", labels)
         self.latency = Histogram(
-            "servekit_request_duration_seconds", "time to answer a request, streams to their end",
-            labels, buckets=LATENCY_BUCKETS,
+            "servekit_request_duration_seconds",
+            "time to answer a request, streams to their end",
+            labels,
+            buckets=LATENCY_BUCKETS,
         )
-        self.in_flight = Gauge(
-            "servekit_requests_in_flight", "requests being answered", multiprocess_mode="livesum"
-        )
+        self.in_flight = Gauge("servekit_requests_in_flight", "requests being answered", multiprocess_mode="livesum")
         self.batch_size = Histogram(
             "servekit_batch_size", "rows per call of a model's predict", ("model",), buckets=BATCH_BUCKETS
         )
@@ -303,11 +303,15 @@ def host_metrics(model: str, version: str, replica: str) -> HostMetrics:
 
             labels = ("model", "version", "replica")
             _host_families = (
-                Gauge("servekit_host_queue_depth",
-                      "requests a model host holds: waiting for a batch or running",
-                      labels, multiprocess_mode="livesum"),
-                Histogram("servekit_host_batch_size", "rows per predict call in a model host",
-                          labels, buckets=BATCH_BUCKETS),
+                Gauge(
+                    "servekit_host_queue_depth",
+                    "requests a model host holds: waiting for a batch or running",
+                    labels,
+                    multiprocess_mode="livesum",
+                ),
+                Histogram(
+                    "servekit_host_batch_size", "rows per predict call in a model host", labels, buckets=BATCH_BUCKETS
+                ),
                 Counter("servekit_host_restarts", "model hosts started again after they died", labels),
             )
     return HostMetrics(_host_families, model, version, replica)
@@ -330,11 +334,13 @@ class ModelStateCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         state = GaugeMetricFamily(
-            "servekit_model_state", "1 for the state a model version is in, else 0",
+            "servekit_model_state",
+            "1 for the state a model version is in, else 0",
             labels=["model", "version", "state"],
         )
         load = GaugeMetricFamily(
-            "servekit_model_load_seconds", "seconds the last load of a model version took",
+            "servekit_model_load_seconds",
+            "seconds the last load of a model version took",
             labels=["model", "version"],
         )
         for name, model in sorted(self.dataplane.repository.models.items()):

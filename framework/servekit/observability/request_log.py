@@ -101,7 +101,7 @@ class Predictions:
             self.add(outputs)
             return
         for i in range(sizes.pop() or 0):
-            self.add({name: value[i:i + 1].reshape(-1) for name, value in outputs.items()})
+            self.add({name: value[i : i + 1].reshape(-1) for name, value in outputs.items()})
 
     @property
     def ids(self) -> list[str]:
@@ -180,8 +180,15 @@ def get_prediction_log(prediction_log_id: str):
     if record is None or not match:
         raise NotFound(f"no prediction log with id {prediction_log_id!r}")
     p = match[0]
-    return _json({"predictionLogId": p.prediction_log_id, "requestLogId": record.request_log_id,
-                  "index": p.index, "model": record.model, "output": maybe_json(p.output)})
+    return _json(
+        {
+            "predictionLogId": p.prediction_log_id,
+            "requestLogId": record.request_log_id,
+            "index": p.index,
+            "model": record.model,
+            "output": maybe_json(p.output),
+        }
+    )
 
 
 class _TeeInput:
@@ -260,9 +267,17 @@ def _record(rid: str, request_body: bytes, status: int) -> RequestLog:
         model = next(iter(served))
     request.environ["servekit.model"] = model  # the metrics' label too
     return RequestLog(
-        request_log_id=rid, request_id=current_request_id.get(), created=time.time(),
-        method=request.method, path=request.path, protocol=protocol, model=model, status=status,
-        duration_ms=0.0, request_body=_clip(request_body), response_body="",
+        request_log_id=rid,
+        request_id=current_request_id.get(),
+        created=time.time(),
+        method=request.method,
+        path=request.path,
+        protocol=protocol,
+        model=model,
+        status=status,
+        duration_ms=0.0,
+        request_body=_clip(request_body),
+        response_body="",
     )
 
 

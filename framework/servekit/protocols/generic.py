@@ -22,8 +22,7 @@ def _only_model(dp: DataPlane) -> ModelVersion:
     names = dp.model_names()
     if len(names) != 1:
         raise BadRequest(
-            f"/predict and /explain need exactly one served model, found {len(names)}; "
-            "use /v1/models/NAME:predict"
+            f"/predict and /explain need exactly one served model, found {len(names)}; use /v1/models/NAME:predict"
         )
     return dp.resolve(names[0])
 

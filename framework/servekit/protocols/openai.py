@@ -48,8 +48,9 @@ def route(rule: str, methods: list[str]) -> Callable:
 
     def register(view: Callable) -> Callable:
         for prefix in PREFIXES:
-            bp.add_url_rule(prefix + rule, endpoint=f"{view.__name__}{prefix.replace('/', '_')}",
-                            view_func=view, methods=methods)
+            bp.add_url_rule(
+                prefix + rule, endpoint=f"{view.__name__}{prefix.replace('/', '_')}", view_func=view, methods=methods
+            )
         return view
 
     return register
@@ -62,8 +63,7 @@ _ROUTES = ("/completions", "/chat/completions", "/embeddings", "/models")
 
 def is_openai_path(path: str) -> bool:
     """Whether ``path`` is one of this blueprint's routes (whose errors take OpenAI's shape)."""
-    return any(path.startswith(prefix) and path[len(prefix):] in _ROUTES for prefix in PREFIXES)
-
+    return any(path.startswith(prefix) and path[len(prefix) :] in _ROUTES for prefix in PREFIXES)
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
@@ -89,8 +89,14 @@ def http_error(exc: HTTPException):
 @bp.errorhandler(Exception)
 def unexpected(exc: Exception):
     log.exception("unhandled error on %s %s", request.method, request.path)
-    body = {"error": {"message": f"internal server error ({type(exc).__name__})", "type": "server_error",
-                      "param": None, "code": 500}}
+    body = {
+        "error": {
+            "message": f"internal server error ({type(exc).__name__})",
+            "type": "server_error",
+            "param": None,
+            "code": 500,
+        }
+    }
     return json_response(body, 500)
 
 
@@ -164,10 +170,17 @@ class Job:
         for p, prompt in enumerate(self.prompts):
             for c in range(s.n):
                 yield gen.GenerationRequest(
-                    prompt=prompt, messages=self.messages, max_tokens=s.max_tokens,
-                    temperature=s.temperature, top_p=s.top_p, stop=s.stop,
-                    seed=None if s.seed is None else s.seed + c, stream=s.stream,
-                    prompt_index=p, choice_index=c, options=dict(s.options),
+                    prompt=prompt,
+                    messages=self.messages,
+                    max_tokens=s.max_tokens,
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    stop=s.stop,
+                    seed=None if s.seed is None else s.seed + c,
+                    stream=s.stream,
+                    prompt_index=p,
+                    choice_index=c,
+                    options=dict(s.options),
                 )
 
     def call(self, generation: gen.GenerationRequest) -> Any:
@@ -181,8 +194,11 @@ class Job:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 @route("/completions", ["POST"])
@@ -236,14 +252,25 @@ def complete_job(job: Job) -> dict[str, Any]:
         prompt_tokens[generation.prompt_index] = choice.prompt_tokens
         completion_tokens += choice.completion_tokens
         if job.chat:
-            message = {"role": "assistant", "content": choice.text, "refusal": None,
-                       "reasoning_content": choice.reasoning}
-            choices.append({"index": job.index(generation), "message": message, "logprobs": None,
-                            "finish_reason": choice.finish_reason})
+            message = {
+                "role": "assistant",
+                "content": choice.text,
+                "refusal": None,
+                "reasoning_content": choice.reasoning,
+            }
+            choices.append(
+                {
+                    "index": job.index(generation),
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": choice.finish_reason,
+                }
+            )
         else:
             text = generation.prompt + choice.text if job.echo else choice.text
-            choices.append({"index": job.index(generation), "text": text, "logprobs": None,
-                            "finish_reason": choice.finish_reason})
+            choices.append(
+                {"index": job.index(generation), "text": text, "logprobs": None, "finish_reason": choice.finish_reason}
+            )
         job.predictions.add(choices[-1])
     return job.envelope(choices=choices, usage=usage(sum(prompt_tokens.values()), completion_tokens))
 
@@ -258,8 +285,10 @@ def stream_job(job: Job) -> Any:
     pieces = gen.stream_pieces(first, job.call(first))
     has_first, head = first_item(pieces, "complete")
     started = iter([head]) if has_first else iter(())
-    return sse_response(_job_events(job, first, _chain(started, pieces), generations),
-                        {REQUEST_LOG_HEADER: job.predictions.request_log_id})
+    return sse_response(
+        _job_events(job, first, _chain(started, pieces), generations),
+        {REQUEST_LOG_HEADER: job.predictions.request_log_id},
+    )
 
 
 def _chain(head: Iterator[Any], rest: Generator[Any, None, None]) -> Generator[Any, None, None]:
@@ -271,8 +300,12 @@ def _chain(head: Iterator[Any], rest: Generator[Any, None, None]) -> Generator[A
         close(rest)
 
 
-def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Generator[gen.GenerationChunk, None, None],
-                generations: Iterator[gen.GenerationRequest]) -> Iterator[bytes]:
+def _job_events(
+    job: Job,
+    first: gen.GenerationRequest,
+    first_pieces: Generator[gen.GenerationChunk, None, None],
+    generations: Iterator[gen.GenerationRequest],
+) -> Iterator[bytes]:
     extra = {"usage": None} if job.sampling.include_usage else {}
     prompt_tokens: dict[int, int] = {}
     completion_tokens = 0
@@ -293,8 +326,9 @@ def _job_events(job: Job, first: gen.GenerationRequest, first_pieces: Generator[
                 last = chunk
                 if chunk.text or chunk.reasoning:
                     yield event(job.envelope(choices=[_piece(job, index, chunk)], **extra))
-            result = gen.GenerationResult("".join(texts), last.finish_reason, last.prompt_tokens,
-                                          last.completion_tokens)
+            result = gen.GenerationResult(
+                "".join(texts), last.finish_reason, last.prompt_tokens, last.completion_tokens
+            )
             choice = gen.make_choice(generation, result, job.tokenizer, already_cut=True)
             closing = _piece(job, index, gen.GenerationChunk())
             closing["finish_reason"] = choice.finish_reason

@@ -26,8 +26,9 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def number(body: dict[str, Any], key: str, *, lo: float | None = None, hi: float | None = None,
-           integer: bool = False) -> Any:
+def number(
+    body: dict[str, Any], key: str, *, lo: float | None = None, hi: float | None = None, integer: bool = False
+) -> Any:
     """``body[key]`` as a number in ``[lo, hi]``, or ``None`` when absent or null."""
     value = body.get(key)
     if value is None:
@@ -36,8 +37,11 @@ def number(body: dict[str, Any], key: str, *, lo: float | None = None, hi: float
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise BadRequest(f"'{key}' must be {wanted}, found {_kind(value)} {value!r}", param=key)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f"between {lo} and {hi}" if lo is not None and hi is not None else (
-            f"at least {lo}" if lo is not None else f"at most {hi}")
+        bounds = (
+            f"between {lo} and {hi}"
+            if lo is not None and hi is not None
+            else (f"at least {lo}" if lo is not None else f"at most {hi}")
+        )
         raise BadRequest(f"'{key}' must be {bounds}, found {value}", param=key)
     return value
 
@@ -96,8 +100,9 @@ class Sampling:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-def sampling(body: dict[str, Any], stream: bool, max_tokens_key: str = "max_tokens",
-             default_max_tokens: int | None = None) -> Sampling:
+def sampling(
+    body: dict[str, Any], stream: bool, max_tokens_key: str = "max_tokens", default_max_tokens: int | None = None
+) -> Sampling:
     max_tokens = number(body, max_tokens_key, lo=1, integer=True)
     options = {key: body[key] for key in MODEL_OPTIONS if body.get(key) is not None}
     for key in ("presence_penalty", "frequency_penalty"):
@@ -141,16 +146,20 @@ def prompts(body: dict[str, Any]) -> list[str]:
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
         raise BadRequest("token-id prompts are not supported; send the prompt as text", param="prompt")
-    raise BadRequest(
-        f"'prompt' must be a string or a non-empty list of strings, found {_kind(prompt)}", param="prompt"
-    )
+    raise BadRequest(f"'prompt' must be a string or a non-empty list of strings, found {_kind(prompt)}", param="prompt")
 
 
 def completion_request(body: dict[str, Any], stream: bool) -> Sampling:
     n = number(body, "n", lo=1, hi=MAX_N, integer=True) or 1
-    refuse_unsupported(body, {
-        "logprobs": (None,), "suffix": (None, ""), "logit_bias": (None, {}), "best_of": (None, n),
-    })
+    refuse_unsupported(
+        body,
+        {
+            "logprobs": (None,),
+            "suffix": (None, ""),
+            "logit_bias": (None, {}),
+            "best_of": (None, n),
+        },
+    )
     return sampling(body, stream, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
 
 
@@ -161,18 +170,14 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Chat messages: roles from OpenAI's set, content a string or text parts."""
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
-        raise BadRequest(
-            f"'messages' must be a non-empty list of messages, found {_kind(raw)}", param="messages"
-        )
+        raise BadRequest(f"'messages' must be a non-empty list of messages, found {_kind(raw)}", param="messages")
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise BadRequest(f"{where} must be an object with 'role' and 'content'", param="messages")
         role = message.get("role")
         if role not in CHAT_ROLES:
-            raise BadRequest(
-                f"{where}.role must be one of {', '.join(CHAT_ROLES)}, found {role!r}", param="messages"
-            )
+            raise BadRequest(f"{where}.role must be one of {', '.join(CHAT_ROLES)}, found {role!r}", param="messages")
         content = message.get("content")
         if content is None or isinstance(content, str):
             continue
@@ -182,24 +187,30 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else _kind(part)
                 raise BadRequest(
-                    f"{where}.content: only text parts ({{'type': 'text', 'text': ...}}) are supported, "
-                    f"found {kind!r}",
+                    f"{where}.content: only text parts ({{'type': 'text', 'text': ...}}) are supported, found {kind!r}",
                     param="messages",
                 )
     return raw
 
 
 def chat_request(body: dict[str, Any], stream: bool) -> Sampling:
-    refuse_unsupported(body, {
-        "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-        "tools": (None, []), "functions": (None, []),
-        "response_format": (None, {"type": "text"}), "modalities": (None, ["text"]), "audio": (None,),
-    })
+    refuse_unsupported(
+        body,
+        {
+            "logprobs": (None, False),
+            "top_logprobs": (None, 0),
+            "logit_bias": (None, {}),
+            "tools": (None, []),
+            "functions": (None, []),
+            "response_format": (None, {"type": "text"}),
+            "modalities": (None, ["text"]),
+            "audio": (None,),
+        },
+    )
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     both = body.get("max_tokens") is not None and key == "max_completion_tokens"
     if both and body["max_tokens"] != body["max_completion_tokens"]:
-        raise BadRequest("'max_tokens' and 'max_completion_tokens' disagree; send one",
-                         param="max_completion_tokens")
+        raise BadRequest("'max_tokens' and 'max_completion_tokens' disagree; send one", param="max_completion_tokens")
     return sampling(body, stream, max_tokens_key=key)
 
 
@@ -234,25 +245,18 @@ def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
         texts = []
         token_ids = _token_ids(raw)
     else:
-        raise BadRequest(
-            f"'input' must be a string or a non-empty list of strings, found {_kind(raw)}", param="input"
-        )
+        raise BadRequest(f"'input' must be a string or a non-empty list of strings, found {_kind(raw)}", param="input")
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
-        raise BadRequest(f"'encoding_format' must be float or base64, found {encoding!r}",
-                         param="encoding_format")
-    return EmbeddingRequest(
-        texts, number(body, "dimensions", lo=1, integer=True), encoding == "base64", token_ids
-    )
+        raise BadRequest(f"'encoding_format' must be float or base64, found {encoding!r}", param="encoding_format")
+    return EmbeddingRequest(texts, number(body, "dimensions", lo=1, integer=True), encoding == "base64", token_ids)
 
 
 def _token_ids(raw: list[Any]) -> list[list[int]]:
     """``[101, 2023]`` (one input) or ``[[101, 2023], [101]]`` (several), as lists of ints."""
     rows = [raw] if all(isinstance(t, int) for t in raw) else raw
     for i, row in enumerate(rows):
-        if not isinstance(row, list) or not row or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in row
-        ):
+        if not isinstance(row, list) or not row or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
             raise BadRequest(
                 f"'input' item {i} must be a non-empty list of token ids (integers), found {_kind(row)}",
                 param="input",

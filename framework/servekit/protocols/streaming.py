@@ -100,12 +100,10 @@ def sse_predict(outputs: Any, row_format: bool) -> Response:
     except BaseException:
         close(items)
         raise
-    return sse_response(_predict_events(items, head, row_format, handed),
-                        {REQUEST_LOG_HEADER: handed.request_log_id})
+    return sse_response(_predict_events(items, head, row_format, handed), {REQUEST_LOG_HEADER: handed.request_log_id})
 
 
-def _predict_events(items: Iterator[Any], head: list[Any], row_format: bool,
-                    handed: Predictions) -> Iterator[bytes]:
+def _predict_events(items: Iterator[Any], head: list[Any], row_format: bool, handed: Predictions) -> Iterator[bytes]:
     try:
         for document in head:
             handed.add(document)

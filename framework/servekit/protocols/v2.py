@@ -86,8 +86,9 @@ def explain(name: str, version: str | None = None):
 
 def _run(name: str, version: str | None, *, explain: bool) -> Response:
     body = _request_body()
-    return infer_answer(dataplane(), name, version, body, request.headers.get(codec.HEADER_LENGTH),
-                        explain=explain).response()
+    return infer_answer(
+        dataplane(), name, version, body, request.headers.get(codec.HEADER_LENGTH), explain=explain
+    ).response()
 
 
 def infer_answer(
@@ -98,8 +99,9 @@ def infer_answer(
     req = codec.decode_infer_request(body, header_length)
     if explain:
         check_inputs(mv, req.inputs, req.signature_name)
-        outputs = _explanation_tensors(dp.explain(mv, req.inputs, parameters=req.parameters,
-                                                  signature_name=req.signature_name))
+        outputs = _explanation_tensors(
+            dp.explain(mv, req.inputs, parameters=req.parameters, signature_name=req.signature_name)
+        )
     else:
         outputs = dp.infer(mv, req)  # V2 over HTTP does not stream: one answer joining every item
     arrays = {n: codec.as_v2_array(v, n) for n, v in outputs.items()}
@@ -112,8 +114,7 @@ def infer_answer(
     )
     if binary_length is None:
         return Answer(encoded)
-    return Answer(encoded, content_type="application/octet-stream",
-                  headers={codec.HEADER_LENGTH: str(binary_length)})
+    return Answer(encoded, content_type="application/octet-stream", headers={codec.HEADER_LENGTH: str(binary_length)})
 
 
 def _explanation_tensors(result: Any) -> dict[str, Any]:

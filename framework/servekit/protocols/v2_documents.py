@@ -35,9 +35,7 @@ def version_number(version: str | None) -> int | None:
     if not version:
         return None
     if not version.isdigit() or int(version) < 1:
-        raise BadRequest(
-            f"invalid model version {version!r}: expected a positive integer, or none for the latest"
-        )
+        raise BadRequest(f"invalid model version {version!r}: expected a positive integer, or none for the latest")
     return int(version)
 
 
@@ -180,10 +178,20 @@ def _batch_stats(rows: int, count: int, ns: int) -> dict[str, Any]:
 
 #: V2 datatypes as Triton's model configuration spells them.
 CONFIG_TYPES = {
-    "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64", "FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64",
-    "BYTES": "TYPE_STRING", "BF16": "TYPE_BF16",
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16",
+    "FP32": "TYPE_FP32",
+    "FP64": "TYPE_FP64",
+    "BYTES": "TYPE_STRING",
+    "BF16": "TYPE_BF16",
 }
 
 
@@ -248,4 +256,3 @@ def image_format(dims: list[int]) -> str:
         if dims[0] in (1, 3) and dims[2] not in (1, 3):
             return "FORMAT_NCHW"
     return "FORMAT_NONE"
-

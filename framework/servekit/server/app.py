@@ -37,8 +37,7 @@ def build_dataplane(settings: Settings, pm: pluggy.PluginManager | None = None) 
         poll_interval=settings.poll_interval,
         batching=BatchingConfig(settings.max_batch_size, settings.max_batch_time_ms),
     )
-    return DataPlane(repository, load_wait=settings.request_timeout or 60.0,
-                     strict_readiness=settings.strict_readiness)
+    return DataPlane(repository, load_wait=settings.request_timeout or 60.0, strict_readiness=settings.strict_readiness)
 
 
 def create_app(settings: Settings | None = None, dataplane: DataPlane | None = None, start: bool = True) -> Flask:

@@ -126,7 +126,8 @@ class FastLane:
         if (m := V2_INFER.match(path)) is not None:
             name, version = m["name"], m["version"]
             return lambda environ, _path, body: v2.infer_answer(
-                self.dp, name, version, body, environ.get(_HEADER_LENGTH_KEY), explain=False)
+                self.dp, name, version, body, environ.get(_HEADER_LENGTH_KEY), explain=False
+            )
         if (m := V1_TARGET.match(path)) is not None:
             target = m["target"]
             return lambda environ, _path, body: v1.infer_answer(self.dp, target, body, stream_query(environ))

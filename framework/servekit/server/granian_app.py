@@ -61,8 +61,11 @@ def run(settings: Settings) -> None:
         )
         server.servekit_settings = settings
         preloaded = _preload(settings)
-        server.serve(spawn_target=_spawn_target(), target_loader=lambda _target: _worker_app(settings, preloaded),
-                     wrap_loader=True)
+        server.serve(
+            spawn_target=_spawn_target(),
+            target_loader=lambda _target: _worker_app(settings, preloaded),
+            wrap_loader=True,
+        )
     finally:
         cleanup()
 
@@ -179,8 +182,11 @@ def _server_class(base: type) -> type:
                     except ProcessLookupError:
                         pass
             delay = self.servekit_settings.shutdown_delay
-            log.info("SIGTERM: readiness is 503; accepting for %gs more, then %gs for in-flight requests",
-                     delay, self.servekit_settings.drain_seconds)
+            log.info(
+                "SIGTERM: readiness is 503; accepting for %gs more, then %gs for in-flight requests",
+                delay,
+                self.servekit_settings.drain_seconds,
+            )
             stop = super().signal_handler_interrupt
             if delay > 0:
                 timer = threading.Timer(delay, stop)

@@ -107,7 +107,6 @@ class ServekitApplication(BaseApplication):
         statistics.flush()
         metrics.flush()
 
-
     def _child_exit(self, server, worker) -> None:
         metrics.mark_process_dead(worker.pid)
 
@@ -126,8 +125,11 @@ def install_drain(worker: Any, settings: Settings) -> None:
         if dataplane.draining:
             return
         dataplane.draining = True
-        log.info("SIGTERM: readiness is 503; accepting for %gs more, then %gs for in-flight requests",
-                 settings.shutdown_delay, settings.drain_seconds)
+        log.info(
+            "SIGTERM: readiness is 503; accepting for %gs more, then %gs for in-flight requests",
+            settings.shutdown_delay,
+            settings.drain_seconds,
+        )
         if settings.shutdown_delay > 0:
             timer = threading.Timer(settings.shutdown_delay, worker.handle_exit, (signum, frame))
             timer.daemon = True

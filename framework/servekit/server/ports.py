@@ -44,9 +44,7 @@ def check_ports(settings: Settings) -> None:
     ports = [(settings.http_port, "--http-port")]
     if grpc_enabled(settings):
         if settings.grpc_port == settings.http_port:
-            raise PortTaken(
-                f"--http-port and --grpc-port are both {settings.http_port}; give gRPC another port"
-            )
+            raise PortTaken(f"--http-port and --grpc-port are both {settings.http_port}; give gRPC another port")
         ports.append((settings.grpc_port, "--grpc-port"))
     for port, flag in ports:
         check_free(settings.host, port, flag)

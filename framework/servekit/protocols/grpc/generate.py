@@ -61,19 +61,13 @@ def _use_private_pool(source: str, path: Path) -> str:
     default = "_descriptor_pool.Default().AddSerializedFile("
     marker = "# @@protoc_insertion_point(imports)\n"
     if source.count(default) != 1 or marker not in source:
-        raise SystemExit(
-            f"{path.name}: unexpected protoc output; cannot redirect it to the private pool"
-        )
-    return source.replace(marker, marker + "\n" + _POOL_IMPORT).replace(
-        default, "_POOL.AddSerializedFile("
-    )
+        raise SystemExit(f"{path.name}: unexpected protoc output; cannot redirect it to the private pool")
+    return source.replace(marker, marker + "\n" + _POOL_IMPORT).replace(default, "_POOL.AddSerializedFile(")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--check", action="store_true", help="only compare with the checked-in files"
-    )
+    parser.add_argument("--check", action="store_true", help="only compare with the checked-in files")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

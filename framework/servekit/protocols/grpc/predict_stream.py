@@ -132,9 +132,7 @@ class PredictStream:
         dims = self._split_dimensions(pieces)
         decoded = [self._decode_piece(p, i) for i, p in enumerate(pieces)]
         first = decoded[0]
-        names = list(first) + [
-            n for d in decoded[1:] for n in d if n not in first and n not in dims
-        ]
+        names = list(first) + [n for d in decoded[1:] for n in d if n not in first and n not in dims]
         inputs: dict[str, np.ndarray] = {}
         for name in dict.fromkeys(names):
             if name not in dims:
@@ -170,9 +168,7 @@ class PredictStream:
 def _concatenate(name: str, dim: int, parts: list[np.ndarray | None]) -> np.ndarray:
     missing = [i + 1 for i, p in enumerate(parts) if p is None]
     if missing:
-        raise BadRequest(
-            f"split input {name!r} is missing from piece(s) {', '.join(map(str, missing))}"
-        )
+        raise BadRequest(f"split input {name!r} is missing from piece(s) {', '.join(map(str, missing))}")
     arrays = [p for p in parts if p is not None]
     rank = arrays[0].ndim
     if dim < 0 or dim >= rank:

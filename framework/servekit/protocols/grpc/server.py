@@ -57,9 +57,7 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
     """
     interceptors = [ApiKeyInterceptor(settings.api_key)] if settings.api_key else []
     server = grpc.server(
-        futures.ThreadPoolExecutor(
-            max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"
-        ),
+        futures.ThreadPoolExecutor(max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"),
         options=server_options(settings),
         interceptors=interceptors,
     )

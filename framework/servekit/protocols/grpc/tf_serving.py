@@ -111,9 +111,7 @@ def _response(mv: ModelVersion, signature: str | None, outputs: dict[str, Any], 
     response = predict_pb2.PredictResponse()
     effective_spec(response.model_spec, mv, signature or "")
     for name, value in outputs.items():
-        tensor_proto.from_numpy(
-            value, response.outputs[name], use_tensor_content=tensor_content, name=name
-        )
+        tensor_proto.from_numpy(value, response.outputs[name], use_tensor_content=tensor_content, name=name)
     return response
 
 
@@ -188,9 +186,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         state = request.predict_streamed_options.request_state
         if state not in (PredictStream.NONE, PredictStream.END_SPLIT):
             name = predict_pb2.PredictStreamedOptions.RequestState.Name(state)
-            raise BadRequest(
-                f"request_state {name} needs the streaming RPC PredictionService/PredictStreamed"
-            )
+            raise BadRequest(f"request_state {name} needs the streaming RPC PredictionService/PredictStreamed")
         resolve(self.dp, request.model_spec)  # as TF Serving: an unknown servable before the inputs
         turn = Turn(request.model_spec, decode_inputs(request), output_filter(request))
         return next(predict_responses(self.dp, turn, tensor_content=self.tensor_content))
@@ -209,9 +205,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         stream.finish()
 
     @rpc
-    def Classify(
-        self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext
-    ):
+    def Classify(self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext):
         mv = resolve(self.dp, request.model_spec)
         signature = request.model_spec.signature_name or None
         results = self.dp.classify(mv, examples_of(request.input), signature_name=signature)
@@ -231,9 +225,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         return response
 
     @rpc
-    def MultiInference(
-        self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext
-    ):
+    def MultiInference(self, request: inference_pb2.MultiInferenceRequest, context: grpc.ServicerContext):
         if not request.tasks:
             raise BadRequest("MultiInferenceRequest has no tasks")
         names = {task.model_spec.name for task in request.tasks}
@@ -243,8 +235,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         if len({mv.version for mv in versions}) > 1:
             raise BadRequest("all tasks must address the same model version")
         signatures = [
-            task.model_spec.signature_name or versions[0].metadata.default_signature
-            for task in request.tasks
+            task.model_spec.signature_name or versions[0].metadata.default_signature for task in request.tasks
         ]
         repeated = sorted({s for s in signatures if signatures.count(s) > 1})
         if repeated:
@@ -271,22 +262,16 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest, context):
         fields = list(request.metadata_field)
         if not fields:
-            raise BadRequest(
-                f"GetModelMetadataRequest must name a metadata_field ({SIGNATURE_DEF!r})"
-            )
+            raise BadRequest(f"GetModelMetadataRequest must name a metadata_field ({SIGNATURE_DEF!r})")
         unknown = [f for f in fields if f != SIGNATURE_DEF]
         if unknown:
-            raise BadRequest(
-                f"Metadata field {unknown[0]} is not supported; the one field is {SIGNATURE_DEF!r}"
-            )
+            raise BadRequest(f"Metadata field {unknown[0]} is not supported; the one field is {SIGNATURE_DEF!r}")
         mv = resolve(self.dp, request.model_spec)
         response = get_model_metadata_pb2.GetModelMetadataResponse()
         effective_spec(response.model_spec, mv, None)
         signatures = get_model_metadata_pb2.SignatureDefMap()
         for name, signature in self.dp.metadata(mv).signatures.items():
-            signature_def(
-                signature, signatures.signature_def[name], f"{mv.name} version {mv.version}"
-            )
+            signature_def(signature, signatures.signature_def[name], f"{mv.name} version {mv.version}")
         response.metadata[SIGNATURE_DEF].Pack(signatures)
         return response
 
@@ -304,9 +289,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         version = spec.version.value if choice == "version" else None
         label = spec.version_label if choice == "version_label" else None
         statuses = [documents.version_status(mv) for mv in self.dp.repository.statuses(spec.name, version, label)]
-        return json_format.ParseDict(
-            {"model_version_status": statuses}, get_model_status_pb2.GetModelStatusResponse()
-        )
+        return json_format.ParseDict({"model_version_status": statuses}, get_model_status_pb2.GetModelStatusResponse())
 
 
 def add_to_server(server: grpc.Server, dataplane: DataPlane, *, tensor_content: bool = False) -> None:

@@ -109,9 +109,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 codec.set_parameter(final.parameters, _FINAL, True)
                 yield pb.ModelStreamInferResponse(infer_response=final)
 
-    def _infer(
-        self, request: pb.ModelInferRequest, *, stream: bool
-    ) -> Iterator[pb.ModelInferResponse]:
+    def _infer(self, request: pb.ModelInferRequest, *, stream: bool) -> Iterator[pb.ModelInferResponse]:
         """Run one request; a streaming model gives one response per item when ``stream``."""
         mv = self.dp.resolve(request.model_name, version_of(request.model_version))
         req = codec.decode_infer_request(request)
@@ -139,8 +137,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         _one_repository(request.repository_name)
         response = pb.RepositoryIndexResponse()
         for entry in documents.repository_index(self.dp, request.ready):
-            response.models.add(name=entry["name"], version=entry.get("version", ""),
-                                state=entry["state"], reason=entry["reason"] or "")
+            response.models.add(
+                name=entry["name"], version=entry.get("version", ""), state=entry["state"], reason=entry["reason"] or ""
+            )
         return response
 
     @rpc
@@ -169,14 +168,10 @@ def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.Mod
 
 def _one_repository(name: str) -> None:
     if name:
-        raise BadRequest(
-            f"repository_name {name!r}: servekit serves one model repository; leave it empty"
-        )
+        raise BadRequest(f"repository_name {name!r}: servekit serves one model repository; leave it empty")
 
 
-def add_to_server(
-    server: grpc.Server, dataplane: DataPlane, *, model_control_mode: str | None = None
-) -> None:
+def add_to_server(server: grpc.Server, dataplane: DataPlane, *, model_control_mode: str | None = None) -> None:
     """Add the service; ``model_control_mode`` is ``--model-control-mode`` (load/unload)."""
     servicer = InferenceServicer(dataplane, model_control_mode=model_control_mode)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)

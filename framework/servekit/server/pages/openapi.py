@@ -85,8 +85,7 @@ def build(app: Flask) -> dict[str, Any]:
             summary = (view.__doc__ or "").strip().splitlines()[0] if view and view.__doc__ else rule
             paths.setdefault(template_of(rule), {})[method.lower()] = {
                 "summary": summary,
-                "responses": {"200": {"description": "success",
-                                      "content": {"application/json": {"schema": {}}}}},
+                "responses": {"200": {"description": "success", "content": {"application/json": {"schema": {}}}}},
             }
 
     secured = bool(settings and settings.api_key)
@@ -131,8 +130,9 @@ def _finish(op: dict[str, Any], path: str, served: list[str], secured: bool) -> 
     params = []
     for name in _TEMPLATE_PARAM.findall(path):
         if name == "name":
-            schema: dict[str, Any] = {"anyOf": [{"$ref": "#/components/schemas/ModelName"},
-                                                {"type": "string", "minLength": 1}]}
+            schema: dict[str, Any] = {
+                "anyOf": [{"$ref": "#/components/schemas/ModelName"}, {"type": "string", "minLength": 1}]
+            }
         else:
             schema = {"type": "string", "minLength": 1}
         params.append({"name": name, "in": "path", "required": True, "schema": schema})
@@ -142,8 +142,9 @@ def _finish(op: dict[str, Any], path: str, served: list[str], secured: bool) -> 
     responses.setdefault("default", {"description": "error", "content": {"application/json": {"schema": _ERROR}}})
     if secured:
         op["security"] = [{"apiKey": []}]
-        responses.setdefault("401", {"description": "missing or wrong API key",
-                                     "content": {"application/json": {"schema": _ERROR}}})
+        responses.setdefault(
+            "401", {"description": "missing or wrong API key", "content": {"application/json": {"schema": _ERROR}}}
+        )
 
 
 def document(app: Flask) -> dict[str, Any]:

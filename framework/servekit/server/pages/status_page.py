@@ -86,8 +86,11 @@ def _version_view(mv: ModelVersion) -> dict[str, Any]:
         "load_seconds": round(mv.load_seconds, 3),
         "platform": mv.metadata.platform,
         "signatures": {
-            name: {"inputs": [_spec(t) for t in sig.inputs], "outputs": [_spec(t) for t in sig.outputs],
-                   "method": sig.method_name}
+            name: {
+                "inputs": [_spec(t) for t in sig.inputs],
+                "outputs": [_spec(t) for t in sig.outputs],
+                "method": sig.method_name,
+            }
             for name, sig in mv.metadata.signatures.items()
         },
     }
@@ -104,8 +107,9 @@ def _examples(name: str, mv: ModelVersion) -> dict[str, Any]:
     if signature is None or not signature.inputs:
         return {
             f"/v1/models/{name}:predict": {"instances": [[0.0]]},
-            f"/v2/models/{name}/infer": {"inputs": [{"name": "input_0", "shape": [1, 1],
-                                                     "datatype": "FP32", "data": [0.0]}]},
+            f"/v2/models/{name}/infer": {
+                "inputs": [{"name": "input_0", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]
+            },
         }
     return {
         f"/v1/models/{name}:predict": {"instances": [_v1_row(signature)]},
