@@ -16,7 +16,6 @@ it into the build context and the Dockerfile installs that wheel.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import re
 import shutil
@@ -191,12 +190,25 @@ def installed_from() -> tuple[str, Path | None]:
     return "url", None
 
 
+#: pyproject.toml's build-system requirement (an SPDX ``license`` string needs 77).
+SETUPTOOLS_NEEDED = 77
+
+
+def _setuptools_major() -> int:
+    """The installed setuptools' major version (0 when absent): an older one cannot build servekit,
+    so pip then builds in an isolated environment with its own."""
+    try:
+        return int(importlib.metadata.version("setuptools").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return 0
+
+
 def build_wheel(source: Path, into: Path) -> Path:
     """``pip wheel --no-deps`` of a servekit source tree; returns the wheel, moved into ``into``."""
     if not (source / "pyproject.toml").is_file():
         raise ScaffoldError(f"servekit's source tree {source} is gone; pass --wheel PATH to a servekit wheel")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
-    if importlib.util.find_spec("setuptools") is not None:
+    if _setuptools_major() >= SETUPTOOLS_NEEDED:
         command.append("--no-build-isolation")  # the build backend is here: build offline
     with tempfile.TemporaryDirectory(prefix="servekit-wheel-") as tmp:
         out, tree = Path(tmp) / "dist", _source_copy(source, Path(tmp) / "src")

@@ -58,6 +58,9 @@ class ServekitApplication(BaseApplication):
             # wake take every connection of a burst and keep it (keep-alive), leaving the
             # others idle (bench: 1,700 instead of 5,000 req/s at 8 connections)
             "reuse_port": True,
+            # gunicorn's control socket lives at one path per user ($HOME/.gunicorn): two
+            # servers would share it, and a read-only container home cannot hold it
+            "control_socket_disable": True,
             "accesslog": None,
             "errorlog": "-",
             "loglevel": s.log_level,
