@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TF_DATA
-from servekit import tfserving_cli
+from servekit import tfserving_cli, tfserving_config
 from servekit.settings import channel_arguments
 from servekit.testing import free_port
 from servekit.tfserving_cli import FlagError
@@ -128,7 +128,7 @@ def test_model_config_file_errors_name_the_field(tmp_path, text, fragment):
     path = tmp_path / "models.config"
     path.write_text(text)
     with pytest.raises(FlagError) as info:
-        tfserving_cli.read_model_config_file(str(path))
+        tfserving_config.read_model_config_file(str(path))
     assert fragment in str(info.value)
 
 
@@ -147,7 +147,7 @@ model_config_list {{
     version_labels {{ key: "canary" value: 124 }}
   }}
 }}""")
-    mirror = tfserving_cli.Mirror(str(path))
+    mirror = tfserving_config.Mirror(str(path))
     try:
         folder = Path(mirror.paths[0])
         assert folder.name == "hp2"
@@ -167,7 +167,7 @@ def test_monitoring_path_other_than_tf_servings_is_refused(tmp_path):
     path = tmp_path / "monitoring.config"
     path.write_text('prometheus_config { enable: true, path: "/elsewhere" }')
     with pytest.raises(FlagError) as info:
-        tfserving_cli.check_monitoring_file(str(path))
+        tfserving_config.check_monitoring_file(str(path))
     assert "/elsewhere" in str(info.value)
 
 
@@ -175,7 +175,7 @@ def test_unsupported_batching_fields_are_refused(tmp_path):
     path = tmp_path / "batching.txt"
     path.write_text("max_batch_size { value: 8 }\nallowed_batch_sizes: 8\n")
     with pytest.raises(FlagError) as info:
-        tfserving_cli.read_batching_file(str(path))
+        tfserving_config.read_batching_file(str(path))
     assert "allowed_batch_sizes" in str(info.value)
 
 

@@ -1,0 +1,232 @@
+"""TF Serving's config files, read for :mod:`servekit.tfserving_cli`.
+
+``--model_config_file`` (text-format ``ModelServerConfig``, parsed with
+protobuf's ``text_format`` against servekit's copy of the proto),
+``--batching_parameters_file`` and ``--monitoring_config_file``; and the
+:class:`Mirror` that serves a model config file: a generated folder per model
+linking to every entry of its ``base_path``, with the merged ``servekit.yaml``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger("servekit.tfserving")
+
+#: TF Serving's default Prometheus path (also served without a monitoring config).
+PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
+#: TF Serving's default batching parameters when ``--enable_batching`` has no file.
+DEFAULT_MAX_BATCH_SIZE = 1000
+
+
+class FlagError(ValueError):
+    """A flag or a config file servekit cannot honour; the message names it."""
+
+
+# -- text-format config files ----------------------------------------------------------------
+
+
+def _parse_text(path: str, message: Any, flag: str) -> Any:
+    from google.protobuf import text_format
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise FlagError(f"--{flag}: cannot read {path}: {exc.strerror}") from None
+    try:
+        return text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        raise FlagError(f"--{flag}: {path} is not a valid {type(message).__name__}: {exc}") from None
+
+
+@dataclass
+class ServedModel:
+    """One ``ModelConfig`` entry of a ``--model_config_file``, as servekit will serve it."""
+
+    name: str
+    base_path: Path
+    version_policy: Any = None  # servekit.yaml's form; None: the folder's own
+    labels: dict[str, int] = field(default_factory=dict)
+
+
+def read_model_config_file(path: str) -> list[ServedModel]:
+    from .protocols.grpc.protos.tensorflow_serving.config import model_server_config_pb2 as pb
+
+    config = _parse_text(path, pb.ModelServerConfig(), "model_config_file")
+    if config.WhichOneof("config") == "custom_model_config":
+        raise FlagError("--model_config_file: custom_model_config is not supported; use model_config_list")
+    models = [_served_model(entry, Path(path).parent) for entry in config.model_config_list.config]
+    names = [m.name for m in models]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise FlagError(f"--model_config_file: model {repeated[0]!r} is configured twice")
+    return models
+
+
+def _served_model(entry: Any, here: Path) -> ServedModel:
+    where = f"--model_config_file: model {entry.name!r}"
+    if not entry.name or not entry.base_path:
+        raise FlagError(f"{where}: every config needs a name and a base_path")
+    if entry.model_platform not in ("", "tensorflow"):
+        raise FlagError(
+            f"{where}: model_platform {entry.model_platform!r} is not supported; servekit picks "
+            "the plugin from the model folder ('tensorflow' or leave it out)"
+        )
+    if entry.HasField("logging_config"):
+        raise FlagError(f"{where}: logging_config is not supported; use servekit's --request-log-url")
+    return ServedModel(
+        name=entry.name,
+        base_path=Path(entry.base_path),
+        version_policy=_policy(entry.model_version_policy) if entry.HasField("model_version_policy") else None,
+        labels=dict(entry.version_labels),
+    )
+
+
+def _policy(policy: Any) -> Any:
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return "all"
+    if choice == "specific":
+        if not policy.specific.versions:
+            raise FlagError("--model_config_file: a specific version policy needs versions")
+        return {"specific": list(policy.specific.versions)}
+    n = policy.latest.num_versions if choice == "latest" else 1
+    return {"latest": max(1, n)}
+
+
+def read_batching_file(path: str) -> tuple[int, float]:
+    """``(max_batch_size, max_batch_time_ms)`` from a ``--batching_parameters_file``."""
+    from .protocols.grpc.protos.tensorflow_serving.config import batching_parameters_pb2 as pb
+
+    params = _parse_text(path, pb.BatchingParameters(), "batching_parameters_file")
+    if params.allowed_batch_sizes or params.pad_variable_length_inputs:
+        raise FlagError(
+            "--batching_parameters_file: allowed_batch_sizes and pad_variable_length_inputs are not "
+            "supported; servekit batches requests of equal trailing shape, any batch size"
+        )
+    for name in (
+        "num_batch_threads",
+        "max_enqueued_batches",
+        "thread_pool_name",
+        "max_execution_batch_size",
+        "enable_large_batch_splitting",
+    ):
+        if params.HasField(name):
+            # scheduler tuning of TF's batcher: servekit's batcher runs in the request threads
+            log.warning("--batching_parameters_file: %s has no servekit counterpart; not applied", name)
+    size = params.max_batch_size.value if params.HasField("max_batch_size") else DEFAULT_MAX_BATCH_SIZE
+    micros = params.batch_timeout_micros.value if params.HasField("batch_timeout_micros") else 0
+    return int(size), micros / 1000.0
+
+
+def check_monitoring_file(path: str) -> None:
+    """Prometheus is always on; a custom path other than TF Serving's or ``/metrics`` is refused."""
+    from .protocols.grpc.protos.tensorflow_serving.config import monitoring_config_pb2 as pb
+
+    config = _parse_text(path, pb.MonitoringConfig(), "monitoring_config_file")
+    wanted = config.prometheus_config.path
+    if wanted and wanted not in (PROMETHEUS_PATH, "/metrics"):
+        raise FlagError(
+            f"--monitoring_config_file: prometheus_config.path {wanted!r} is not supported; "
+            f"servekit serves metrics at {PROMETHEUS_PATH} and /metrics"
+        )
+
+
+# -- serving a model config file ----------------------------------------------------------------
+
+_CONFIG = "servekit.yaml"
+
+
+class Mirror:
+    """Generated model folders for a ``--model_config_file``: links to ``base_path`` + servekit.yaml."""
+
+    def __init__(self, config_file: str):
+        self.config_file = config_file
+        self.root = Path(tempfile.mkdtemp(prefix="servekit-tfserving-"))
+        self.models = {m.name: m for m in read_model_config_file(config_file)}
+        self._stop = threading.Event()
+        self.sync()
+
+    @property
+    def paths(self) -> list[str]:
+        return [str(self.root / name) for name in sorted(self.models)]
+
+    def sync(self) -> None:
+        for model in self.models.values():
+            _sync_folder(self.root / model.name, model)
+
+    def reload(self) -> None:
+        """Re-read the config file: policies and labels apply; a changed model set is logged."""
+        try:
+            fresh = {m.name: m for m in read_model_config_file(self.config_file)}
+        except FlagError as exc:
+            log.error("%s; keeping the previous configuration", exc)
+            return
+        if sorted(fresh) != sorted(self.models):
+            log.warning(
+                "--model_config_file now names models %s; adding or removing models needs a restart, serving %s",
+                sorted(fresh),
+                sorted(self.models),
+            )
+        self.models.update({n: m for n, m in fresh.items() if n in self.models})
+
+    def watch(self, poll_seconds: float, reload_seconds: float) -> None:
+        """Keep the folders in step in a daemon thread (in gunicorn's master)."""
+        interval = min(s for s in (poll_seconds, reload_seconds, 60.0) if s > 0)
+        thread = threading.Thread(
+            target=self._run, args=(interval, reload_seconds), name="servekit-tfserving-config", daemon=True
+        )
+        thread.start()
+
+    def _run(self, interval: float, reload_seconds: float) -> None:
+        waited = 0.0
+        while not self._stop.wait(interval):
+            waited += interval
+            if reload_seconds > 0 and waited >= reload_seconds:
+                waited = 0.0
+                self.reload()
+            try:
+                self.sync()
+            except OSError as exc:  # a base_path may vanish for a while; keep watching
+                log.warning("cannot mirror a model folder: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _sync_folder(folder: Path, model: ServedModel) -> None:
+    folder.mkdir(exist_ok=True)
+    base = model.base_path.resolve()
+    wanted = {e.name: e for e in base.iterdir() if e.name != _CONFIG} if base.is_dir() else {}
+    for entry in folder.iterdir():
+        if entry.name != _CONFIG and entry.name not in wanted:
+            entry.unlink()
+    for name, target in wanted.items():
+        link = folder / name
+        if not link.is_symlink():
+            link.symlink_to(target, target_is_directory=target.is_dir())
+    text = yaml.safe_dump(_merged_config(base, model), sort_keys=True)
+    config = folder / _CONFIG
+    if not config.is_file() or config.read_text() != text:
+        tmp = folder / (_CONFIG + ".tmp")  # written whole, then renamed: a poll never reads half
+        tmp.write_text(text)
+        tmp.replace(config)
+
+
+def _merged_config(base: Path, model: ServedModel) -> dict[str, Any]:
+    own = base / _CONFIG
+    merged = (yaml.safe_load(own.read_text()) or {}) if own.is_file() else {}
+    if model.version_policy is not None:
+        merged["version_policy"] = model.version_policy
+    if model.labels:
+        merged["labels"] = dict(model.labels)
+    return merged
