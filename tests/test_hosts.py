@@ -179,6 +179,28 @@ def test_strings_and_large_tensors_cross_both_ways(hosted):
     np.testing.assert_array_equal(hosted.application.extensions["servekit"].predict(mv, big), big * 2)
 
 
+def test_concurrent_callers_each_get_their_own_answer(hosted):
+    """Answers are copied out of a pooled connection's slab before another thread can reuse it."""
+    dp = hosted.application.extensions["servekit"]
+    mv = dp.resolve("echo")
+    wrong: list[str] = []
+
+    def caller(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(40):
+            x = rng.random((int(rng.choice([1, 7, 200_000])), 3), dtype=np.float32)
+            got = dp.predict(mv, x)
+            if not np.array_equal(got, x * 2):
+                wrong.append(f"caller {seed}: {got.shape} for {x.shape}")
+
+    threads = [threading.Thread(target=caller, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not wrong, wrong[:5]
+
+
 def test_model_errors_and_missing_hooks_keep_their_status(hosted):
     r = infer(hosted, "echo", [[1.0]], parameters={"fail": True})
     assert r.status_code == 500

@@ -238,8 +238,11 @@ class HostClient:
             ) from None
         if reply.get("stream"):
             return self._stream(replica, conn)
-        replica.give(conn)
-        return self._result(reply, conn)
+        try:
+            # copied out of the connection's answer slab before another thread may reuse it
+            return self._result(reply, conn)
+        finally:
+            replica.give(conn)
 
     def _pick(self) -> Replica:
         if len(self.replicas) == 1:
