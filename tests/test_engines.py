@@ -146,7 +146,13 @@ def test_granian_sigterm_turns_readiness_503_first_and_loses_no_request(tmp_path
         t.start()
     time.sleep(0.5)
     server.proc.send_signal(signal.SIGTERM)
-    ready = requests.get(server.url + "/v2/health/ready", timeout=10)  # within the shutdown delay
+    # within the 1.5 s shutdown delay, readiness turns 503 (each worker is told by a signal)
+    ready = requests.get(server.url + "/v2/health/ready", timeout=10)
+    for _ in range(10):
+        if ready.status_code == 503:
+            break
+        time.sleep(0.05)
+        ready = requests.get(server.url + "/v2/health/ready", timeout=10)
     stop.set()
     for t in threads:
         t.join(30)
