@@ -159,7 +159,7 @@ class Replica:
             self._spawn()
 
     def _forget(self, pid: int) -> None:
-        from ..observability import metrics
+        from ..observability import host_metrics, metrics
 
         log.warning(
             "model host for %s version %s (pid %d) is gone; starting a new one",
@@ -169,7 +169,7 @@ class Replica:
         )
         channel.sweep(runtime.shm_prefix(pid))
         metrics.mark_process_dead(pid)
-        metrics.host_restarted(self.client.name, str(self.client.version), str(self.index))
+        host_metrics.host_restarted(self.client.name, str(self.client.version), str(self.index))
         with contextlib.suppress(OSError):
             os.unlink(self.socket_path)
 

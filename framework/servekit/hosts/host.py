@@ -56,7 +56,7 @@ class Host:
         from .. import plugins
         from ..config import read_model_config
         from ..dataplane import DataPlane
-        from ..observability import metrics
+        from ..observability import host_metrics, metrics
         from ..repository import ModelRepository
         from ..types import BatchingConfig
 
@@ -77,7 +77,7 @@ class Host:
         if not self.mv.ready:
             raise RuntimeError(self.mv.error or "the model did not load")
         self.dataplane = DataPlane(repo)
-        self.gauges = metrics.host_metrics(spec["name"], str(spec["version"]), str(spec["replica"]))
+        self.gauges = host_metrics.host_metrics(spec["name"], str(spec["version"]), str(spec["replica"]))
 
     def serve(self, sock_path: str) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

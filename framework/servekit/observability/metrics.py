@@ -22,8 +22,7 @@ What is measured:
 - ``servekit_request_log_dropped_total``: request logs dropped by a full queue;
 - ``servekit_host_queue_depth``, ``servekit_host_batch_size`` and
   ``servekit_host_restarts_total{model,version,replica}`` for model hosts
-  (docs/model-processes.md): the host process writes its own values into the
-  multiprocess folder it inherits; the worker that restarts a host counts it.
+  (:mod:`.host_metrics`, docs/model-processes.md).
 
 ``model`` is the served model a request addressed, or ``""`` when it names none
 that is served: a fuzzer's random names must not grow the label set.
@@ -276,49 +275,6 @@ def _add_to_histogram(child: Any, total: float, slots: list[int]) -> None:
 #: How often a worker's tally reaches the shared values.
 FLUSH_SECONDS = 0.5
 _tally = _Tally()
-
-
-# -- model hosts (servekit.hosts) -----------------------------------------------------------
-
-
-class HostMetrics:
-    """One model host's series: requests inside it, rows per call, and restarts (counted by workers)."""
-
-    def __init__(self, families: tuple[Any, Any, Any], model: str, version: str, replica: str) -> None:
-        queue, batch, restarts = families
-        self.queue = queue.labels(model, version, replica)
-        self.batch = batch.labels(model, version, replica)
-        self.restarts = restarts.labels(model, version, replica)
-
-
-_host_families: tuple[Any, Any, Any] | None = None
-
-
-def host_metrics(model: str, version: str, replica: str) -> HostMetrics:
-    """The series of one host (a replica of a model version), families made on first use."""
-    global _host_families
-    with _lock:
-        if _host_families is None:
-            from prometheus_client import Counter, Gauge, Histogram
-
-            labels = ("model", "version", "replica")
-            _host_families = (
-                Gauge(
-                    "servekit_host_queue_depth",
-                    "requests a model host holds: waiting for a batch or running",
-                    labels,
-                    multiprocess_mode="livesum",
-                ),
-                Histogram(
-                    "servekit_host_batch_size", "rows per predict call in a model host", labels, buckets=BATCH_BUCKETS
-                ),
-                Counter("servekit_host_restarts", "model hosts started again after they died", labels),
-            )
-    return HostMetrics(_host_families, model, version, replica)
-
-
-def host_restarted(model: str, version: str, replica: str) -> None:
-    host_metrics(model, version, replica).restarts.inc()
 
 
 # -- scraping ------------------------------------------------------------------------------
