@@ -337,9 +337,14 @@ def test_predict_over_the_grpc_socket_path(single_model):
 def test_rest_and_prometheus_metrics(single_model):
     base = f"http://localhost:{single_model.rest_port}"
     assert rest(f"{base}/v1/models/default:predict", {"instances": [[1.0], [2.0]]}) == {"predictions": [[2.5], [3.0]]}
-    with urllib.request.urlopen(f"{base}/monitoring/prometheus/metrics", timeout=10) as response:
-        text = response.read().decode()
-    assert 'servekit_inference_rows_total{model="default",version="123"}' in text
+    wanted = 'servekit_inference_rows_total{model="default",version="123"}'
+    for _ in range(50):  # another worker may answer the scrape: each flushes its counts every half second
+        with urllib.request.urlopen(f"{base}/monitoring/prometheus/metrics", timeout=10) as response:
+            text = response.read().decode()
+        if wanted in text:
+            break
+        time.sleep(0.1)
+    assert wanted in text
 
 
 @pytest.fixture(scope="module")

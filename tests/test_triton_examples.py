@@ -116,7 +116,10 @@ def test_http_statistics_document(server):
     inputs[0].set_data_from_numpy(INPUT0)
     inputs[1].set_data_from_numpy(INPUT1)
     client.infer("simple", inputs)
-    entry = client.get_inference_statistics("simple", "1")["model_stats"][0]
+    entry = settled(
+        lambda: client.get_inference_statistics("simple", "1")["model_stats"][0],
+        lambda got: int(got["inference_stats"].get("success", {}).get("count", 0)) >= 1,
+    )
     assert (entry["name"], entry["version"]) == ("simple", "1")
     phases = entry["inference_stats"]
     for phase in ("success", "compute_infer"):
