@@ -60,6 +60,7 @@ def run(settings: Settings) -> None:
             log_level=settings.log_level if settings.log_level != "critical" else "error",
         )
         server.servekit_settings = settings
+        logging.getLogger("_granian").addFilter(_threads_notice)
         preloaded = _preload(settings)
         server.serve(
             spawn_target=_spawn_target(),
@@ -68,6 +69,15 @@ def run(settings: Settings) -> None:
         )
     finally:
         cleanup()
+
+
+def _threads_notice(record: logging.LogRecord) -> bool:
+    """Drop granian's start-up warning that the WSGI thread pool is large for the cores.
+
+    servekit sizes ``--threads`` (16) so that long SSE streams leave threads for
+    ordinary calls, and sets granian's backpressure to the same number.
+    """
+    return "Python threads" not in record.getMessage()
 
 
 def _preload(settings: Settings) -> Any:
