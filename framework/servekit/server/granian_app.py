@@ -53,6 +53,7 @@ def run(settings: Settings) -> None:
             address=settings.host,
             port=settings.http_port,
             interface=Interfaces.WSGI,
+            websockets=False,  # WSGI has none
             workers=worker_count(settings),
             blocking_threads=settings.threads,
             backpressure=settings.threads,
