@@ -189,3 +189,38 @@ def test_protocol_suites_pass(env):
         timeout=1500,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_granian_replaces_a_worker_that_dies(tmp_path):
+    from conftest import fit_iris
+
+    fit_iris(tmp_path / "iris", named=False)
+    with ServerProcess(tmp_path, server="granian", workers=2) as server:
+        workers = children(server.proc.pid)
+        assert len(workers) == 2
+        os.kill(min(workers), signal.SIGKILL)
+        for _ in range(100):  # bounded wait for granian to start a replacement
+            now = children(server.proc.pid)
+            if len(now) == 2 and min(workers) not in now:
+                break
+            time.sleep(0.1)
+        assert len(now) == 2 and min(workers) not in now
+        for _ in range(10):
+            r = requests.post(server.url + "/v1/models/iris:predict", json={"instances": [IRIS_ROW]}, timeout=30)
+            assert r.status_code == 200
+        assert server.proc.poll() is None
+
+
+def children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.add(int(entry.name))
+    return found

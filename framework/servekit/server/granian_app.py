@@ -54,6 +54,7 @@ def run(settings: Settings) -> None:
             port=settings.http_port,
             interface=Interfaces.WSGI,
             websockets=False,  # WSGI has none
+            respawn_failed_workers=True,  # a worker that dies is replaced, as gunicorn does
             workers=worker_count(settings),
             blocking_threads=settings.threads,
             backpressure=settings.threads,
