@@ -131,6 +131,11 @@ def served_models(names: list[str], limit: int = 20) -> str:
 # -- the one renderer -----------------------------------------------------------------------
 
 
+def openai_error(exc: ServekitError) -> dict[str, Any]:
+    """OpenAI's error object for ``exc``."""
+    return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.status}}
+
+
 def render(exc: ServekitError, path: str) -> dict[str, Any]:
     """The error body for ``exc`` in the shape of the route ``path`` belongs to.
 
@@ -139,7 +144,7 @@ def render(exc: ServekitError, path: str) -> dict[str, Any]:
     Every HTTP layer (Flask's handlers, the fast lane, the limits) renders through here.
     """
     if is_openai_path(path):
-        return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.status}}
+        return openai_error(exc)
     v2_message = getattr(exc, "v2_message", None)
     if v2_message is not None and path.startswith("/v2/"):
         return {"error": v2_message}

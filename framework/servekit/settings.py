@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from .routes import OPEN_PATHS
+
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -92,7 +94,7 @@ class Settings:
     )
     # -- production hardening (docs/operations.md) --
     open_paths: list[str] = field(
-        default_factory=lambda: ["/v2/health/", "/metrics", "/"],
+        default_factory=lambda: list(OPEN_PATHS),
         metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True},
     )
     max_inflight: int = _opt(0, "requests one worker runs at once; 0 means its thread count")

@@ -9,18 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Container
 
-OPENAI_PATHS = frozenset(
-    {
-        "/v1/completions",
-        "/v1/chat/completions",
-        "/v1/embeddings",
-        "/v1/models",
-        "/completions",
-        "/chat/completions",
-        "/embeddings",
-        "/models",
-    }
-)
+from ..routes import OPENAI_ROUTES
+
+#: The OpenAI routes under ``/v1`` and bare (``/openai/...`` is told by its prefix).
+OPENAI_PATHS = frozenset(prefix + route for prefix in ("/v1", "") for route in OPENAI_ROUTES)
 
 #: Protocols whose POST requests are inference requests (logged with their predictions).
 INFERENCE = frozenset({"v1", "v2", "openai", "generic"})

@@ -26,9 +26,10 @@ from werkzeug.exceptions import HTTPException
 
 from .. import generation as gen
 from ..codecs import tf_json
-from ..errors import BadRequest, ModelFailure, ServekitError
+from ..errors import BadRequest, ModelFailure, ServekitError, openai_error
 from ..observability.request_log import REQUEST_LOG_HEADER, predictions
 from ..repository import ModelVersion
+from ..routes import OPENAI_PREFIXES
 from ..streams import close
 from . import openai_requests as req
 from .http import dataplane, json_object, json_response
@@ -39,7 +40,7 @@ log = logging.getLogger("servekit.openai")
 
 bp = Blueprint("openai", __name__)
 
-PREFIXES = ("/v1", "/openai/v1", "")
+PREFIXES = OPENAI_PREFIXES
 DONE = b"data: [DONE]\n\n"
 
 
@@ -58,17 +59,10 @@ def route(rule: str, methods: list[str]) -> Callable:
 
 # -- errors -----------------------------------------------------------------------------
 
-_ROUTES = ("/completions", "/chat/completions", "/embeddings", "/models")
-
-
-def is_openai_path(path: str) -> bool:
-    """Whether ``path`` is one of this blueprint's routes (whose errors take OpenAI's shape)."""
-    return any(path.startswith(prefix) and path[len(prefix) :] in _ROUTES for prefix in PREFIXES)
-
 
 def error_body(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ServekitError):
-        return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.status}}
+        return openai_error(exc)
     if isinstance(exc, HTTPException):
         status = exc.code or 500
         kind = "invalid_request_error" if status < 500 else "server_error"
