@@ -18,7 +18,7 @@ Recording is on every request's path, and a Prometheus counter in multiprocess
 mode costs a label lookup and a file write per increment (about 18 per
 request).  So a request only adds its numbers to a plain in-process tally; the
 tally is flushed into the counters by a background thread every
-:data:`FLUSH_SECONDS` and by the process itself before it reads a snapshot.  A
+:data:`servekit.tally.FLUSH_SECONDS` and by the process itself before it reads a snapshot.  A
 stats call that another worker answers may therefore miss the last fraction of
 a second of this worker's requests; the same worker's never.
 
@@ -47,14 +47,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .tally import Tally
+
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: The per-request durations Triton reports, in its order.
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 #: The per-execution durations of ``batch_stats``.
 BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
 _PREFIX = "servekit_inference_"
-#: How often a worker's tally reaches the shared counters.
-FLUSH_SECONDS = 0.5
 
 
 class _Counters:
@@ -151,22 +151,14 @@ def _record_execution(name: str, version: str, rows: int, ns: int) -> None:
     _tally.add([("executions", (name, version), 1), ("batch_count", size, 1), ("batch_ns", size, ns)])
 
 
-class _Tally:
+class _Tally(Tally):
     """Sums recorded in this process since the last flush into the shared counters."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    thread_name = "servekit-statistics"
+
+    def reset(self) -> None:
         self._sums: dict[tuple[str, tuple[str, ...]], int] = {}
         self._last: dict[tuple[str, str], int] = {}
-        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
-        self._flushing = False  # a flusher thread runs in this process
-        os.register_at_fork(after_in_child=self._forked)
-
-    def _forked(self) -> None:
-        """A child starts empty: its parent's sums, children and thread are the parent's."""
-        self._lock = threading.Lock()
-        self._sums, self._last, self._children = {}, {}, {}
-        self._flushing = False
 
     def add(self, adds: list[tuple[str, tuple[str, ...], int]], last: tuple[Any, int] | None = None) -> None:
         with self._lock:
@@ -176,8 +168,7 @@ class _Tally:
                 sums[key] = sums.get(key, 0) + amount
             if last is not None:
                 self._last[last[0]] = last[1]
-        if not self._flushing:  # the first record in this process (a worker, after the fork)
-            self._start()
+        self.started()
 
     def flush(self) -> None:
         with self._lock:
@@ -185,28 +176,9 @@ class _Tally:
             last, self._last = self._last, {}
         c = counters()
         for (metric, labels), amount in sums.items():
-            self._child(getattr(c, metric), metric, labels).inc(amount)
+            self.child(getattr(c, metric), metric, labels).inc(amount)
         for labels, when in last.items():
-            self._child(c.last, "last", labels).set(when)
-
-    def _child(self, family: Any, metric: str, labels: tuple[str, ...]) -> Any:
-        key = (metric, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = family.labels(*labels)
-        return child
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._flushing:
-                return
-            self._flushing = True
-        threading.Thread(target=self._run, name="servekit-statistics", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(FLUSH_SECONDS)
-            self.flush()
+            self.child(c.last, "last", labels).set(when)
 
 
 _tally = _Tally()

@@ -35,13 +35,14 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from flask import Blueprint, Response, current_app
 
 import servekit
+
+from ..tally import Tally
 
 
 class Served(Protocol):
@@ -161,33 +162,21 @@ def flush() -> None:
     _tally.flush()
 
 
-class _Tally:
+class _Tally(Tally):
     """What this process observed since the last flush, summed in plain Python.
 
-    In multiprocess mode every increment of a Prometheus value checks the pid and
-    writes a memory-mapped file, about six times per request plus the label
-    lookups: a tenth of a small request's time.  Requests add to these sums
-    instead; a background thread flushes them every :data:`FLUSH_SECONDS` and a
-    scrape flushes its own process first, so another worker's last fraction of a
-    second may be missing from a scrape, never a count.
+    About six Prometheus increments and label lookups per request were a tenth of
+    a small request's time; a scrape flushes its own process first, so another
+    worker's last fraction of a second may be missing from a scrape, never a count.
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    thread_name = "servekit-metrics"
+
+    def reset(self) -> None:
         self._requests: dict[tuple[str, str, str], list[Any]] = {}  # labels -> [count, sum, bucket counts]
         self._batches: dict[str, list[Any]] = {}  # model -> [sum, bucket counts]
         self._in_flight = 0
         self._published_in_flight = 0
-        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
-        self._flushing = False  # a flusher thread runs in this process
-        os.register_at_fork(after_in_child=self._forked)
-
-    def _forked(self) -> None:
-        """A child starts empty: its parent's sums, children and thread are the parent's."""
-        self._lock = threading.Lock()
-        self._requests, self._batches, self._children = {}, {}, {}
-        self._in_flight = self._published_in_flight = 0
-        self._flushing = False
 
     def request(self, labels: tuple[str, str, str], seconds: float) -> None:
         slot = bisect.bisect_left(LATENCY_BUCKETS, seconds)
@@ -198,7 +187,7 @@ class _Tally:
             entry[0] += 1
             entry[1] += seconds
             entry[2][slot] += 1
-        self._started()
+        self.started()
 
     def batch(self, model: str, rows: int) -> None:
         slot = bisect.bisect_left(BATCH_BUCKETS, rows)
@@ -208,12 +197,12 @@ class _Tally:
                 entry = self._batches[model] = [0, [0] * (len(BATCH_BUCKETS) + 1)]
             entry[0] += rows
             entry[1][slot] += 1
-        self._started()
+        self.started()
 
     def moved_in_flight(self, delta: int) -> None:
         with self._lock:
             self._in_flight += delta
-        self._started()
+        self.started()
 
     def flush(self) -> None:
         with self._lock:
@@ -222,34 +211,13 @@ class _Tally:
             in_flight = self._in_flight
         m = metrics()
         for labels, (count, total, slots) in requests.items():
-            self._child(m.requests, "requests", labels).inc(count)
-            _add_to_histogram(self._child(m.latency, "latency", labels), total, slots)
+            self.child(m.requests, "requests", labels).inc(count)
+            _add_to_histogram(self.child(m.latency, "latency", labels), total, slots)
         for model, (total, slots) in batches.items():
-            _add_to_histogram(self._child(m.batch_size, "batch", (model,)), total, slots)
+            _add_to_histogram(self.child(m.batch_size, "batch", (model,)), total, slots)
         if in_flight != self._published_in_flight:
             m.in_flight.inc(in_flight - self._published_in_flight)
             self._published_in_flight = in_flight
-
-    def _child(self, family: Any, metric: str, labels: tuple[str, ...]) -> Any:
-        key = (metric, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = family.labels(*labels)
-        return child
-
-    def _started(self) -> None:
-        if self._flushing:
-            return
-        with self._lock:  # the first observation in this process (a worker, after the fork)
-            if self._flushing:
-                return
-            self._flushing = True
-        threading.Thread(target=self._run, name="servekit-metrics", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(FLUSH_SECONDS)
-            self.flush()
 
 
 def _add_to_histogram(child: Any, total: float, slots: list[int]) -> None:
@@ -272,8 +240,6 @@ def _add_to_histogram(child: Any, total: float, slots: list[int]) -> None:
             child.observe(bound)
 
 
-#: How often a worker's tally reaches the shared values.
-FLUSH_SECONDS = 0.5
 _tally = _Tally()
 
 
