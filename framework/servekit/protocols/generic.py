@@ -44,7 +44,7 @@ def predict_answer(dp: DataPlane, raw: bytes, stream_query: str | None) -> Answe
     body = parse_json_object(raw)
     mv = _only_model(dp)
     outputs = dp.predict(mv, _decode(body), parameters=parameters_of(body))
-    return answer_of(outputs, True, stream_requested(body, stream_query, from_request=False))
+    return answer_of(outputs, True, stream_requested(body, stream_query))
 
 
 @bp.post("/explain")

@@ -66,14 +66,11 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return doc
 
 
-def stream_requested(body: dict[str, Any], query: str | None = None, *, from_request: bool = True) -> bool:
+def stream_requested(body: dict[str, Any], query: str | None) -> bool:
     """``?stream=true`` wins over a body ``"stream": true``: the query parameter takes precedence.
 
-    ``query`` is the ``stream`` query parameter; under Flask it is read from the request
-    unless ``from_request`` is false (the fast lane passes what it parsed).
+    ``query`` is the ``stream`` query parameter's first value (``None`` when absent).
     """
-    if from_request:
-        query = request.args.get("stream")
     if query is not None:
         return query.lower() in ("1", "true", "yes")
     value = body.get("stream", False)

@@ -114,7 +114,7 @@ def infer_answer(dp: DataPlane, target: str, raw: bytes, stream_query: str | Non
         explanations = dp.explain(mv, inputs, parameters=parameters, signature_name=signature)
         return json_answer(tf_json.encode_explain_response(explanations, row_format))
     outputs = dp.predict(mv, inputs, parameters=parameters, signature_name=signature)
-    return predict_answer(outputs, row_format, stream_requested(body, stream_query, from_request=False))
+    return predict_answer(outputs, row_format, stream_requested(body, stream_query))
 
 
 def signature_name(body: dict[str, Any]) -> str | None:
