@@ -96,10 +96,10 @@ class FastLane:
     # -- which requests take the lane ----------------------------------------------------
 
     def _enabled(self) -> bool:
-        if self.dp.repository.pm.hook.log_request.get_hookimpls():
-            return False
-        if self._usable is None:
+        if self._usable is None:  # plugins registered their hooks and routes before the first request
             foreign = foreign_request_hooks(self.app)
+            if self.dp.repository.pm.hook.log_request.get_hookimpls():
+                foreign.append("log_request")
             self._usable = not foreign
             if foreign:
                 log.info("fast lane off: the app has request hooks it cannot run (%s)", ", ".join(foreign))
