@@ -208,6 +208,38 @@ class Batcher:
         self._execute(batch.members)
         return member.answer()
 
+    def run_together(self, requests: list[tuple[Tensors, Runner, Hashable | None]]) -> list[_Member]:
+        """Run requests that arrived together, now and in this thread (a model host's loop).
+
+        Each entry is ``(inputs, run, options)`` as for :meth:`submit` (``options``
+        ``None``: never batched).  Requests that may share a call do, in batches of
+        at most ``max_batch_size`` rows, in arrival order; a failing batch is
+        retried member by member.  Returns each request's member, in order, with
+        its ``result`` or ``error`` set.
+        """
+        members = []
+        batches: list[list[_Member]] = []
+        open_: dict[Hashable, tuple[list[_Member], int]] = {}
+        for inputs, run, options in requests:
+            keyed = batch_key(inputs) if self.enabled and options is not None else None
+            member = _Member(inputs, keyed[1] if keyed else 0, run)
+            members.append(member)
+            if keyed is None or keyed[1] >= self.max_batch_size:
+                batches.append([member])
+                continue
+            key = (options, keyed[0])
+            batch, rows = open_.get(key, (None, 0))
+            if batch is None or rows + member.rows > self.max_batch_size:
+                batch, rows = [], 0
+                batches.append(batch)
+            batch.append(member)
+            open_[key] = (batch, rows + member.rows)
+        for batch in batches:
+            with self._cond:
+                self._running += 1
+            self._execute(batch)
+        return members
+
     def queued_rows(self) -> int:
         """Rows waiting in batches that have not closed yet (for tests and debugging)."""
         with self._cond:

@@ -92,6 +92,61 @@ class DataPlane:
                 "predict", inputs, parameters=parameters, signature_name=signature_name, output_names=output_names
             )
         stat = statistics.current()
+        inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
+        batcher = batching.batcher_for(mv)
+        options = batching.options_key(parameters, signature_name, output_names) if batcher else None
+        outputs = run(inputs) if batcher is None or options is None else batcher.submit(inputs, run, options)
+        return self._outputs(mv, stat, outputs, parameters)
+
+    def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
+        """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).
+
+        ``calls`` holds each request's inputs and keyword arguments (those of
+        :meth:`predict`); they share calls as the batcher's rules allow
+        (:meth:`Batcher.run_together`).  Returns ``(result, None)`` or
+        ``(None, exception)`` per request, in order; each is counted in the
+        statistics like a :meth:`predict`.
+        """
+        batcher = batching.batcher_for(mv)
+        if batcher is None:
+            raise RuntimeError(f"model {mv.name!r} does not batch")
+        outcomes: list[tuple[Any, Any]] = [(None, None)] * len(calls)
+        prepared = []
+        for i, (raw, kwargs) in enumerate(calls):
+            stat = statistics.Request(mv.name, str(mv.version))
+            parameters = kwargs.get("parameters") or {}
+            signature_name, output_names = kwargs.get("signature_name"), kwargs.get("output_names")
+            try:
+                inputs, run = self._prepared(mv, stat, single_tensor(mv, raw), parameters, signature_name, output_names)
+            except BaseException as exc:
+                stat.finish(False, 0)
+                outcomes[i] = (None, exc)
+                continue
+            options = batching.options_key(parameters, signature_name, output_names)
+            prepared.append((i, stat, raw, parameters, (inputs, run, options)))
+        members = batcher.run_together([entry[-1] for entry in prepared])
+        for (i, stat, raw, parameters, _), member in zip(prepared, members):
+            try:
+                if member.error is not None:
+                    raise member.error
+                outcomes[i] = (self._outputs(mv, stat, member.result, parameters), None)
+            except BaseException as exc:
+                stat.finish(False, 0)
+                outcomes[i] = (None, exc)
+                continue
+            stat.finish(True, statistics.rows_of(raw))
+        return outcomes
+
+    def _prepared(
+        self,
+        mv: ModelVersion,
+        stat: statistics.Request,
+        inputs: Tensors,
+        parameters: dict[str, Any],
+        signature_name: str | None,
+        output_names: list[str] | None,
+    ) -> tuple[Tensors, batching.Runner]:
+        """A request's preprocessed inputs and the call of the ``predict`` hook that serves it (or its batch)."""
         inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
 
         def run(batch: Tensors) -> Any:
@@ -107,10 +162,10 @@ class DataPlane:
                 ),
             )
 
-        batcher = batching.batcher_for(mv)
-        options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         stat.submitted()
-        outputs = run(inputs) if batcher is None or options is None else batcher.submit(inputs, run, options)
+        return inputs, run
+
+    def _outputs(self, mv: ModelVersion, stat: statistics.Request, outputs: Any, parameters: dict[str, Any]) -> Any:
         if is_stream(outputs):
             return _guarded(mv, outputs)
         return stat.time("compute_output", self._postprocess, mv, outputs, parameters)

@@ -202,6 +202,8 @@ def recorded(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def wrapper(self: Any, mv: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(mv, "host", None) is not None:  # its model host records it (servekit.hosts): count once
+            return method(self, mv, inputs, *args, **kwargs)
         req = Request(mv.name, str(mv.version))
         token = _current.set(req)
         try:

@@ -179,23 +179,66 @@ def unpack(value: Any, slab: Slab, *, copy: bool) -> Any:
 # Framing on the socket
 # ---------------------------------------------------------------------------
 
+#: One ``recv`` reads up to this much: a whole header, almost always.
+RECV_SIZE = 64 * 1024
+
+
+def encode(header: dict[str, Any]) -> bytes:
+    body = pickle.dumps(header, protocol=5)
+    return _HEADER.pack(len(body)) + body
+
 
 def send(sock: socket.socket, header: dict[str, Any]) -> None:
-    body = pickle.dumps(header, protocol=5)
-    sock.sendall(_HEADER.pack(len(body)) + body)
+    sock.sendall(encode(header))
+
+
+class Framer:
+    """Whole messages out of one socket's byte stream: one ``recv`` per message, not two.
+
+    :meth:`read` blocks for the next message; :meth:`ready` (the host's loop,
+    on a socket ``epoll`` found readable) returns what has arrived without
+    waiting.  Several messages in one read (a stream's items) are kept in order.
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = bytearray()
+
+    def read(self) -> dict[str, Any]:
+        while True:
+            message = self._next()
+            if message is not None:
+                return message
+            self._fill(self.sock.recv(RECV_SIZE))
+
+    def ready(self) -> list[dict[str, Any]]:
+        try:
+            self._fill(self.sock.recv(RECV_SIZE, socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            pass
+        messages = []
+        while (message := self._next()) is not None:
+            messages.append(message)
+        return messages
+
+    def _fill(self, chunk: bytes) -> None:
+        if not chunk:
+            raise PeerGone("the other side closed the connection")
+        self.buf += chunk
+
+    def _next(self) -> dict[str, Any] | None:
+        buf = self.buf
+        if len(buf) < _HEADER.size:
+            return None
+        (length,) = _HEADER.unpack_from(buf)
+        end = _HEADER.size + length
+        if len(buf) < end:
+            return None
+        body = bytes(buf[_HEADER.size : end])
+        del buf[:end]
+        return pickle.loads(body)
 
 
 def recv(sock: socket.socket) -> dict[str, Any]:
-    (length,) = _HEADER.unpack(_exactly(sock, _HEADER.size))
-    return pickle.loads(_exactly(sock, length))
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(n)
-        if not chunk:
-            raise PeerGone("the other side closed the connection")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    """One message from a socket no :class:`Framer` reads (a one-off exchange)."""
+    return Framer(sock).read()

@@ -44,9 +44,11 @@ clients: weakref.WeakSet[HostClient] = weakref.WeakSet()
 class Connection:
     """One socket to a host and this side's two slabs."""
 
-    def __init__(self, path: str, host_pid: int):
+    def __init__(self, path: str, host_pid: int, timeout: float | None = None):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
+        self.sock.settimeout(timeout)  # once: a timeout costs a poll() before every recv
+        self.framer = channel.Framer(self.sock)
         self.prefix = f"{runtime.shm_prefix(host_pid)}w{os.getpid()}-"
         self.slab_in = channel.Slab.create(self.prefix, channel.SLAB_MIN)
         self.slab_out = channel.Slab.create(self.prefix, channel.SLAB_MIN)
@@ -54,19 +56,10 @@ class Connection:
             channel.send(
                 self.sock, {"op": "hello", "pid": os.getpid(), "in": self.slab_in.name, "out": self.slab_out.name}
             )
-            self.hello = channel.recv(self.sock)
+            self.hello = self.framer.read()
         except BaseException:
             self.close()  # removes the names the host did not get to map
             raise
-
-    def alive(self) -> bool:
-        """An idle pooled connection whose host has since died reads as closed."""
-        try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
 
     def request(self, header: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> None:
         size = channel.needed(args + list(kwargs.values()))
@@ -80,9 +73,8 @@ class Connection:
         header["kwargs"] = {k: packer.pack(v) for k, v in kwargs.items()}
         channel.send(self.sock, header)
 
-    def reply(self, timeout: float | None) -> dict[str, Any]:
-        self.sock.settimeout(timeout)
-        reply = channel.recv(self.sock)
+    def reply(self) -> dict[str, Any]:
+        reply = self.framer.read()
         if "out" in reply:  # the answer did not fit: the host made a bigger slab
             self.slab_out.close()
             self.slab_out = channel.Slab.attach(reply["out"])
@@ -116,14 +108,13 @@ class Replica:
             return 0
 
     def take(self) -> Connection:
-        while True:
-            with self.lock:
-                conn = self.idle.pop() if self.idle else None
-            if conn is None:
-                return self.connect()
-            if conn.alive():
-                return conn
-            conn.close()
+        """An idle connection, or a new one.  One whose host has died since is not noticed
+        here: sending on it fails at once (a Unix socket knows its peer is gone), and
+        :meth:`HostClient._send` retries on a fresh one."""
+        with self.lock:
+            if self.idle:
+                return self.idle.pop()
+        return self.connect()
 
     def give(self, conn: Connection) -> None:
         with self.lock:
@@ -137,11 +128,12 @@ class Replica:
 
     def connect(self) -> Connection:
         """A new connection, starting (or restarting) the host first when nobody answers."""
+        timeout = self.client.timeout
         try:
-            return Connection(self.socket_path, self.pid())
+            return Connection(self.socket_path, self.pid(), timeout)
         except (OSError, channel.PeerGone):
             self.ensure()
-            return Connection(self.socket_path, self.pid())
+            return Connection(self.socket_path, self.pid(), timeout)
 
     def ensure(self) -> None:
         """Under the folder's lock: if the host does not answer, start it (again)."""
@@ -223,7 +215,7 @@ class HostClient:
         replica = self._pick()
         conn = self._send(replica, {"op": op}, list(args), kwargs)
         try:
-            reply = conn.reply(self.timeout)
+            reply = conn.reply()
         except TimeoutError:
             conn.close()  # its answer may still come: this connection is spoiled
             raise errors.Timeout(
@@ -278,7 +270,7 @@ class HostClient:
         done = False
         try:
             while True:
-                message = conn.reply(self.timeout)
+                message = conn.reply()
                 if "item" in message:
                     yield message["item"]
                     continue
@@ -303,9 +295,9 @@ class HostClient:
         for replica in self.replicas:
             with contextlib.suppress(Exception):
                 # a connection of its own: never start a host only to say goodbye
-                conn = Connection(replica.socket_path, replica.pid())
+                conn = Connection(replica.socket_path, replica.pid(), 5.0)
                 channel.send(conn.sock, {"op": "detach"})
-                conn.reply(5.0)
+                conn.reply()
                 conn.close()
             replica.drop_idle()
 

@@ -6,7 +6,11 @@ version's ``servekit.yaml``), then serves every HTTP worker and gRPC server of
 the server through one :class:`~servekit.dataplane.DataPlane`, so the
 adaptive batcher sees the requests of all of them and the hooks run here.
 
-One thread per connection; a worker holds a connection for one call at a time.
+A worker holds a connection for one call at a time.  A version that batches
+is served by one event loop (:mod:`.loop`): it reads every connection's
+requests and runs those that wait together in shared calls, the way a Triton
+model instance takes its dynamic batches; any other version gets one thread
+per connection, so its calls run side by side as in a worker's threads.
 The host exits when the server's owner process is gone (``kill -9`` of the
 server), when the workers that use it have detached (the version was
 unloaded), or after SIGTERM once no worker is left (the HTTP side drains first).
@@ -87,7 +91,19 @@ class Host:
         listener.bind(tmp)
         listener.listen(1024)
         os.rename(tmp, sock_path)  # the socket appears only once it accepts
-        log.info("model host for %s serving (pid %d)", self.label, os.getpid())
+        from .. import batching
+
+        batcher = batching.batcher_for(self.mv)
+        log.info(
+            "model host for %s serving (pid %d, %s)",
+            self.label,
+            os.getpid(),
+            "batching loop" if batcher else "a thread per connection",
+        )
+        if batcher is not None:
+            from .loop import Loop
+
+            Loop(self, listener).run()
         while True:
             conn, _ = listener.accept()
             threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
@@ -98,20 +114,18 @@ class Host:
         pid = 0
         slabs: dict[str, channel.Slab] = {}
         try:
-            hello = channel.recv(conn)
+            framer = channel.Framer(conn)
+            hello = framer.read()
             if hello.get("op") != "hello":
                 return
-            pid = int(hello["pid"])
-            slabs = {"in": channel.Slab.attach(hello["in"]), "out": channel.Slab.attach(hello["out"])}
-            self._attach(pid)
-            channel.send(conn, {"ok": True, "pid": os.getpid(), "metadata": self.mv.metadata})
+            pid, slabs = self.greet(conn, hello)
             while True:
-                request = channel.recv(conn)
+                request = framer.read()
                 if request.get("op") == "detach":
-                    self._detach(pid)
+                    self.detach(pid)
                     channel.send(conn, {"ok": True})
                     continue
-                self._answer(conn, request, slabs)
+                self.answer(conn, request, slabs)
         except (channel.PeerGone, OSError, EOFError):
             pass
         finally:
@@ -119,18 +133,34 @@ class Host:
                 slab.close()
             conn.close()
 
-    def _answer(self, conn: socket.socket, request: dict[str, Any], slabs: dict[str, channel.Slab]) -> None:
+    def greet(self, conn: socket.socket, hello: dict[str, Any]) -> tuple[int, dict[str, channel.Slab]]:
+        """A worker's first message: map its slabs, count it attached, send the metadata."""
+        pid = int(hello["pid"])
+        slabs = {"in": channel.Slab.attach(hello["in"]), "out": channel.Slab.attach(hello["out"])}
+        self._attach(pid)
+        channel.send(conn, {"ok": True, "pid": os.getpid(), "metadata": self.mv.metadata})
+        return pid, slabs
+
+    @staticmethod
+    def take_slab(request: dict[str, Any], slabs: dict[str, channel.Slab]) -> None:
         if "in" in request:  # the worker needed a bigger request slab
             slabs["in"].close()
             slabs["in"] = channel.Slab.attach(request["in"])
-        self._busy(+1)
+
+    def answer(self, conn: socket.socket, request: dict[str, Any], slabs: dict[str, channel.Slab]) -> None:
+        self.take_slab(request, slabs)
+        self.busy(+1)
         try:
             result = self._run(request, slabs["in"])
         except BaseException as exc:  # every failure goes back to the worker's thread
-            channel.send(conn, {"error": _error_of(exc)})
+            channel.send(conn, {"error": error_of(exc)})
             return
         finally:
-            self._busy(-1)
+            self.busy(-1)
+        self.reply(conn, result, slabs)
+
+    def reply(self, conn: socket.socket, result: Any, slabs: dict[str, channel.Slab]) -> None:
+        """Send a result: its arrays into the answer slab, a stream item by item."""
         if hasattr(result, "__next__") and hasattr(result, "close"):
             self._stream(conn, result)
             return
@@ -147,8 +177,7 @@ class Host:
         from ..errors import BadRequest
 
         op = request["op"]
-        args = [channel.unpack(a, slab, copy=False) for a in request.get("args", ())]
-        kwargs = {k: channel.unpack(v, slab, copy=False) for k, v in request.get("kwargs", {}).items()}
+        args, kwargs = arguments(request, slab)
         if op not in ("predict", "explain", "call"):
             raise BadRequest(f"model host: unknown operation {op!r}")
         if op == "call":
@@ -166,7 +195,7 @@ class Host:
         except (channel.PeerGone, OSError):
             raise
         except BaseException as exc:
-            channel.send(conn, {"error": _error_of(exc)})
+            channel.send(conn, {"error": error_of(exc)})
         finally:
             items.close()
 
@@ -177,11 +206,11 @@ class Host:
             self.attached.add(pid)
             self.ever_attached = True
 
-    def _detach(self, pid: int) -> None:
+    def detach(self, pid: int) -> None:
         with self.lock:
             self.attached.discard(pid)
 
-    def _busy(self, delta: int) -> None:
+    def busy(self, delta: int) -> None:
         with self.lock:
             self.in_flight += delta
         if self.gauges is not None:
@@ -252,7 +281,14 @@ def _remove_if_last(folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _error_of(exc: BaseException) -> tuple[str, str]:
+def arguments(request: dict[str, Any], slab: channel.Slab) -> tuple[list[Any], dict[str, Any]]:
+    """A request's arguments; its arrays are views into the request slab, valid until the reply."""
+    args = [channel.unpack(a, slab, copy=False) for a in request.get("args", ())]
+    kwargs = {k: channel.unpack(v, slab, copy=False) for k, v in request.get("kwargs", {}).items()}
+    return args, kwargs
+
+
+def error_of(exc: BaseException) -> tuple[str, str]:
     from ..errors import ServekitError
 
     if isinstance(exc, ServekitError):
@@ -277,7 +313,7 @@ def main(argv: list[str]) -> int:
     try:
         host.load()
     except BaseException as exc:  # the worker that started us reads this and reports it
-        Path(f"{stem}.err").write_text(_error_of(exc)[1] if not isinstance(exc, RuntimeError) else str(exc))
+        Path(f"{stem}.err").write_text(error_of(exc)[1] if not isinstance(exc, RuntimeError) else str(exc))
         Path(f"{stem}.pid").unlink(missing_ok=True)
         return 3
     host.serve(f"{stem}.sock")

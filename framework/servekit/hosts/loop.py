@@ -1,0 +1,173 @@
+"""The event loop of a model host whose version batches: one thread, every connection, batches of what waits.
+
+A thread per connection costs the host a thread wake-up and a GIL hand-off per
+request, and the batcher's leader another; for a model whose ``predict`` takes
+tens of microseconds that is most of the host's time.  Here one thread waits on
+every worker connection at once (``epoll``), reads each request that has
+arrived, runs the ``predict`` requests among them together
+(:meth:`~servekit.dataplane.DataPlane.predict_together`: the batcher's rules,
+in this thread) and writes the answers.  Requests that arrive while a call runs
+wait in their sockets and make the next batch: adaptive batching with no timer
+and no batching thread, and a lone request never waits.
+
+Anything else (``explain``, the OpenAI hooks, a streaming answer) goes to a
+thread of its own, its connection out of the loop until the answer is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import selectors
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..streams import is_stream
+from . import channel
+from .host import arguments, error_of
+
+if TYPE_CHECKING:
+    from .host import Host
+
+
+class Peer:
+    """One worker connection: its socket, its framing and its two slabs."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.framer = channel.Framer(sock)
+        self.pid = 0
+        self.slabs: dict[str, channel.Slab] = {}
+        self.gone = False
+
+    def close(self) -> None:
+        for slab in self.slabs.values():
+            slab.close()
+        self.slabs = {}
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class Loop:
+    def __init__(self, host: Host, listener: socket.socket):
+        self.host = host
+        self.listener = listener
+        self.selector = selectors.DefaultSelector()
+        #: connections whose answer a thread of their own has sent, back to the loop
+        self.back: queue.SimpleQueue[Peer] = queue.SimpleQueue()
+        self.wake_in, self.wake_out = socket.socketpair()
+
+    def run(self) -> None:
+        self.listener.setblocking(False)
+        self.wake_in.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        self.selector.register(self.wake_in, selectors.EVENT_READ, self)
+        while True:
+            waiting: list[tuple[Peer, dict[str, Any]]] = []
+            for key, _ in self.selector.select():
+                if key.data is None:
+                    self._accept()
+                elif key.data is self:
+                    self._welcome_back()
+                else:
+                    self._read(key.data, waiting)
+            if waiting:
+                self._predict(waiting)
+
+    # -- connections ---------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            sock.setblocking(True)  # answers are sent whole; reads never wait (MSG_DONTWAIT)
+            self.selector.register(sock, selectors.EVENT_READ, Peer(sock))
+
+    def _read(self, peer: Peer, waiting: list[tuple[Peer, dict[str, Any]]]) -> None:
+        try:
+            for message in peer.framer.ready():
+                op = message.get("op")
+                if op == "predict":
+                    self.host.take_slab(message, peer.slabs)
+                    waiting.append((peer, message))
+                elif op == "hello":
+                    peer.pid, peer.slabs = self.host.greet(peer.sock, message)
+                elif op == "detach":
+                    self.host.detach(peer.pid)
+                    channel.send(peer.sock, {"ok": True})
+                else:
+                    self._apart(peer, lambda m=message: self.host.answer(peer.sock, m, peer.slabs))
+        except (channel.PeerGone, OSError, EOFError):
+            self._drop(peer)
+
+    def _drop(self, peer: Peer) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(peer.sock)
+        peer.close()
+
+    def _apart(self, peer: Peer, work: Callable[[], None]) -> None:
+        """Answer on a thread of its own (a slow or streaming answer must not hold the loop)."""
+        self.selector.unregister(peer.sock)
+        threading.Thread(target=self._answer_apart, args=(peer, work), daemon=True).start()
+
+    def _answer_apart(self, peer: Peer, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except (channel.PeerGone, OSError):
+            peer.gone = True
+        finally:
+            self.back.put(peer)
+            with contextlib.suppress(OSError):
+                self.wake_out.send(b"\0")
+
+    def _welcome_back(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            self.wake_in.recv(4096)
+        while True:
+            try:
+                peer = self.back.get_nowait()
+            except queue.Empty:
+                return
+            if peer.gone:
+                peer.close()
+            else:
+                self.selector.register(peer.sock, selectors.EVENT_READ, peer)
+
+    # -- the batch -------------------------------------------------------------------
+
+    def _predict(self, waiting: list[tuple[Peer, dict[str, Any]]]) -> None:
+        host = self.host
+        peers: list[Peer] = []
+        calls: list[tuple[Any, dict[str, Any]]] = []
+        for peer, message in waiting:
+            try:
+                args, kwargs = arguments(message, peer.slabs["in"])
+                calls.append((args[0], kwargs))
+                peers.append(peer)
+            except Exception as exc:
+                self._send(peer, {"error": error_of(exc)})
+        host.busy(len(calls))
+        try:
+            outcomes = host.dataplane.predict_together(host.mv, calls)
+        finally:
+            host.busy(-len(calls))
+        for peer, (result, error) in zip(peers, outcomes):
+            if error is not None:
+                self._send(peer, {"error": error_of(error)})
+            elif is_stream(result):
+                self._apart(peer, lambda p=peer, r=result: host.reply(p.sock, r, p.slabs))
+            else:
+                try:
+                    host.reply(peer.sock, result, peer.slabs)
+                except (channel.PeerGone, OSError):
+                    self._drop(peer)
+
+    def _send(self, peer: Peer, header: dict[str, Any]) -> None:
+        try:
+            channel.send(peer.sock, header)
+        except OSError:
+            self._drop(peer)
