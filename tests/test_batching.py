@@ -168,6 +168,40 @@ def test_a_poisoned_member_fails_alone(iris_model):
     assert batcher.stats.retried == 4
 
 
+def test_requests_that_arrived_together_run_in_this_thread_by_the_same_rules(iris_model):
+    """A model host's loop: what waits is batched now, up to max_batch_size, a broken batch retried."""
+    estimator, X = iris_model
+    calls: list[int] = []
+
+    def model(x: np.ndarray) -> np.ndarray:
+        calls.append(len(x))
+        return estimator.predict_proba(x)
+
+    batcher = Batcher(max_batch_size=4, max_batch_time_ms=60_000)
+    bad = X[5:6].copy()
+    bad[0, 2] = np.nan
+    wide = np.hstack([X[0:1], X[0:1]])
+    requests_ = [
+        (X[0:1], model, ()),
+        (X[1:4], model, ()),  # fills the first batch (4 rows)
+        (X[4:5], model, ()),
+        (X[9:10], model, ("other options",)),  # never shares a call with different options
+        (wide, model, ()),  # nor with another trailing shape
+        (bad, model, ()),  # breaks its batch: each member is retried alone
+        (X[50:55], model, ()),  # more than max_batch_size rows: alone
+        (X[7:8], model, None),  # options that cannot be compared: alone
+    ]
+    members = batcher.run_together(requests_)
+    # in order of each batch's first request: [0, 1]; [2, 5] breaks and is retried member by member;
+    # [3]; [4] (its own error); [6] and [7] alone
+    assert calls == [4, 2, 1, 1, 1, 1, 5, 1]
+    assert "features" in str(members[4].error) and "NaN" in str(members[5].error)
+    for i in (0, 1, 2, 3, 6, 7):
+        assert members[i].error is None
+        np.testing.assert_allclose(members[i].result, estimator.predict_proba(requests_[i][0]))
+    assert batcher.stats.retried == 2 and batcher.queued_rows() == 0
+
+
 def test_incompatible_shapes_and_options_never_share_a_batch(iris_model):
     estimator, X = iris_model
     model = GatedModel(estimator)

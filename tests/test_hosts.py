@@ -148,6 +148,28 @@ def test_a_slab_is_sized_in_powers_of_two_above_the_minimum():
         slab.close()
 
 
+def test_framing_reads_whole_messages_however_the_bytes_arrive():
+    import socket
+
+    left, right = socket.socketpair()
+    try:
+        framer = channel.Framer(right)
+        assert framer.ready() == []  # nothing yet: never waits
+        first, second = channel.encode({"n": 1}), channel.encode({"n": 2, "blob": b"x" * 300_000})
+        left.sendall(first + second[:10])  # one message and the start of the next in one read
+        assert framer.ready() == [{"n": 1}]
+        sender = threading.Thread(target=left.sendall, args=(second[10:],))
+        sender.start()
+        assert framer.read() == {"n": 2, "blob": b"x" * 300_000}  # longer than one recv
+        sender.join()
+        left.close()
+        with pytest.raises(channel.PeerGone):
+            framer.read()
+    finally:
+        left.close()
+        right.close()
+
+
 # -- serving through a host ------------------------------------------------------------------
 
 

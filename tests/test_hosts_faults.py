@@ -121,6 +121,15 @@ def test_every_worker_hands_requests_to_one_host_and_they_batch_together(tmp_pat
         assert metric(server.url, "servekit_host_batch_size_count") >= 2
         assert "servekit_host_queue_depth" in requests.get(server.url + "/metrics", timeout=10).text
 
+        def stats() -> dict:
+            return requests.get(server.url + "/v2/models/hosted/stats", timeout=10).json()["model_stats"][0]
+
+        wait_for(lambda: stats()["inference_count"] >= 14)  # the host's tally flushes every half second
+        time.sleep(1.0)
+        counted = stats()  # each request once (by the host), not once more by the worker that handed it over
+        assert counted["inference_count"] == 14 and counted["inference_stats"]["success"]["count"] == 14, counted
+        assert counted["execution_count"] < 14  # the gated requests shared calls
+
 
 def test_kill_9_of_a_host_fails_only_its_in_flight_requests_then_it_serves_again(tmp_path):
     with ServerProcess(hosted_repo(tmp_path), workers=2, threads=8) as server:

@@ -153,6 +153,8 @@ class Loop:
         host.busy(len(calls))
         try:
             outcomes = host.dataplane.predict_together(host.mv, calls)
+        except BaseException as exc:  # a fault of the loop itself: every waiting request hears of it
+            outcomes = [(None, exc)] * len(calls)
         finally:
             host.busy(-len(calls))
         for peer, (result, error) in zip(peers, outcomes):
