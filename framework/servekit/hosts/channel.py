@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ServekitError
+
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 SLAB_MIN = 64 * 1024
 _ALIGN = 64
@@ -242,3 +244,22 @@ class Framer:
 def recv(sock: socket.socket) -> dict[str, Any]:
     """One message from a socket no :class:`Framer` reads (a one-off exchange)."""
     return Framer(sock).read()
+
+
+# ---------------------------------------------------------------------------
+# A request's arguments and an answer's error
+# ---------------------------------------------------------------------------
+
+
+def arguments(request: dict[str, Any], slab: Slab) -> tuple[list[Any], dict[str, Any]]:
+    """A request's arguments; its arrays are views into the request slab, valid until the reply."""
+    args = [unpack(a, slab, copy=False) for a in request.get("args", ())]
+    kwargs = {k: unpack(v, slab, copy=False) for k, v in request.get("kwargs", {}).items()}
+    return args, kwargs
+
+
+def error_of(exc: BaseException) -> tuple[str, str]:
+    """An exception as it crosses to the worker: the servekit error's class name (its HTTP status) and message."""
+    if isinstance(exc, ServekitError):
+        return type(exc).__name__, exc.message
+    return "ModelFailure", f"model host failed: {type(exc).__name__}: {exc}"

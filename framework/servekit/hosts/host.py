@@ -153,7 +153,7 @@ class Host:
         try:
             result = self._run(request, slabs["in"])
         except BaseException as exc:  # every failure goes back to the worker's thread
-            channel.send(conn, {"error": error_of(exc)})
+            channel.send(conn, {"error": channel.error_of(exc)})
             return
         finally:
             self.busy(-1)
@@ -177,7 +177,7 @@ class Host:
         from ..errors import BadRequest
 
         op = request["op"]
-        args, kwargs = arguments(request, slab)
+        args, kwargs = channel.arguments(request, slab)
         if op not in ("predict", "explain", "call"):
             raise BadRequest(f"model host: unknown operation {op!r}")
         if op == "call":
@@ -195,7 +195,7 @@ class Host:
         except (channel.PeerGone, OSError):
             raise
         except BaseException as exc:
-            channel.send(conn, {"error": error_of(exc)})
+            channel.send(conn, {"error": channel.error_of(exc)})
         finally:
             items.close()
 
@@ -281,21 +281,6 @@ def _remove_if_last(folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def arguments(request: dict[str, Any], slab: channel.Slab) -> tuple[list[Any], dict[str, Any]]:
-    """A request's arguments; its arrays are views into the request slab, valid until the reply."""
-    args = [channel.unpack(a, slab, copy=False) for a in request.get("args", ())]
-    kwargs = {k: channel.unpack(v, slab, copy=False) for k, v in request.get("kwargs", {}).items()}
-    return args, kwargs
-
-
-def error_of(exc: BaseException) -> tuple[str, str]:
-    from ..errors import ServekitError
-
-    if isinstance(exc, ServekitError):
-        return type(exc).__name__, exc.message
-    return "ModelFailure", f"model host failed: {type(exc).__name__}: {exc}"
-
-
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     os.environ[runtime.ENV_IN_HOST] = "1"
@@ -313,7 +298,7 @@ def main(argv: list[str]) -> int:
     try:
         host.load()
     except BaseException as exc:  # the worker that started us reads this and reports it
-        Path(f"{stem}.err").write_text(error_of(exc)[1] if not isinstance(exc, RuntimeError) else str(exc))
+        Path(f"{stem}.err").write_text(channel.error_of(exc)[1] if not isinstance(exc, RuntimeError) else str(exc))
         Path(f"{stem}.pid").unlink(missing_ok=True)
         return 3
     host.serve(f"{stem}.sock")

@@ -22,14 +22,11 @@ import selectors
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..streams import is_stream
 from . import channel
-from .host import arguments, error_of
-
-if TYPE_CHECKING:
-    from .host import Host
+from .channel import arguments, error_of
 
 
 class Peer:
@@ -51,7 +48,8 @@ class Peer:
 
 
 class Loop:
-    def __init__(self, host: Host, listener: socket.socket):
+    def __init__(self, host: Any, listener: socket.socket):
+        """``host``: the :class:`~servekit.hosts.host.Host` whose version this loop serves."""
         self.host = host
         self.listener = listener
         self.selector = selectors.DefaultSelector()
