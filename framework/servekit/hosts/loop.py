@@ -17,6 +17,7 @@ thread of its own, its connection out of the loop until the answer is sent.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import selectors
 import socket
@@ -98,7 +99,7 @@ class Loop:
                     self.host.detach(peer.pid)
                     channel.send(peer.sock, {"ok": True})
                 else:
-                    self._apart(peer, lambda m=message: self.host.answer(peer.sock, m, peer.slabs))
+                    self._apart(peer, functools.partial(self.host.answer, peer.sock, message, peer.slabs))
         except (channel.PeerGone, OSError, EOFError):
             self._drop(peer)
 
@@ -159,7 +160,7 @@ class Loop:
             if error is not None:
                 self._send(peer, {"error": error_of(error)})
             elif is_stream(result):
-                self._apart(peer, lambda p=peer, r=result: host.reply(p.sock, r, p.slabs))
+                self._apart(peer, functools.partial(host.reply, peer.sock, result, peer.slabs))
             else:
                 try:
                     host.reply(peer.sock, result, peer.slabs)
