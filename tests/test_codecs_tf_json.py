@@ -69,6 +69,29 @@ def test_nan_and_infinity_tokens_round_trip():
     assert out == b'{"predictions":[1.0,NaN,Infinity,-Infinity]}'
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        float("nan"),
+        np.float64("inf"),
+        np.float32("-inf"),
+        np.array([[1.0, np.nan]]),
+        [1, "a", True, [2.5, float("inf")]],
+        (0.5, -math.inf),
+    ],
+    ids=["float", "np.float64", "np.float32", "array", "nested list", "tuple"],
+)
+def test_a_non_finite_value_anywhere_in_an_answer_is_written_as_a_token_not_null(value):
+    doc = {"model_name": "m", "outputs": [{"name": "y", "shape": [1], "data": value, "parameters": {"n": 1}}]}
+    text = jsonc.dumps(doc).decode()
+    assert "null" not in text and ("NaN" in text or "Infinity" in text), text
+
+
+def test_a_finite_answer_goes_through_orjson_unchanged():
+    doc = {"a": [1, 2.5, "x", None, True, b"b"], "b": (np.float64(1.5), np.array([1.0, 2.0]))}
+    assert jsonc.loads(jsonc.dumps(doc)) == {"a": [1, 2.5, "x", None, True, "b"], "b": [1.5, [1.0, 2.0]]}
+
+
 def test_single_named_output_drops_its_name_and_bytes_outputs_are_b64():
     assert tf_json.encode_predict_response({"y": np.array([1.0])}, True) == {"predictions": np.array([1.0])}
     out = tf_json.encode_predict_response({"img_bytes": np.array([b"\x00\x01"], dtype=object)}, False)
