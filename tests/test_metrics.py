@@ -125,6 +125,27 @@ def test_unknown_model_names_do_not_become_label_values(server):
     assert samples(text, "servekit_requests_total", model="", protocol="v1", status="404") >= 5
 
 
+def test_new_request_ids_are_uuid4_hex_and_differ_between_forked_workers():
+    import os
+    import uuid
+
+    from servekit.observability.logging import new_request_id
+
+    ids = {new_request_id() for _ in range(10_000)}
+    assert len(ids) == 10_000
+    assert all(uuid.UUID(hex=i).version == 4 and uuid.UUID(hex=i).variant == uuid.RFC_4122 for i in list(ids)[:500])
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a worker forked from the same parent must not repeat the parent's ids
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    from_child = os.read(read, 64).decode()
+    os.close(read)
+    os.close(write)
+    assert from_child not in ids and from_child != new_request_id()
+
+
 @pytest.mark.slow
 def test_request_id_is_honoured_and_in_the_json_logs(server):
     r = requests.post(server.url + "/v1/models/linear:predict", json=LINEAR, headers={"X-Request-Id": "trace-4711"})

