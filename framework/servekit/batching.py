@@ -188,25 +188,40 @@ class Batcher:
             return self._run_alone(inputs, run)
         shape_key, rows = keyed
         key = (options, shape_key)
-        member = _Member(inputs, rows, run)
         with self._cond:
-            batch = self._open.get(key)
-            if batch is not None and batch.rows + rows > self.max_batch_size:
-                self._close(key, batch)  # full: its leader goes now, we start the next one
+            if self._running == 0 and not self._open:
+                # the model is idle and nobody waits: a batch of one that closes at once
+                self._running += 1
                 batch = None
-            leader = batch is None
-            if batch is None:
-                batch = _Batch(time.monotonic())
-                self._open[key] = batch
-            batch.members.append(member)
-            batch.rows += rows
-            if batch.rows >= self.max_batch_size:
-                self._close(key, batch)
+            else:
+                member = _Member(inputs, rows, run)
+                batch, leader = self._join(key, member)
+        if batch is None:
+            try:
+                return run(inputs)
+            finally:
+                self._finished()
         if not leader:
             return member.answer()
         self._wait_and_close(key, batch)
         self._execute(batch.members)
         return member.answer()
+
+    def _join(self, key: Hashable, member: _Member) -> tuple[_Batch, bool]:
+        """Put ``member`` in the open batch for ``key`` (or open one); whether it leads. Lock held."""
+        batch = self._open.get(key)
+        if batch is not None and batch.rows + member.rows > self.max_batch_size:
+            self._close(key, batch)  # full: its leader goes now, we start the next one
+            batch = None
+        leader = batch is None
+        if batch is None:
+            batch = _Batch(time.monotonic())
+            self._open[key] = batch
+        batch.members.append(member)
+        batch.rows += member.rows
+        if batch.rows >= self.max_batch_size:
+            self._close(key, batch)
+        return batch, leader
 
     def run_together(self, requests: list[tuple[Tensors, Runner, Hashable | None]]) -> list[_Member]:
         """Run requests that arrived together, now and in this thread (a model host's loop).
