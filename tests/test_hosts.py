@@ -366,6 +366,24 @@ def test_a_removed_version_stops_its_host_and_a_new_one_starts(tmp_path, serveki
         runtime.cleanup()
 
 
+def test_a_hung_call_in_a_batching_host_bounds_the_next_requests_too(tmp_path, servekit_app, monkeypatch):
+    """One batch at a time: while a call hangs, later requests (on new connections) get 504 in time."""
+    monkeypatch.setenv("SERVEKIT_REQUEST_TIMEOUT", "1")
+    host_model(tmp_path, "hang", batching={"max_batch_size": 8, "max_batch_time_ms": 1})
+    client = servekit_app(tmp_path)
+    try:
+        never = str(tmp_path / "never")  # the model waits 10 s for this file
+        assert infer(client, "hang", [[1.0]]).status_code == 200  # the host is up
+        r = infer(client, "hang", [[1.0]], parameters={"gate": never})
+        assert r.status_code == 504
+        began = time.monotonic()
+        r = infer(client, "hang", [[1.0]])  # its connection was dropped: a new one waits for the host's hello
+        assert r.status_code == 504 and "did not answer within 1s" in r.json["error"], r.json
+        assert time.monotonic() - began < 5  # not one timeout per retry
+    finally:
+        runtime.cleanup()
+
+
 def test_a_hung_model_call_is_bounded_by_the_request_timeout(tmp_path, servekit_app, monkeypatch):
     monkeypatch.setenv("SERVEKIT_REQUEST_TIMEOUT", "1")
     host_model(tmp_path, "hang")

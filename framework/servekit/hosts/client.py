@@ -131,6 +131,11 @@ class Replica:
         timeout = self.client.timeout
         try:
             return Connection(self.socket_path, self.pid(), timeout)
+        except TimeoutError:  # it accepted but did not greet in time: alive, busy with a long call
+            raise errors.Timeout(
+                f"the model host of {self.client.name!r} version {self.client.version} "
+                f"did not answer within {timeout:g}s"
+            ) from None
         except (OSError, channel.PeerGone):
             self.ensure()
             return Connection(self.socket_path, self.pid(), timeout)
