@@ -12,22 +12,33 @@ and no batching thread, and a lone request never waits.
 
 Anything else (``explain``, the OpenAI hooks, a streaming answer) goes to a
 thread of its own, its connection out of the loop until the answer is sent.
+New connections are accepted and greeted by a thread beside the loop, so a
+worker's new connection is ready, and its request waiting in the socket for the
+next batch, even while a long call holds the loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import queue
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ..streams import is_stream
 from . import channel
 from .channel import arguments, error_of
+
+log = logging.getLogger("servekit.hosts")
+
+
+#: The longest a new connection may take to send its greeting.
+GREETING_SECONDS = 10.0
 
 
 class Peer:
@@ -59,16 +70,13 @@ class Loop:
         self.wake_in, self.wake_out = socket.socketpair()
 
     def run(self) -> None:
-        self.listener.setblocking(False)
         self.wake_in.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ, None)
         self.selector.register(self.wake_in, selectors.EVENT_READ, self)
+        threading.Thread(target=self._accept, name="servekit-host-accept", daemon=True).start()
         while True:
             waiting: list[tuple[Peer, dict[str, Any]]] = []
             for key, _ in self.selector.select():
-                if key.data is None:
-                    self._accept()
-                elif key.data is self:
+                if key.data is self:
                     self._welcome_back()
                 else:
                     self._read(key.data, waiting)
@@ -78,13 +86,31 @@ class Loop:
     # -- connections ---------------------------------------------------------------
 
     def _accept(self) -> None:
+        """Accept and greet new connections beside the loop, then hand them to it.
+
+        A worker's new connection must not wait for its greeting until the
+        loop's current call ends: its request would then miss the batch that
+        forms meanwhile (and a long call would time out the greeting).
+        """
         while True:
             try:
                 sock, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            sock.setblocking(True)  # answers are sent whole; reads never wait (MSG_DONTWAIT)
-            self.selector.register(sock, selectors.EVENT_READ, Peer(sock))
+            except OSError as exc:  # out of file descriptors, say: the worker retries
+                log.warning("model host: cannot accept a connection: %s", exc)
+                time.sleep(0.05)
+                continue
+            peer = Peer(sock)
+            try:
+                sock.settimeout(GREETING_SECONDS)
+                hello = peer.framer.read()
+                if hello.get("op") != "hello":
+                    raise channel.PeerGone("the first message was not a greeting")
+                peer.pid, peer.slabs = self.host.greet(sock, hello)
+                sock.settimeout(None)  # answers are sent whole; reads never wait (MSG_DONTWAIT)
+            except (channel.PeerGone, OSError, EOFError):
+                peer.close()
+                continue
+            self._hand_back(peer)
 
     def _read(self, peer: Peer, waiting: list[tuple[Peer, dict[str, Any]]]) -> None:
         try:
@@ -93,8 +119,6 @@ class Loop:
                 if op == "predict":
                     self.host.take_slab(message, peer.slabs)
                     waiting.append((peer, message))
-                elif op == "hello":
-                    peer.pid, peer.slabs = self.host.greet(peer.sock, message)
                 elif op == "detach":
                     self.host.detach(peer.pid)
                     channel.send(peer.sock, {"ok": True})
@@ -119,9 +143,13 @@ class Loop:
         except (channel.PeerGone, OSError):
             peer.gone = True
         finally:
-            self.back.put(peer)
-            with contextlib.suppress(OSError):
-                self.wake_out.send(b"\0")
+            self._hand_back(peer)
+
+    def _hand_back(self, peer: Peer) -> None:
+        """From another thread: the loop (re)takes this connection."""
+        self.back.put(peer)
+        with contextlib.suppress(OSError):
+            self.wake_out.send(b"\0")
 
     def _welcome_back(self) -> None:
         with contextlib.suppress(BlockingIOError):
