@@ -30,6 +30,10 @@ What each duration means here (Triton's names, cumulative nanoseconds):
   another request's adaptive batch, its whole wait for that batch's answer;
 - ``queue``: the time a batch leader waited for batch-mates before the call.
 
+A version that runs in model hosts (:mod:`servekit.hosts`) is recorded by its
+host, which runs the data plane's ``predict``; the worker that handed the
+request over does not count it again.
+
 ``inference_count`` counts rows (the first dimension of the inputs),
 ``execution_count`` calls of the ``predict`` hook, and ``batch_stats`` groups
 those calls by the rows they ran.  Request decoding and encoding are the
