@@ -1,8 +1,10 @@
 """The serving engines: workers sized to the CPUs, granian beside gunicorn, the fast lane beside Flask.
 
-The protocol suites run again under granian and again with the fast lane off
-(``SERVEKIT_SERVER`` / ``SERVEKIT_FAST_LANE`` reach every server and app those
-suites start), so both engines and both paths answer the same tests.
+The protocol suites run again under granian, again with the fast lane off, and
+again with every model in a batching model host (``SERVEKIT_SERVER``,
+``SERVEKIT_FAST_LANE``, ``SERVEKIT_PLACEMENT`` reach every server and app those
+suites start), so both engines, both paths and both placements answer the same
+tests, real clients (tritonclient, tensorflow-serving-api) included.
 """
 
 from __future__ import annotations
@@ -177,7 +179,14 @@ PROTOCOL_SUITES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "env", [{"SERVEKIT_SERVER": "granian"}, {"SERVEKIT_FAST_LANE": "0"}], ids=["granian", "flask-only"]
+    "env",
+    [
+        {"SERVEKIT_SERVER": "granian"},
+        {"SERVEKIT_FAST_LANE": "0"},
+        # every model in a model host, batching on: the host's loop answers the real clients
+        {"SERVEKIT_PLACEMENT": "process", "SERVEKIT_MAX_BATCH_SIZE": "8"},
+    ],
+    ids=["granian", "flask-only", "model-hosts"],
 )
 def test_protocol_suites_pass(env):
     result = subprocess.run(
