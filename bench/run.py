@@ -466,21 +466,12 @@ def http_ok(url: str) -> bool:
 
 
 def servekit_command(sk: str, paths: list[Path], port: int) -> list[str]:
-    return [
-        sk,
-        "-m",
-        "servekit",
-        "serve",
-        *map(str, paths),
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
+    return [sk, "-m", "servekit", "serve", *map(str, paths), *servekit_flags(port)]
+
+
+def servekit_flags(port: int) -> list[str]:
+    """Every benchmarked servekit: loopback HTTP on ``port``, no gRPC, quiet logs."""
+    return ["--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "0", "--log-level", "warning"]
 
 
 def servekit_lineup(sk: str, port: int) -> list[Server]:
