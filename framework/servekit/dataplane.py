@@ -74,7 +74,6 @@ class DataPlane:
 
     # -- inference ------------------------------------------------------------
 
-    @statistics.recorded  # Triton's statistics extension (statistics.py)
     def predict(
         self,
         mv: ModelVersion,
@@ -85,12 +84,30 @@ class DataPlane:
         output_names: list[str] | None = None,
     ) -> Any:
         """Run ``predict``; a generator result is returned as is, for streaming."""
+        if mv.host is not None:  # the version runs in model host processes, which also record it
+            return mv.host.call(
+                "predict",
+                single_tensor(mv, inputs),
+                parameters=parameters or {},
+                signature_name=signature_name,
+                output_names=output_names,
+            )
+        return self._predict_here(
+            mv, inputs, parameters=parameters, signature_name=signature_name, output_names=output_names
+        )
+
+    @statistics.recorded  # Triton's statistics extension (statistics.py)
+    def _predict_here(
+        self,
+        mv: ModelVersion,
+        inputs: Tensors,
+        *,
+        parameters: dict[str, Any] | None,
+        signature_name: str | None,
+        output_names: list[str] | None,
+    ) -> Any:
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
-        if mv.host is not None:  # the version runs in model host processes (servekit.hosts)
-            return mv.host.call(
-                "predict", inputs, parameters=parameters, signature_name=signature_name, output_names=output_names
-            )
         stat = statistics.current()
         inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
         batcher = batching.batcher_for(mv)

@@ -202,12 +202,10 @@ def current() -> Request:
 
 
 def recorded(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate ``DataPlane.predict(self, mv, inputs, ...)``: count and time each call by outcome."""
+    """Decorate the data plane's ``predict`` where it runs (``_predict_here(self, mv, inputs, ...)``): count and time each call by outcome."""
 
     @functools.wraps(method)
     def wrapper(self: Any, mv: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(mv, "host", None) is not None:  # its model host records it (servekit.hosts): count once
-            return method(self, mv, inputs, *args, **kwargs)
         req = Request(mv.name, str(mv.version))
         token = _current.set(req)
         try:
