@@ -241,11 +241,6 @@ class Framer:
         return pickle.loads(body)
 
 
-def recv(sock: socket.socket) -> dict[str, Any]:
-    """One message from a socket no :class:`Framer` reads (a one-off exchange)."""
-    return Framer(sock).read()
-
-
 # ---------------------------------------------------------------------------
 # A request's arguments and an answer's error
 # ---------------------------------------------------------------------------
