@@ -195,6 +195,41 @@ def test_servekit_tfserving_subcommand_takes_the_same_flags(capsys):
     assert "unknown flag --bogus_flag" in capsys.readouterr().err
 
 
+def test_workers_starting_together_all_bind_the_grpc_socket_path(tmp_path):
+    """--grpc_socket_path: every worker binds it (the last one answers), however their starts interleave."""
+    import threading
+    from concurrent import futures
+
+    import grpc
+    from servekit.protocols.grpc.server import _bind_unix_socket
+
+    def worker(path: str, start: threading.Barrier, servers: list, failures: list) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(1))
+        servers.append(server)
+        start.wait()
+        try:
+            _bind_unix_socket(server, path)
+        except Exception as exc:
+            failures.append(exc)
+
+    for round_ in range(10):  # without a lock, about half the rounds saw "address already in use"
+        path = str(tmp_path / f"tf-serving-{round_}.sock")
+        start = threading.Barrier(8)
+        servers: list = []
+        failures: list[Exception] = []
+        threads = [threading.Thread(target=worker, args=(path, start, servers, failures)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not failures, failures
+    not_a_socket = tmp_path / "taken.txt"
+    not_a_socket.write_text("keep me")
+    with pytest.raises(RuntimeError, match="cannot bind gRPC to the Unix socket"):
+        _bind_unix_socket(grpc.server(futures.ThreadPoolExecutor(1)), str(not_a_socket))
+    assert not_a_socket.read_text() == "keep me"  # a file that is not a socket is never removed
+
+
 # -- the binary, as TF Serving's test suite runs it --------------------------------------------------
 
 tf = pytest.importorskip("tensorflow")

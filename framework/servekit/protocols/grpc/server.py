@@ -13,8 +13,12 @@ above it).  With ``--api-key`` every RPC except ``ServerLive`` and
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hmac
 import logging
+import os
+import stat
 from concurrent import futures
 from typing import Any
 
@@ -80,9 +84,30 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
 
 
 def _bind_unix_socket(server: grpc.Server, path: str) -> None:
-    """TF Serving's ``--grpc_socket_path``: also listen on a Unix socket (the last worker's)."""
-    if path and not server.add_insecure_port(f"unix:{path}"):
-        raise RuntimeError(f"cannot bind gRPC to the Unix socket {path}")
+    """TF Serving's ``--grpc_socket_path``: also listen on a Unix socket (the last worker's).
+
+    Workers start at the same time, and gRPC's remove-then-bind of the path is
+    not atomic: two workers interleaving it fail with "address in use".  A lock
+    on the socket's folder makes each worker's remove-and-bind whole.
+    """
+    if not path:
+        return
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.stat(path).st_mode):
+                os.unlink(path)  # the previous worker's: the last one to start answers on the path
+        try:
+            bound = server.add_insecure_port(f"unix:{path}")
+        except RuntimeError:  # gRPC's own, naming no flag
+            bound = 0
+    finally:
+        os.close(folder)  # releases the lock
+    if not bound:
+        raise RuntimeError(
+            f"cannot bind gRPC to the Unix socket {path} (--grpc-socket-path): a file that is not a socket is in the way, or the folder is not writable"
+        )
 
 
 class ApiKeyInterceptor(grpc.ServerInterceptor):
