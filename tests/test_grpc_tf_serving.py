@@ -510,14 +510,15 @@ def test_model_status_errors(models, request_):
     assert (code == grpc.StatusCode.INVALID_ARGUMENT) == (request_.model_spec.name == "")
 
 
-def test_reload_config_is_unimplemented(channel):
+def test_reload_config_without_a_model_list_is_refused(channel):
     from tensorflow_serving.apis import model_management_pb2
 
     err = rpc_error(
         model_service_pb2_grpc.ModelServiceStub(channel).HandleReloadConfigRequest,
         model_management_pb2.ReloadConfigRequest(),
     )
-    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "model_config_list" in err.details()
 
 
 # -- TensorFlow SavedModels (TF Serving's own test models) ---------------------------------

@@ -190,7 +190,8 @@ def test_a_malformed_version_is_a_bad_request_not_a_missing_model(strict_server)
         requests.post(url + "/v2/models/iris/versions/abc/infer", json={"inputs": []}, timeout=10),
     ):
         assert r.status_code == 400, r.text
-        assert "invalid model version 'abc'" in r.json()["error"]
+        # Triton's wording, which its own examples check
+        assert "failed to get model version from specified version string 'abc'" in r.json()["error"]
 
 
 # -- labels that point at a version that is not loaded -----------------------------------------

@@ -18,6 +18,11 @@ class ConfigError(ValueError):
 
 
 def read_model_config(model_dir: Path, defaults: BatchingConfig | None = None) -> ModelConfig:
+    return parse_model_config(read_raw_config(model_dir), model_dir, defaults)
+
+
+def read_raw_config(model_dir: Path) -> dict[str, Any]:
+    """The settings ``servekit.yaml`` holds, unchecked (``{}`` without one)."""
     path = model_dir / CONFIG_FILE
     raw: dict[str, Any] = {}
     if path.is_file():
@@ -25,9 +30,11 @@ def read_model_config(model_dir: Path, defaults: BatchingConfig | None = None) -
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{CONFIG_FILE}: not valid YAML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{CONFIG_FILE}: cannot read it: {exc.strerror}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
-    return parse_model_config(raw, model_dir, defaults)
+    return raw
 
 
 def parse_model_config(

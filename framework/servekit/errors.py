@@ -149,3 +149,11 @@ def render(exc: ServekitError, path: str) -> dict[str, Any]:
     if v2_message is not None and path.startswith("/v2/"):
         return {"error": v2_message}
     return {"error": exc.message}
+
+
+def malformed_version(version: str) -> str:
+    """A version that is no positive integer, in Triton's wording (its own examples check it)."""
+    return (
+        f"failed to get model version from specified version string '{version}': "
+        "expected a positive integer, or none for the latest"
+    )

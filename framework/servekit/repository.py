@@ -1,9 +1,11 @@
-"""Model folders, versions, labels and policies, loading and file-system polling.
+"""Model versions in one process: loading, unloading and looking them up.
 
-The layout is TF Serving's: ``BASE/NAME/VERSION/<artifact>``.  A model folder
-without numeric sub-folders is served as version 1; a folder holding only
-sub-folders is a repository of models.  Each worker process keeps its own
-repository and polls the disk: a new version is loaded before the version it
+Which models and versions to serve is decided by the control plane
+(:mod:`servekit.control`): its :class:`~servekit.control.plan.Planner` reads the
+folders once for the whole server and every worker's repository *applies* the
+plans it publishes (:meth:`ModelRepository.apply`).  A repository used alone (a
+test, a model host, a one-process app) keeps a planner of its own
+(:meth:`ModelRepository.sync`).  A new version is loaded before the version it
 replaces is unloaded, so no request fails during a reload, and a version that
 fails to load leaves the previous one serving.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,14 +23,15 @@ from typing import Any
 import pluggy
 
 from . import hosts, plugins
-from .config import ConfigError, read_model_config, select_versions
-from .errors import BadRequest, NotFound, NotReady, UnknownModel
+from .config import ConfigError, parse_model_config
+from .control.plan import UNLOADED, Planner, config_key
+from .errors import BadRequest, NotFound, NotReady, UnknownModel, malformed_version
+from .model_folders import discover, is_model_dir, valid_name
 from .types import BatchingConfig, ModelConfig, ModelMetadata
 
-log = logging.getLogger("servekit.repository")
+__all__ = ["Model", "ModelRepository", "ModelVersion", "State", "discover", "is_model_dir", "valid_name"]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_IGNORED_FILES = re.compile(r"^(\..*|README.*|LICENSE.*|.*\.md|.*\.txt)$", re.IGNORECASE)
+log = logging.getLogger("servekit.repository")
 
 
 class State(str, enum.Enum):
@@ -59,6 +61,7 @@ class ModelVersion:
     fingerprint: float = 0.0  # newest mtime in the folder when the load was tried
     host: Any = None  # servekit.hosts.client.HostClient when the version runs in model host processes
     batcher: Any = None  # servekit.batching: made on the first predict (batching.batcher_for)
+    raw_config: dict[str, Any] = field(default_factory=dict)  # the settings it was loaded with
 
     @property
     def ready(self) -> bool:
@@ -73,7 +76,11 @@ class Model:
     config: ModelConfig = field(default_factory=ModelConfig)
     config_error: str = ""
     versions: dict[int, ModelVersion] = field(default_factory=dict)
-    unloaded: bool = False  # unloaded through the repository API
+    unloaded: bool = False  # not served on purpose: unloaded through the API, or never loaded
+    reason: str = ""  # why it is not served, when unloaded
+    raw_config: dict[str, Any] = field(default_factory=dict)
+    # the last load tried of each version: (fingerprint, config_key); retried only when it changes
+    tried: dict[int, tuple[float, str]] = field(default_factory=dict)
     # labels already warned about: label -> (its version, the versions serving then)
     dangling_labels: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
@@ -81,62 +88,8 @@ class Model:
         return sorted((v for v in self.versions.values() if v.ready), key=lambda v: v.version)
 
 
-def valid_name(name: str) -> bool:
-    return bool(_NAME_RE.match(name)) and ".." not in name
-
-
-def _version_of(entry: Path) -> int | None:
-    if entry.is_dir() and entry.name.isdigit() and int(entry.name) > 0:
-        return int(entry.name)
-    return None
-
-
-def is_model_dir(path: Path) -> bool:
-    """A model folder holds numeric version folders or artifact files; a repository holds neither."""
-    for entry in path.iterdir():
-        if _version_of(entry) is not None:
-            return True
-        if entry.is_file() and not _IGNORED_FILES.match(entry.name):
-            return True
-    return False
-
-
-def discover(paths: list[Path], model_name: str | None = None) -> dict[str, Path]:
-    """Model names and folders from the paths given on the command line."""
-    found: dict[str, Path] = {}
-    for path in paths:
-        path = Path(path)
-        if not path.is_dir():
-            raise ConfigError(f"model path not found: {path}")
-        folders = (
-            [path]
-            if is_model_dir(path)
-            else sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-        )
-        for folder in folders:
-            name = folder.name
-            if name in found:
-                raise ConfigError(f"two model folders are named {name!r}: {found[name]} and {folder}")
-            found[name] = folder
-    if model_name:
-        if len(found) != 1:
-            raise ConfigError(f"--model-name names one model, but {len(found)} model folders were found")
-        found = {model_name: next(iter(found.values()))}
-    for name in found:
-        if not valid_name(name):
-            raise ConfigError(f"invalid model name {name!r}: use letters, digits, '.', '_' and '-'")
-    return found
-
-
-def _fingerprint(path: Path) -> float:
-    try:
-        return max([path.stat().st_mtime] + [p.stat().st_mtime for p in path.iterdir()])
-    except OSError:
-        return 0.0
-
-
 class ModelRepository:
-    """Every served model and its versions, in one worker process."""
+    """Every served model and its versions, in one process."""
 
     def __init__(
         self,
@@ -145,23 +98,27 @@ class ModelRepository:
         *,
         poll_interval: float = 1.0,
         batching: BatchingConfig | None = None,
+        planner: Planner | None = None,
     ):
         self.pm = pm
         self.poll_interval = poll_interval
         self.batching = batching or BatchingConfig()
-        self.models: dict[str, Model] = {}
-        for name, folder in folders.items():
-            versioned = any(_version_of(e) is not None for e in folder.iterdir())
-            self.models[name] = Model(name, folder, versioned)
+        #: the plan maker when this repository decides alone (see :meth:`sync`)
+        self.planner = planner or Planner(folders, batching=self.batching)
+        #: replaced whole, never changed in place: readers iterate it without a lock
+        self.models: dict[str, Model] = {
+            name: Model(name, entry.base_path, entry.versioned) for name, entry in self.planner.entries.items()
+        }
+        self.generation = 0  # of the last plan applied
         self._lock = threading.RLock()
-        # one sync at a time: the polling thread and the repository API
+        # one apply at a time: the polling thread, the control plane, the repository API
         self._sync_lock = threading.Lock()
         self._first_load_done = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._managers: dict[Path, pluggy.PluginManager] = {}
 
-    # -- lifecycle ---------------------------------------------------------
+    # -- lifecycle (a repository that decides alone) ------------------------
 
     def start(self) -> None:
         """Load every model in the background, then keep polling the disk."""
@@ -189,6 +146,16 @@ class ModelRepository:
                 except Exception:  # polling must never die
                     log.exception("polling the model folders failed")
 
+    def sync(self) -> None:
+        """Read the folders with this repository's own planner and apply what it decides."""
+        with self._sync_lock:
+            self.planner.refresh()
+            self._apply(self.planner.plan)
+
+    def expect_plan(self) -> None:
+        """From now on the plans come from the control plane: hold requests until the first."""
+        self._first_load_done.clear()
+
     @property
     def ready(self) -> bool:
         """Every model has finished its first load attempt, succeeded or failed."""
@@ -205,10 +172,11 @@ class ModelRepository:
         """
         if not self.ready:
             return False, "models are still loading"
-        down = sorted(m.name for m in self.models.values() if not m.available())
-        if len(down) == len(self.models):
+        models = self.models
+        down = sorted(m.name for m in models.values() if not m.available())
+        if len(down) == len(models):
             return False, f"no model has an AVAILABLE version ({', '.join(down) or 'none is served'})"
-        failing = [name for name in down if not self.models[name].unloaded]
+        failing = [name for name in down if not models[name].unloaded]
         if strict and failing:
             return False, (
                 f"model(s) without an AVAILABLE version: {', '.join(failing)} (--no-strict-readiness serves the others)"
@@ -218,49 +186,80 @@ class ModelRepository:
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._first_load_done.wait(timeout)
 
-    # -- polling -----------------------------------------------------------
+    # -- applying a plan -------------------------------------------------------
 
-    def sync(self) -> None:
+    def apply(self, plan: dict[str, Any]) -> dict[str, dict[int, tuple[str, str]]]:
+        """Serve what ``plan`` says (see :mod:`servekit.control.plan`); returns :meth:`states`."""
         with self._sync_lock:
-            for model in list(self.models.values()):
-                if not model.unloaded:
-                    self._sync_model(model)
+            self._apply(plan)
+        self._first_load_done.set()
+        return self.states()
 
-    def _on_disk(self, model: Model) -> dict[int, Path]:
-        if not model.base_path.is_dir():
-            return {}
-        if not model.versioned:
-            versioned = {v: e for e in model.base_path.iterdir() if (v := _version_of(e)) is not None}
-            return versioned or {1: model.base_path}
-        return {v: e for e in model.base_path.iterdir() if (v := _version_of(e)) is not None}
+    def _apply(self, plan: dict[str, Any]) -> None:
+        wanted = plan["models"]
+        models = dict(self.models)
+        for name, doc in wanted.items():
+            model = models.get(name)
+            if model is None or str(model.base_path) != doc["base_path"]:
+                if model is not None:
+                    self._unload_all(model)
+                model = models[name] = Model(name, Path(doc["base_path"]), doc["versioned"])
+                self.models = dict(models)
+            self._apply_model(model, doc)
+        for name in [n for n in models if n not in wanted]:
+            self._unload_all(models.pop(name))
+        self.models = models
+        self.generation = plan["generation"]
 
-    def _sync_model(self, model: Model) -> None:
-        try:
-            model.config = read_model_config(model.base_path, self.batching)
-            model.config_error = ""
-        except ConfigError as exc:
-            model.config_error = str(exc)
-        on_disk = self._on_disk(model)
-        if model.config_error:
-            wanted = sorted(on_disk)[-1:]
-        else:
-            wanted = select_versions(model.config.version_policy, list(on_disk))
-        for version in wanted:
-            current = model.versions.get(version)
-            fingerprint = _fingerprint(on_disk[version])
-            if current is None or (current.state is State.END and current.fingerprint != fingerprint):
-                self._load_version(model, version, on_disk[version], fingerprint)
+    def _apply_model(self, model: Model, doc: dict[str, Any]) -> None:
+        model.config_error = doc["config_error"]
+        model.raw_config = doc["raw"]
+        if not model.config_error:
+            try:
+                model.config = parse_model_config(doc["raw"], model.base_path, self.batching)
+            except ConfigError as exc:
+                model.config_error = str(exc)
+        model.reason = doc["reason"]
+        if not doc["enabled"]:
+            model.unloaded = True
+            self._unload_all(model)
+            return
+        model.unloaded = False
+        wanted: dict[int, dict[str, Any]] = doc["versions"]
+        key = config_key(doc["raw"])
+        for version, where in sorted(wanted.items()):
+            current, tried = model.versions.get(version), model.tried.get(version)
+            stale = current is not None and current.ready and tried is not None and tried[1] != key
+            retry = current is not None and current.state is State.END and tried != (where["fingerprint"], key)
+            if current is None or stale or retry:
+                model.tried[version] = (where["fingerprint"], key)
+                self._load_version(model, version, Path(where["path"]), where["fingerprint"])
         # Unload what is no longer wanted, but keep serving until every wanted
         # version is up: a broken new version must not take the old one away.
+        on_disk = set(doc["on_disk"])
         wanted_up = all(model.versions[v].ready for v in wanted if v in model.versions)
         for version, mv in list(model.versions.items()):
             if version in wanted:
                 continue
             if version not in on_disk or wanted_up or not mv.ready:
                 self._unload_version(model, mv)
+        for version in [v for v in model.tried if v not in model.versions]:
+            del model.tried[version]
         self._warn_dangling_labels(model, on_disk)
 
-    def _warn_dangling_labels(self, model: Model, on_disk: dict[int, Path]) -> None:
+    def _unload_all(self, model: Model) -> None:
+        for mv in list(model.versions.values()):
+            self._unload_version(model, mv)
+        model.tried.clear()
+
+    def states(self) -> dict[str, dict[int, tuple[str, str]]]:
+        """Every model's versions here: ``{name: {version: (state, error)}}``."""
+        return {
+            name: {v: (mv.state.value, mv.error) for v, mv in model.versions.items()}
+            for name, model in self.models.items()
+        }
+
+    def _warn_dangling_labels(self, model: Model, on_disk: set[int]) -> None:
         """Warn when a label points at a version that is not serving, once per change.
 
         Called after every sync (the first load, each poll, the repository API).
@@ -290,34 +289,40 @@ class ModelRepository:
         model.dangling_labels = dangling
 
     def _load_version(self, model: Model, version: int, path: Path, fingerprint: float) -> None:
+        """Load a version; it takes the place of a version of that number only once it is AVAILABLE."""
         mv = ModelVersion(model.name, version, path, model.config, State.LOADING, fingerprint=fingerprint)
+        mv.raw_config = dict(model.raw_config)
         with self._lock:
             previous = model.versions.get(version)
-            model.versions[version] = mv if previous is None or not previous.ready else previous
+            if previous is None or not previous.ready:
+                model.versions[version] = mv
         if model.config_error:
             self._fail(mv, model.config_error)
         else:
             started = time.perf_counter()
             try:
-                placement, replicas = hosts.placement_of(model.config)
-                if placement == "process":  # loaded once, in host processes (servekit.hosts)
-                    hosts.attach(mv, self.pm, self.batching, replicas)
-                    mv.load_seconds = time.perf_counter() - started
-                    mv.state = State.AVAILABLE
-                    log.info("loaded %s version %d in %d model host(s)", model.name, version, replicas)
-                    with self._lock:
-                        model.versions[version] = mv
-                    return
-                self._load_here(model, mv)
+                where = self._load_where_placed(model, mv)
                 mv.load_seconds = time.perf_counter() - started
                 mv.state = State.AVAILABLE
-                log.info(
-                    "loaded %s version %d in %.2fs (plugin %s)", model.name, version, mv.load_seconds, mv.loaded_by
-                )
+                log.info("loaded %s version %d in %.2fs (%s)", model.name, version, mv.load_seconds, where)
             except Exception as exc:
                 self._fail(mv, _clean(_describe_error(exc), model.base_path), exc)
         with self._lock:
+            if previous is not None and previous.ready and not mv.ready:
+                log.error("model %s version %d keeps serving as it was loaded before", model.name, version)
+                return
             model.versions[version] = mv
+        if previous is not None and previous.ready:
+            self._release(previous)  # replaced by a load with other settings
+
+    def _load_where_placed(self, model: Model, mv: ModelVersion) -> str:
+        """Load ``mv`` here or in model hosts; says where, for the log."""
+        placement, replicas = hosts.placement_of(model.config)
+        if placement == "process":  # loaded once, in host processes (servekit.hosts)
+            hosts.attach(mv, self.pm, self.batching, replicas)
+            return f"{replicas} model host(s)"
+        self._load_here(model, mv)
+        return f"plugin {mv.loaded_by}"
 
     def _load_here(self, model: Model, mv: ModelVersion) -> None:
         """Load ``mv`` in this process; its hooks then go to the plugin whose ``load`` answered.
@@ -364,7 +369,12 @@ class ModelRepository:
 
     def _unload_version(self, model: Model, mv: ModelVersion) -> None:
         with self._lock:
-            model.versions.pop(mv.version, None)
+            if model.versions.get(mv.version) is mv:
+                model.versions.pop(mv.version, None)
+        self._release(mv)
+        log.info("unloaded %s version %d", mv.name, mv.version)
+
+    def _release(self, mv: ModelVersion) -> None:
         if mv.model is not None and mv.hooks is not None:
             mv.state = State.UNLOADING
             try:
@@ -374,24 +384,30 @@ class ModelRepository:
             except Exception:
                 log.exception("unload hook failed for %s version %d", mv.name, mv.version)
         mv.state = State.END
-        log.info("unloaded %s version %d", mv.name, mv.version)
 
-    # -- repository API (V2 repository extension) ---------------------------
+    # -- repository API, for a repository that decides alone ------------------------
 
     def load_model(self, name: str) -> Model:
-        model = self.get_model(name)
         with self._sync_lock:
-            model.unloaded = False
-            self._sync_model(model)
-        return model
+            self.planner.enable(name)
+            self.planner.refresh()
+            self._apply(self.planner.plan)
+        return self.get_model(name)
 
     def unload_model(self, name: str) -> Model:
-        model = self.get_model(name)
         with self._sync_lock:
-            model.unloaded = True
-            for mv in list(model.versions.values()):
-                self._unload_version(model, mv)
-        return model
+            self.planner.disable(name)
+            self.planner.refresh()
+            self._apply(self.planner.plan)
+        return self.get_model(name)
+
+    def load_one(self, name: str, version: int, path: Path, fingerprint: float, raw: dict[str, Any]) -> ModelVersion:
+        """Load one version with the settings given, whatever the folder says (a model host's)."""
+        model = self.get_model(name)
+        model.raw_config = dict(raw)
+        model.config = parse_model_config(raw, model.base_path, self.batching)
+        self._load_version(model, version, path, fingerprint)
+        return model.versions[version]
 
     # -- lookups -------------------------------------------------------------
 
@@ -422,6 +438,8 @@ class ModelRepository:
             raise NotReady(f"model {name!r} is loading")
         if model.config_error:
             raise NotReady(f"model {name!r} failed to load: {model.config_error}")
+        if model.unloaded:
+            raise NotFound(f"Servable not found for request: Latest({name}): the model is {model.reason or UNLOADED}")
         raise NotFound(f"Servable not found for request: Latest({name})")
 
     def statuses(self, name: str, version: int | str | None = None, label: str | None = None) -> list[ModelVersion]:
@@ -450,7 +468,7 @@ def _parse_version(version: int | str) -> int:
         return version
     if not str(version).isdigit():
         # a malformed number is the client's mistake, not a missing version
-        raise BadRequest(f"invalid model version {version!r}: expected a positive integer")
+        raise BadRequest(malformed_version(str(version)))
     return int(version)
 
 

@@ -78,6 +78,11 @@ class Settings:
         "V2 repository load/unload: 'none' refuses them (4xx), 'explicit' allows them (Triton's flag)",
         choices=("none", "explicit"),
     )
+    grpc_after_load: bool = _opt(
+        False,
+        "each worker opens its gRPC port only after its first load, as tensorflow_model_server does (servekit tfserving sets it)",
+        flag=True,
+    )
     grpc_socket_path: str = _opt("", "also serve gRPC on this Unix socket (TF Serving's --grpc_socket_path)")
     grpc_channel_arguments: str = _opt(
         "", "extra gRPC server arguments as key=value,key=value (TF Serving's --grpc_channel_arguments)"

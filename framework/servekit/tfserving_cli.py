@@ -15,8 +15,10 @@ Each model's ``model_version_policy`` and ``version_labels`` become its
 ``servekit.yaml``: servekit serves a generated folder per model that links to
 every entry of ``base_path`` and holds the merged ``servekit.yaml``; a thread
 keeps the links in step with ``base_path`` (new versions appear) and, with
-``--model_config_file_poll_wait_seconds``, re-reads the file so changed
-policies and labels apply.  Adding or removing models needs a restart (logged).
+``--model_config_file_poll_wait_seconds``, re-reads the file: the control
+plane (:mod:`servekit.control`) then adds, removes and re-versions models in
+every worker, as ``HandleReloadConfigRequest`` over gRPC does.  Each worker
+opens its gRPC port only after its first load, as tensorflow_model_server does.
 """
 
 from __future__ import annotations
@@ -162,6 +164,10 @@ def settings_values(flags: dict[str, Any]) -> dict[str, Any]:
     """The ``servekit serve`` settings TF Serving's flags stand for (paths excepted)."""
     get = lambda name: flags.get(name, FLAGS[name].default)  # noqa: E731 - a local shorthand
     values: dict[str, Any] = {"grpc_port": get("port"), "http_port": get("rest_api_port") or 8501}
+    # as tensorflow_model_server: the ports answer once the models have loaded, and
+    # ModelService.HandleReloadConfigRequest may change the models served
+    values["grpc_after_load"] = True
+    values["model_control_mode"] = "explicit"
     if get("rest_api_port") == 0:
         log.warning("--rest_api_port is 0: servekit always serves REST, on 8501")
     if "rest_api_timeout_in_ms" in flags:
@@ -244,6 +250,9 @@ def serve(settings: settings_mod.Settings, mirror: Mirror | None, flags: dict[st
     try:
         discover(settings.model_paths, settings.model_name)  # fail fast, before forking workers
         if mirror is not None:
+            from .control import owner
+
+            owner.config_folders = mirror.adopt_documents  # a reload over gRPC serves the mirror's folders
             mirror.watch(settings.poll_interval, float(flags.get("model_config_file_poll_wait_seconds", 0)))
         from .server.engines import run
 

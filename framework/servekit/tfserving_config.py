@@ -19,6 +19,9 @@ from typing import Any
 
 import yaml
 
+from .errors import BadRequest
+from .tf_model_config import served_model
+
 log = logging.getLogger("servekit.tfserving")
 
 #: TF Serving's default Prometheus path (also served without a monitoring config).
@@ -63,7 +66,10 @@ def read_model_config_file(path: str) -> list[ServedModel]:
     config = _parse_text(path, pb.ModelServerConfig(), "model_config_file")
     if config.WhichOneof("config") == "custom_model_config":
         raise FlagError("--model_config_file: custom_model_config is not supported; use model_config_list")
-    models = [_served_model(entry, Path(path).parent) for entry in config.model_config_list.config]
+    try:
+        models = [_served(served_model(e, "--model_config_file")) for e in config.model_config_list.config]
+    except BadRequest as exc:
+        raise FlagError(exc.message) from None
     names = [m.name for m in models]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -71,35 +77,11 @@ def read_model_config_file(path: str) -> list[ServedModel]:
     return models
 
 
-def _served_model(entry: Any, here: Path) -> ServedModel:
-    where = f"--model_config_file: model {entry.name!r}"
-    if not entry.name or not entry.base_path:
-        raise FlagError(f"{where}: every config needs a name and a base_path")
-    if entry.model_platform not in ("", "tensorflow"):
-        raise FlagError(
-            f"{where}: model_platform {entry.model_platform!r} is not supported; servekit picks "
-            "the plugin from the model folder ('tensorflow' or leave it out)"
-        )
-    if entry.HasField("logging_config"):
-        raise FlagError(f"{where}: logging_config is not supported; use servekit's --request-log-url")
+def _served(doc: dict[str, Any]) -> ServedModel:
+    overrides = doc["overrides"]
     return ServedModel(
-        name=entry.name,
-        base_path=Path(entry.base_path),
-        version_policy=_policy(entry.model_version_policy) if entry.HasField("model_version_policy") else None,
-        labels=dict(entry.version_labels),
+        doc["name"], Path(doc["base_path"]), overrides.get("version_policy"), dict(overrides.get("labels", {}))
     )
-
-
-def _policy(policy: Any) -> Any:
-    choice = policy.WhichOneof("policy_choice")
-    if choice == "all":
-        return "all"
-    if choice == "specific":
-        if not policy.specific.versions:
-            raise FlagError("--model_config_file: a specific version policy needs versions")
-        return {"specific": list(policy.specific.versions)}
-    n = policy.latest.num_versions if choice == "latest" else 1
-    return {"latest": max(1, n)}
 
 
 def read_batching_file(path: str) -> tuple[int, float]:
@@ -160,23 +142,45 @@ class Mirror:
         return [str(self.root / name) for name in sorted(self.models)]
 
     def sync(self) -> None:
-        for model in self.models.values():
+        for model in list(self.models.values()):
             _sync_folder(self.root / model.name, model)
+        for folder in self.root.iterdir():
+            if folder.name not in self.models:  # dropped by a reload, which has unloaded it by now
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def adopt(self, models: list[ServedModel]) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Serve ``models`` from now on: their folders, as the control plane's ``replace`` takes them."""
+        fresh = {m.name: m for m in models}
+        for model in fresh.values():
+            _sync_folder(self.root / model.name, model)
+        self.models = fresh
+        return {name: (str(self.root / name), {}) for name in sorted(fresh)}
+
+    def adopt_documents(self, models: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+        """:meth:`adopt` for a ``HandleReloadConfigRequest``'s models."""
+        return self.adopt([_served(doc) for doc in models])
 
     def reload(self) -> None:
-        """Re-read the config file: policies and labels apply; a changed model set is logged."""
+        """Re-read the config file; when it changed, every worker serves the new model set."""
         try:
-            fresh = {m.name: m for m in read_model_config_file(self.config_file)}
+            fresh = read_model_config_file(self.config_file)
         except FlagError as exc:
             log.error("%s; keeping the previous configuration", exc)
             return
-        if sorted(fresh) != sorted(self.models):
-            log.warning(
-                "--model_config_file now names models %s; adding or removing models needs a restart, serving %s",
-                sorted(fresh),
-                sorted(self.models),
-            )
-        self.models.update({n: m for n, m in fresh.items() if n in self.models})
+        if {m.name: m for m in fresh} == self.models:
+            return
+        from .control import transport
+
+        owner = transport.local_owner()
+        entries = self.adopt(fresh)
+        if owner is None:
+            log.error("--model_config_file changed, but no control plane runs here to apply it")
+            return
+        log.info("--model_config_file changed: serving %s", ", ".join(entries) or "no model")
+        try:
+            owner.replace(entries)
+        except Exception as exc:
+            log.error("the new --model_config_file did not apply everywhere: %s", exc)
 
     def watch(self, poll_seconds: float, reload_seconds: float) -> None:
         """Keep the folders in step in a daemon thread (in gunicorn's master)."""

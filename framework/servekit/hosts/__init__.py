@@ -49,13 +49,18 @@ def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
     from . import client, runtime
 
     folder = runtime.ensure()
-    key = client.host_key(mv.name, mv.version, mv.path, mv.fingerprint, mv.config.device)
+    from ..control.plan import config_key
+
+    # a load with other settings (a config override) gets hosts of its own
+    settings = f"{mv.config.device}|{config_key(mv.raw_config)}"
+    key = client.host_key(mv.name, mv.version, mv.path, mv.fingerprint, settings)
     spec = {
         "name": mv.name,
         "version": mv.version,
         "path": str(mv.path),
         "base_path": str(mv.config.base_path or mv.path.parent),
         "fingerprint": mv.fingerprint,
+        "config": mv.raw_config,  # the settings the control plane decided, not a fresh read of the folder
         "plugins": plugin_specs(pm),
         "batching": [batching.max_batch_size, batching.max_batch_time_ms],
         "folder": str(folder),

@@ -58,7 +58,6 @@ class Host:
 
     def load(self) -> None:
         from .. import plugins
-        from ..config import read_model_config
         from ..dataplane import DataPlane
         from ..observability import host_metrics, metrics
         from ..repository import ModelRepository
@@ -74,10 +73,9 @@ class Host:
             poll_interval=0,
             batching=BatchingConfig(*spec["batching"]),
         )
-        model = repo.models[spec["name"]]
-        model.config = read_model_config(model.base_path, repo.batching)
-        repo._load_version(model, spec["version"], Path(spec["path"]), spec["fingerprint"])
-        self.mv = model.versions[spec["version"]]
+        self.mv = repo.load_one(
+            spec["name"], spec["version"], Path(spec["path"]), spec["fingerprint"], spec.get("config") or {}
+        )
         if not self.mv.ready:
             raise RuntimeError(self.mv.error or "the model did not load")
         self.dataplane = DataPlane(repo)

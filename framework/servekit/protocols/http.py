@@ -40,6 +40,11 @@ def dataplane() -> DataPlane:
     return current_app.extensions["servekit"]
 
 
+def control() -> Any:
+    """The app's :class:`servekit.control.ControlPlane`: model load, unload, config reload."""
+    return current_app.extensions["servekit.control"]
+
+
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(jsonc.dumps(payload), status=status, mimetype=JSON, headers=headers)
 

@@ -35,7 +35,7 @@ from ..errors import BadRequest, NotReady
 from ..model_control import require_model_control
 from ..observability.request_log import logged
 from . import v2_documents as documents
-from .http import Answer, dataplane, json_response
+from .http import Answer, control, dataplane, json_response
 
 bp = Blueprint("v2", __name__)
 
@@ -157,15 +157,15 @@ def repository_index():
 @bp.post("/v2/repository/models/<name>/load")
 def repository_load(name: str):
     _require_model_control()
-    documents.load_model(dataplane(), name, _parameters(_optional_json()))
+    config, files = documents.load_arguments(name, _parameters(_optional_json()))
+    control().load(name, config, files)
     return json_response({"name": name, "load": True})
 
 
 @bp.post("/v2/repository/models/<name>/unload")
 def repository_unload(name: str):
     _require_model_control()
-    _parameters(_optional_json())  # checked for shape only; unload_dependents has nothing to act on
-    dataplane().repository.unload_model(name)
+    control().unload(name, documents.unload_dependents(_parameters(_optional_json())))
     return json_response({"name": name, "unload": True})
 
 

@@ -18,11 +18,13 @@ last two (Triton's example clients do after inferring).
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from .. import __version__, statistics
 from ..dataplane import DataPlane
-from ..errors import BadRequest, NotFound
+from ..errors import BadRequest, NotFound, malformed_version
 from ..repository import Model, State
 from ..types import ModelConfig, TensorSpec
 
@@ -35,7 +37,7 @@ def version_number(version: str | None) -> int | None:
     if not version:
         return None
     if not version.isdigit() or int(version) < 1:
-        raise BadRequest(f"invalid model version {version!r}: expected a positive integer, or none for the latest")
+        raise BadRequest(malformed_version(version))
     return int(version)
 
 
@@ -90,7 +92,7 @@ def repository_index(dp: DataPlane, ready_only: bool) -> list[dict[str, Any]]:
 def _index_entries(model: Model) -> list[dict[str, Any]]:
     if not model.versions:
         if model.unloaded:
-            reason = "unloaded"
+            reason = model.reason or "unloaded"
         elif model.config_error:
             reason = model.config_error
         else:
@@ -102,19 +104,45 @@ def _index_entries(model: Model) -> list[dict[str, Any]]:
     ]
 
 
-def load_model(dp: DataPlane, name: str, parameters: Any) -> None:
-    """Load a model from its folder; file and config overrides are refused, a failed load reported."""
-    overrides = sorted(k for k in parameters if k == "config" or k.startswith("file:"))
-    if overrides:
-        raise BadRequest(
-            f"failed to load {name!r}: load parameters {', '.join(overrides)} are not supported; "
-            "servekit loads a model from its folder (edit servekit.yaml there instead)"
-        )
-    model = dp.repository.load_model(name)  # NotFound for a model no folder holds
-    if not model.available():
-        errors = [f"version {mv.version}: {mv.error}" for mv in model.versions.values() if mv.error]
-        detail = "; ".join(errors) or model.config_error or "no version folder found"
-        raise BadRequest(f"failed to load model {name!r}: {detail}")
+def load_arguments(name: str, parameters: dict[str, Any]) -> tuple[Any, dict[str, bytes] | None]:
+    """A load's ``config`` (Triton's JSON model configuration) and ``file:<path>`` files.
+
+    Over HTTP a file's content is base64 text, over gRPC bytes; any other
+    parameter is refused by name.
+    """
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, (str, bytes)):
+        raise BadRequest(f"failed to load {name!r}: the config parameter must be a string of JSON")
+    files = {}
+    for key, value in parameters.items():
+        if key == "config":
+            continue
+        if not key.startswith("file:"):
+            raise BadRequest(f"failed to load {name!r}: unknown load parameter {key!r} (config, file:<path>)")
+        files[key] = _file_content(name, key, value)
+    return config, files or None
+
+
+def _file_content(name: str, key: str, value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"failed to load {name!r}: {key} must hold the file's content in base64") from None
+    raise BadRequest(f"failed to load {name!r}: {key} must hold the file's content (base64 over HTTP, bytes over gRPC)")
+
+
+def unload_dependents(parameters: dict[str, Any]) -> bool:
+    """An unload's ``unload_dependents``; servekit has no ensembles, so nothing depends on a model."""
+    unknown = sorted(set(parameters) - {"unload_dependents"})
+    if unknown:
+        raise BadRequest(f"unknown unload parameter(s) {', '.join(unknown)} (unload_dependents)")
+    value = parameters.get("unload_dependents", False)
+    if not isinstance(value, bool):
+        raise BadRequest(f"'unload_dependents' must be true or false, found {value!r}")
+    return value
 
 
 # -- statistics --------------------------------------------------------------------------------

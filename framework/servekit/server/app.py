@@ -1,6 +1,7 @@
 """``create_app(settings)``: the Flask app with one blueprint per protocol.
 
-State lives in ``app.extensions["servekit"]`` (the :class:`DataPlane`).  One
+State lives in ``app.extensions["servekit"]`` (the :class:`DataPlane`) and
+``app.extensions["servekit.control"]`` (the :class:`ControlPlane` beside it).  One
 error handler turns every :class:`ServekitError` into ``{"error": message}``
 with the error's status; nothing else a handler raises leaks a stack trace.
 """
@@ -15,11 +16,14 @@ from werkzeug.exceptions import HTTPException
 
 from .. import limits, observability, plugins
 from ..auth import ApiKey
+from ..control import ControlPlane
+from ..control.plan import Planner
 from ..dataplane import DataPlane
 from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render
+from ..model_folders import discover, repository_roots
 from ..protocols import generic, health, openai, v1, v2
 from ..protocols.http import json_response
-from ..repository import ModelRepository, discover
+from ..repository import ModelRepository
 from ..settings import Settings
 from ..types import BatchingConfig
 from . import fastlane
@@ -31,12 +35,14 @@ log = logging.getLogger("servekit.server")
 def build_dataplane(settings: Settings, pm: pluggy.PluginManager | None = None) -> DataPlane:
     pm = pm or plugins.build_manager(settings.plugin)
     folders = discover(settings.model_paths, settings.model_name)
-    repository = ModelRepository(
+    batching = BatchingConfig(settings.max_batch_size, settings.max_batch_time_ms)
+    planner = Planner(
         folders,
-        pm,
-        poll_interval=settings.poll_interval,
-        batching=BatchingConfig(settings.max_batch_size, settings.max_batch_time_ms),
+        roots=repository_roots(settings.model_paths),
+        batching=batching,
+        explicit=settings.model_control_mode == "explicit",
     )
+    repository = ModelRepository(folders, pm, poll_interval=settings.poll_interval, batching=batching, planner=planner)
     return DataPlane(repository, load_wait=settings.request_timeout or 60.0, strict_readiness=settings.strict_readiness)
 
 
@@ -47,6 +53,8 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_size
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
+    control = ControlPlane(dp.repository, poll_interval=settings.poll_interval)
+    app.extensions["servekit.control"] = control
 
     for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
@@ -64,7 +72,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     pm = dp.repository.pm
     pm.hook.register_routes(app=app)
     if start:
-        dp.repository.start()
+        control.start()
     pm.hook.server_started(models=dp.model_names())
     return app
 

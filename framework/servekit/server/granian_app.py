@@ -90,7 +90,7 @@ def _preload(settings: Settings) -> Any:
 
     log_setup.configure(settings.log_format, settings.log_level)
     app = create_app(settings, start=False)
-    app.extensions["servekit"].repository.load_now()
+    app.extensions["servekit.control"].load_now()
     return app
 
 
@@ -101,7 +101,7 @@ def _worker_app(settings: Settings, preloaded: Any) -> Any:
     log_setup.configure(settings.log_format, settings.log_level)
     if preloaded is not None:
         app = preloaded
-        app.extensions["servekit"].repository.start()
+        app.extensions["servekit.control"].start()
     else:
         app = create_app(settings)
     dataplane = app.extensions["servekit"]

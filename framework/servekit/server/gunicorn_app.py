@@ -39,7 +39,7 @@ class ServekitApplication(BaseApplication):
     def __init__(self, settings: Settings, extra: dict[str, Any] | None = None):
         self.settings = settings
         self.extra = extra or {}
-        self._dataplane = None
+        self._control = None
         super().__init__()
 
     def load_config(self) -> None:
@@ -85,14 +85,14 @@ class ServekitApplication(BaseApplication):
         app = create_app(self.settings, start=not self.settings.preload)
         if self.settings.preload:
             # Load once in the master; workers share the pages copy-on-write and
-            # each starts its own polling thread after the fork.
-            self._dataplane = app.extensions["servekit"]
-            self._dataplane.repository.load_now()
+            # each follows the control plane after the fork.
+            self._control = app.extensions["servekit.control"]
+            self._control.load_now()
         return app
 
     def _post_fork(self, server, worker) -> None:
-        if self._dataplane is not None:
-            self._dataplane.repository.start()
+        if self._control is not None:
+            self._control.start()
 
     def _post_worker_init(self, worker) -> None:
         install_drain(worker, self.settings)
@@ -155,6 +155,8 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
     metrics.prepare_multiprocess_dir()
     # model hosts (servekit.hosts): one runtime folder for every worker; stopped after them
     hosts.prepare_server(settings.request_timeout, settings.placement)
+    # the control plane's owner: one model set for every worker (servekit.control)
+    close_control = start_control(settings)
     own_logs = None
     if (settings.request_log_url or "").lower() == "sqlite":
         own_logs = tempfile.mkdtemp(prefix="servekit-logs-")
@@ -162,12 +164,28 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
         os.environ["SERVEKIT_REQUEST_LOG_URL"] = settings.request_log_url
 
     def cleanup() -> None:
+        close_control()
         hosts.cleanup()
         metrics.remove_multiprocess_dir()
         if own_logs:
             shutil.rmtree(own_logs, ignore_errors=True)
 
     return cleanup
+
+
+def start_control(settings: Settings) -> Callable[[], None]:
+    """The owner of the model set, in this process (it forks the workers and outlives them)."""
+    from ..control import start_owner
+    from ..model_folders import discover, repository_roots
+    from ..types import BatchingConfig
+
+    return start_owner(
+        discover(settings.model_paths, settings.model_name),
+        roots=repository_roots(settings.model_paths),
+        batching=BatchingConfig(settings.max_batch_size, settings.max_batch_time_ms),
+        explicit=settings.model_control_mode == "explicit",
+        poll_interval=settings.poll_interval,
+    )
 
 
 def run(settings: Settings) -> None:

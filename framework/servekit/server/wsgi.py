@@ -19,4 +19,4 @@ if not settings.paths:
 log_setup.configure(settings.log_format, settings.log_level)
 app = create_app(settings, start=not settings.preload)
 if settings.preload:
-    app.extensions["servekit"].repository.load_now()
+    app.extensions["servekit.control"].load_now()

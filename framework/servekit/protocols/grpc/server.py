@@ -19,6 +19,7 @@ import hmac
 import logging
 import os
 import stat
+import threading
 from concurrent import futures
 from typing import Any
 
@@ -54,8 +55,11 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
     ]
 
 
-def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server, int]:
+def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) -> tuple[grpc.Server, int]:
     """A started ``grpc.Server`` on ``settings.host:settings.grpc_port``; returns it and its port.
+
+    ``control`` is the app's :class:`servekit.control.ControlPlane` (model load, unload and
+    TF Serving's config reload); one over ``dataplane``'s repository is made when none is given.
 
     :raises RuntimeError: the port cannot be bound.
     """
@@ -65,8 +69,18 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
         options=server_options(settings),
         interceptors=interceptors,
     )
-    tf_serving.add_to_server(server, dataplane, tensor_content=settings.grpc_tensor_content)
-    v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode)
+    if control is None:
+        from ...control import ControlPlane
+
+        control = ControlPlane(dataplane.repository)
+    tf_serving.add_to_server(
+        server,
+        dataplane,
+        tensor_content=settings.grpc_tensor_content,
+        control=control,
+        model_control_mode=settings.model_control_mode,
+    )
+    v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode, control=control)
     host = settings.host
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
     try:
@@ -150,10 +164,33 @@ def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
 
 def start_in_worker(worker: Any, settings: Settings) -> None:
-    """gunicorn ``post_worker_init``: serve gRPC from this worker's data plane."""
+    """gunicorn ``post_worker_init``: serve gRPC from this worker's data plane.
+
+    With ``--grpc-after-load`` the port opens once the worker's first load is
+    done (in a thread, so the worker's HTTP side boots meanwhile), as
+    tensorflow_model_server opens its ports only after loading: a client that
+    waits for the port never finds a model still LOADING.
+    """
+    if settings.grpc_after_load:
+        threading.Thread(
+            target=_start_after_load, args=(worker, settings), name="servekit-grpc-start", daemon=True
+        ).start()
+        return
+    _start(worker, settings)
+
+
+def _start_after_load(worker: Any, settings: Settings) -> None:
+    worker.wsgi.extensions["servekit"].repository.wait_ready()
+    try:
+        _start(worker, settings)
+    except SystemExit as exc:
+        os._exit(int(exc.code or WORKER_BOOT_ERROR))
+
+
+def _start(worker: Any, settings: Settings) -> None:
     app = worker.wsgi
     try:
-        server, port = build_server(app.extensions["servekit"], settings)
+        server, port = build_server(app.extensions["servekit"], settings, app.extensions.get("servekit.control"))
     except RuntimeError as exc:
         # A server without its gRPC port is broken, not degraded: stop, in one line.
         # gunicorn halts the whole server when a worker exits with this status

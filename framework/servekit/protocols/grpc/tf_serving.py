@@ -27,7 +27,9 @@ from ...codecs import tensor_proto
 from ...dataplane import DataPlane
 from ...errors import BadRequest
 from ...inference import InferRequest, RequestedOutput
+from ...model_control import require_model_control
 from ...repository import ModelVersion
+from ...tf_model_config import served_model
 from ...types import CLASSIFY_METHOD, REGRESS_METHOD, Signature
 from .. import tf_documents as documents
 from .common import rpc, streaming_rpc
@@ -38,11 +40,13 @@ from .protos.tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     inference_pb2,
+    model_management_pb2,
     model_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
     regression_pb2,
+    status_pb2,
 )
 
 log = logging.getLogger("servekit.grpc")
@@ -277,8 +281,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane, control: Any = None, model_control_mode: str | None = None):
         self.dp = dataplane
+        self.control = control
+        self.model_control_mode = model_control_mode
 
     @rpc
     def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context):
@@ -291,10 +297,43 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         statuses = [documents.version_status(mv) for mv in self.dp.repository.statuses(spec.name, version, label)]
         return json_format.ParseDict({"model_version_status": statuses}, get_model_status_pb2.GetModelStatusResponse())
 
+    @rpc
+    def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest, context):
+        """Serve exactly the models of the new config: added ones load, missing ones unload.
 
-def add_to_server(server: grpc.Server, dataplane: DataPlane, *, tensor_content: bool = False) -> None:
-    """Add both services; ``tensor_content`` is ``--grpc-tensor-content``."""
+        Answers once every worker applied it (servekit.control); a model that fails
+        to load is an error naming it, as TF Serving's reload reports it.
+        """
+        require_model_control(self.model_control_mode)
+        self.control.reload_config(served_models(request.config))
+        return model_management_pb2.ReloadConfigResponse(status=status_pb2.StatusProto(error_code="OK"))
+
+
+def served_models(config: Any) -> list[dict[str, Any]]:
+    """A ``ModelServerConfig``'s models as the control plane takes them."""
+    if config.WhichOneof("config") != "model_config_list":
+        raise BadRequest("ReloadConfigRequest: config must hold a model_config_list")
+    models = [served_model(entry) for entry in config.model_config_list.config]
+    names = [m["name"] for m in models]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BadRequest(f"ReloadConfigRequest: model {repeated[0]!r} is configured twice")
+    return models
+
+
+def add_to_server(
+    server: grpc.Server,
+    dataplane: DataPlane,
+    *,
+    tensor_content: bool = False,
+    control: Any = None,
+    model_control_mode: str | None = None,
+) -> None:
+    """Add both services; ``tensor_content`` is ``--grpc-tensor-content``; ``control`` (the app's
+    :class:`servekit.control.ControlPlane`) carries out config reloads."""
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionServicer(dataplane, tensor_content=tensor_content), server
     )
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(dataplane), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+        ModelServicer(dataplane, control, model_control_mode), server
+    )

@@ -53,9 +53,10 @@ def version_of(version: str) -> int | None:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, *, model_control_mode: str | None = None):
+    def __init__(self, dataplane: DataPlane, *, model_control_mode: str | None = None, control: Any = None):
         self.dp = dataplane
         self.model_control_mode = model_control_mode
+        self.control = control
 
     @rpc
     def ServerLive(self, request, context):
@@ -146,17 +147,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context):
         require_model_control(self.model_control_mode)
         _one_repository(request.repository_name)
+        parameters = {key: _parameter_value(value) for key, value in request.parameters.items()}
+        config, files = documents.load_arguments(request.model_name, parameters)
         try:
-            documents.load_model(self.dp, request.model_name, request.parameters)
+            self.control.load(request.model_name, config, files)
         except NotFound as exc:  # Triton's gRPC wording: every failed load starts "failed to load"
-            raise BadRequest(f"failed to load {request.model_name!r}: {exc.message}") from None
+            message = exc.message if "failed to load" in exc.message else f"failed to load: {exc.message}"
+            raise BadRequest(message) from None
         return pb.RepositoryModelLoadResponse()
 
     @rpc
     def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context):
         require_model_control(self.model_control_mode)
         _one_repository(request.repository_name)
-        self.dp.repository.unload_model(request.model_name)
+        parameters = {key: _parameter_value(value) for key, value in request.parameters.items()}
+        self.control.unload(request.model_name, documents.unload_dependents(parameters))
         return pb.RepositoryModelUnloadResponse()
 
 
@@ -166,12 +171,21 @@ def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.Mod
     return response
 
 
+def _parameter_value(parameter: Any) -> Any:
+    """A ``ModelRepositoryParameter``'s value: bool, int, string or bytes."""
+    choice = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, choice) if choice else None
+
+
 def _one_repository(name: str) -> None:
     if name:
         raise BadRequest(f"repository_name {name!r}: servekit serves one model repository; leave it empty")
 
 
-def add_to_server(server: grpc.Server, dataplane: DataPlane, *, model_control_mode: str | None = None) -> None:
-    """Add the service; ``model_control_mode`` is ``--model-control-mode`` (load/unload)."""
-    servicer = InferenceServicer(dataplane, model_control_mode=model_control_mode)
+def add_to_server(
+    server: grpc.Server, dataplane: DataPlane, *, model_control_mode: str | None = None, control: Any = None
+) -> None:
+    """Add the service; ``model_control_mode`` is ``--model-control-mode`` (load/unload), which
+    ``control`` (the app's :class:`servekit.control.ControlPlane`) carries out."""
+    servicer = InferenceServicer(dataplane, model_control_mode=model_control_mode, control=control)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)

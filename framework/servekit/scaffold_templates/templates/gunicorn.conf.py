@@ -42,8 +42,8 @@ def when_ready(server):
 
 
 def post_worker_init(worker):
-    """Each worker polls the model folders itself (also with preload), then servekit's own setup."""
-    worker.wsgi.extensions["servekit"].repository.start()
+    """Each worker follows the control plane's model set (also with preload), then servekit's own setup."""
+    worker.wsgi.extensions["servekit.control"].start()
     _servekit._post_worker_init(worker)
 
 

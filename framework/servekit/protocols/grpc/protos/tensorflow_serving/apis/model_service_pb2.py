@@ -25,15 +25,16 @@ _sym_db = _symbol_database.Default()
 
 
 from servekit.protocols.grpc.protos.tensorflow_serving.apis import get_model_status_pb2 as servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2
+from servekit.protocols.grpc.protos.tensorflow_serving.apis import model_management_pb2 as servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2
 
 
-DESCRIPTOR = _POOL.AddSerializedFile(b'\nJservekit/protocols/grpc/protos/tensorflow_serving/apis/model_service.proto\x12\x12tensorflow.serving\x1aMservekit/protocols/grpc/protos/tensorflow_serving/apis/get_model_status.proto2w\n\x0cModelService\x12g\n\x0eGetModelStatus\x12).tensorflow.serving.GetModelStatusRequest\x1a*.tensorflow.serving.GetModelStatusResponseb\x06proto3')
+DESCRIPTOR = _POOL.AddSerializedFile(b'\nJservekit/protocols/grpc/protos/tensorflow_serving/apis/model_service.proto\x12\x12tensorflow.serving\x1aMservekit/protocols/grpc/protos/tensorflow_serving/apis/get_model_status.proto\x1aMservekit/protocols/grpc/protos/tensorflow_serving/apis/model_management.proto2\xe7\x01\n\x0cModelService\x12g\n\x0eGetModelStatus\x12).tensorflow.serving.GetModelStatusRequest\x1a*.tensorflow.serving.GetModelStatusResponse\x12n\n\x19HandleReloadConfigRequest\x12\'.tensorflow.serving.ReloadConfigRequest\x1a(.tensorflow.serving.ReloadConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'servekit.protocols.grpc.protos.tensorflow_serving.apis.model_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSERVICE']._serialized_start=177
-  _globals['_MODELSERVICE']._serialized_end=296
+  _globals['_MODELSERVICE']._serialized_start=257
+  _globals['_MODELSERVICE']._serialized_end=488
 # @@protoc_insertion_point(module_scope)

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from servekit.protocols.grpc.protos.tensorflow_serving.apis import get_model_status_pb2 as servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2
+from servekit.protocols.grpc.protos.tensorflow_serving.apis import model_management_pb2 as servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -39,12 +40,23 @@ class ModelServiceStub:
                 request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2.GetModelStatusRequest.SerializeToString,
                 response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2.GetModelStatusResponse.FromString,
                 _registered_method=True)
+        self.HandleReloadConfigRequest = channel.unary_unary(
+                '/tensorflow.serving.ModelService/HandleReloadConfigRequest',
+                request_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2.ReloadConfigRequest.SerializeToString,
+                response_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2.ReloadConfigResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetModelStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HandleReloadConfigRequest(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +69,11 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     servicer.GetModelStatus,
                     request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2.GetModelStatusRequest.FromString,
                     response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2.GetModelStatusResponse.SerializeToString,
+            ),
+            'HandleReloadConfigRequest': grpc.unary_unary_rpc_method_handler(
+                    servicer.HandleReloadConfigRequest,
+                    request_deserializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2.ReloadConfigRequest.FromString,
+                    response_serializer=servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2.ReloadConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +103,33 @@ class ModelService:
             '/tensorflow.serving.ModelService/GetModelStatus',
             servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2.GetModelStatusRequest.SerializeToString,
             servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_get__model__status__pb2.GetModelStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HandleReloadConfigRequest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensorflow.serving.ModelService/HandleReloadConfigRequest',
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2.ReloadConfigRequest.SerializeToString,
+            servekit_dot_protocols_dot_grpc_dot_protos_dot_tensorflow__serving_dot_apis_dot_model__management__pb2.ReloadConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,206 @@
+"""The owner's socket: workers follow its plans and send their control calls over it.
+
+One Unix socket per server, in a private temporary folder, authenticated with a
+random key (``multiprocessing.connection``: its handshake, then pickled
+messages).  The engine's top process opens it before forking and exports its
+address and key through the environment, so every worker finds it however the
+engine started it.  Two kinds of connection:
+
+- a *follower* (one per worker, for its life) sends ``("follow", pid)``, then
+  receives ``("plan", plan)`` and answers ``("applied", generation, states)``
+  after applying each;
+- a *call* sends ``("call", op, kwargs)`` and gets ``("ok", result)`` or
+  ``("error", kind, message)`` back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from .. import errors
+from .owner import Owner
+
+log = logging.getLogger("servekit.control")
+
+ENV_ADDRESS = "SERVEKIT_CONTROL_ADDRESS"
+ENV_KEY = "SERVEKIT_CONTROL_KEY"
+ENV_OWNER = "SERVEKIT_CONTROL_OWNER"
+
+_owner: Owner | None = None  # the owner this process runs, if it runs one
+
+
+def local_owner() -> Owner | None:
+    """The owner running in this process (the engine's top process), ``None`` elsewhere."""
+    if _owner is not None and os.environ.get(ENV_OWNER) == str(os.getpid()):
+        return _owner
+    return None
+
+
+def address() -> str | None:
+    """The owner's socket when this process is one of a server's workers."""
+    found = os.environ.get(ENV_ADDRESS)
+    return found if found and os.environ.get(ENV_OWNER) != str(os.getpid()) else None
+
+
+def _key() -> bytes:
+    return bytes.fromhex(os.environ.get(ENV_KEY, ""))
+
+
+# -- the owner's side ----------------------------------------------------------------------
+
+
+def serve(owner: Owner) -> Any:
+    """Open the owner's socket in this process and export where it is; returns a closer."""
+    global _owner
+    folder = tempfile.mkdtemp(prefix="servekit-control-")
+    path = str(Path(folder) / "control.sock")
+    key = secrets.token_bytes(16)
+    listener = Listener(path, family="AF_UNIX", authkey=key)
+    os.environ.update({ENV_ADDRESS: path, ENV_KEY: key.hex(), ENV_OWNER: str(os.getpid())})
+    _owner = owner
+    threading.Thread(target=_accept, args=(listener, owner), name="servekit-control", daemon=True).start()
+
+    def close() -> None:
+        owner.stop()
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    return close
+
+
+def _accept(listener: Listener, owner: Owner) -> None:
+    while True:
+        try:
+            conn = listener.accept()
+        except OSError:
+            return  # closed
+        except Exception as exc:  # a failed handshake: not one of ours
+            log.warning("control socket: refused a connection: %s", exc)
+            continue
+        threading.Thread(target=_connection, args=(conn, owner), name="servekit-control-conn", daemon=True).start()
+
+
+class RemoteLink:
+    """A worker's repository, as the owner sees it."""
+
+    def __init__(self, conn: Connection, pid: int):
+        self.conn = conn
+        self.label = f"worker {pid}"
+        self.generation = 0
+        self.states: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def send(self, plan: dict[str, Any]) -> None:
+        with self._lock:
+            self.conn.send(("plan", plan))
+
+
+def _connection(conn: Connection, owner: Owner) -> None:
+    with conn:
+        try:
+            first = conn.recv()
+        except (EOFError, OSError):
+            return
+        if first[0] == "follow":
+            _follower(conn, owner, int(first[1]))
+        elif first[0] == "call":
+            conn.send(_answer(owner, first[1], first[2]))
+
+
+def _follower(conn: Connection, owner: Owner, pid: int) -> None:
+    link = RemoteLink(conn, pid)
+    try:
+        owner.join(link)
+        while True:
+            _, generation, states = conn.recv()
+            owner.acknowledge(link, generation, states)
+    except (EOFError, OSError):
+        pass
+    finally:
+        owner.leave(link)
+
+
+def _answer(owner: Owner, op: str, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    try:
+        return ("ok", owner.call(op, **kwargs))
+    except errors.ServekitError as exc:
+        return ("error", type(exc).__name__, exc.message, exc.status)
+    except Exception as exc:
+        log.exception("control call %s failed", op)
+        return ("error", "ServekitError", f"control call {op} failed: {type(exc).__name__}: {exc}", 500)
+
+
+# -- a worker's side -------------------------------------------------------------------------
+
+
+def call(op: str, timeout: float | None = None, **kwargs: Any) -> Any:
+    """Send one control call to the owner and wait for its answer (raised as the owner raised it)."""
+    where = address()
+    if where is None:
+        raise errors.NotReady("the control plane is not reachable from this process")
+    try:
+        with Client(where, family="AF_UNIX", authkey=_key()) as conn:
+            conn.send(("call", op, kwargs))
+            if timeout is not None and not conn.poll(timeout):
+                raise errors.Timeout(f"the control plane did not answer {op} within {timeout:g}s")
+            reply = conn.recv()
+    except (OSError, EOFError) as exc:
+        raise errors.NotReady(f"the control plane is not reachable: {exc}") from None
+    if reply[0] == "ok":
+        return reply[1]
+    raise _error(*reply[1:])
+
+
+def _error(kind: str, message: str, status: int) -> errors.ServekitError:
+    cls = getattr(errors, kind, None)
+    try:
+        error = cls(message) if isinstance(cls, type) and issubclass(cls, errors.ServekitError) else None
+    except TypeError:
+        error = None
+    if error is None:
+        error = errors.NotFound(message) if status == 404 else errors.ServekitError(message)
+        error.status = status
+    return error
+
+
+def follow(repository: Any) -> threading.Thread:
+    """Keep ``repository`` in step with the owner's plans, in a daemon thread."""
+    thread = threading.Thread(target=_follow, args=(repository,), name="servekit-control-follow", daemon=True)
+    thread.start()
+    return thread
+
+
+def _follow(repository: Any) -> None:
+    where = address() or ""
+    try:
+        conn = Client(where, family="AF_UNIX", authkey=_key())
+    except (OSError, EOFError) as exc:
+        log.error("cannot reach the control plane (%s): this worker serves its model folders alone", exc)
+        repository.sync()
+        return
+    with conn:
+        conn.send(("follow", os.getpid()))
+        while True:
+            try:
+                _, plan = conn.recv()
+            except (EOFError, OSError):
+                log.warning("the control plane went away; this worker keeps serving what it has")
+                return
+            conn.send(("applied", plan["generation"], _apply(repository, plan)))
+
+
+def _apply(repository: Any, plan: dict[str, Any]) -> Any:
+    try:
+        if plan["generation"] > repository.generation or not repository.ready:
+            return repository.apply(plan)
+    except Exception:
+        log.exception("applying plan %d failed", plan["generation"])
+    return repository.states()
