@@ -130,7 +130,7 @@ def test_services_match_tensorflow_serving():
     assert mine == methods(theirs)
     model_service = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"]
     reference = methods(tf_model_service.DESCRIPTOR.services_by_name["ModelService"])
-    assert methods(model_service) == {"GetModelStatus": reference["GetModelStatus"]}
+    assert methods(model_service) == reference  # GetModelStatus and HandleReloadConfigRequest
 
 
 def test_v2_matches_tritonclient():

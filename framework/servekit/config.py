@@ -10,7 +10,9 @@ import yaml
 from .types import BatchingConfig, ModelConfig
 
 CONFIG_FILE = "servekit.yaml"
-_KEYS = {"plugin", "version_policy", "labels", "device", "batching", "options", "placement", "replicas"}
+_KEYS = {"plugin", "version_policy", "labels", "device", "batching", "options", "placement", "replicas", "warmup"}
+#: What one warm-up item may hold: a request body of one protocol, or a file of one.
+WARMUP_KINDS = ("v1", "v2", "file")
 
 
 class ConfigError(ValueError):
@@ -78,8 +80,36 @@ def parse_model_config(
         options=options,
         placement=placement,
         replicas=replicas,
+        warmup=_warmup(raw.get("warmup")),
         base_path=model_dir,
     )
+
+
+def _warmup(raw: Any) -> list[dict[str, Any]]:
+    """``warmup``: a list of sample requests, each ``{v1: body}``, ``{v2: body}`` or ``{file: path}``
+    (a JSON request beside the version), with an optional ``count``."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{CONFIG_FILE}: 'warmup' must be a list of sample requests")
+    items = []
+    for i, item in enumerate(raw):
+        kinds = [k for k in WARMUP_KINDS if isinstance(item, dict) and k in item]
+        if len(kinds) != 1 or set(item) - {kinds[0], "count"}:
+            raise ConfigError(
+                f"{CONFIG_FILE}: warmup item {i} must hold one of v1 (a TF Serving REST predict body), "
+                "v2 (a V2 infer body) or file (a JSON request beside the version), and optionally count"
+            )
+        count = item.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1000:
+            raise ConfigError(f"{CONFIG_FILE}: warmup item {i}: 'count' must be a number from 1 to 1000")
+        body = item[kinds[0]]
+        if not isinstance(body, dict if kinds[0] != "file" else str):
+            raise ConfigError(
+                f"{CONFIG_FILE}: warmup item {i}: {kinds[0]} must be a {'path' if kinds[0] == 'file' else 'request body'}"
+            )
+        items.append({"kind": kinds[0], "body": body, "count": count})
+    return items
 
 
 def _placement(raw: dict[str, Any]) -> tuple[str | None, int]:

@@ -269,7 +269,7 @@ class DataPlane:
     # -- helpers ----------------------------------------------------------------
 
     def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
-        if not mv.ready:
+        if not (mv.ready or mv.warming):
             raise NotReady(f"model {mv.name!r} version {mv.version} is not ready")
         if mv.host is not None:
             return mv.host.call("call", hook, **kwargs)

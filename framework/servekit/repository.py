@@ -16,6 +16,7 @@ import enum
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ class ModelVersion:
     host: Any = None  # servekit.hosts.client.HostClient when the version runs in model host processes
     batcher: Any = None  # servekit.batching: made on the first predict (batching.batcher_for)
     raw_config: dict[str, Any] = field(default_factory=dict)  # the settings it was loaded with
+    warming: bool = False  # LOADING, answering its warm-up requests (servekit.warmup)
 
     @property
     def ready(self) -> bool:
@@ -117,6 +119,8 @@ class ModelRepository:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._managers: dict[Path, pluggy.PluginManager] = {}
+        #: runs a loading version's warm-up before it is AVAILABLE (servekit.warmup.Warmer)
+        self.warm: Callable[[ModelVersion], None] | None = None
 
     # -- lifecycle (a repository that decides alone) ------------------------
 
@@ -302,6 +306,7 @@ class ModelRepository:
             started = time.perf_counter()
             try:
                 where = self._load_where_placed(model, mv)
+                self._warm_up(mv)
                 mv.load_seconds = time.perf_counter() - started
                 mv.state = State.AVAILABLE
                 log.info("loaded %s version %d in %.2fs (%s)", model.name, version, mv.load_seconds, where)
@@ -314,6 +319,19 @@ class ModelRepository:
             model.versions[version] = mv
         if previous is not None and previous.ready:
             self._release(previous)  # replaced by a load with other settings
+
+    def _warm_up(self, mv: ModelVersion) -> None:
+        """Run the warm-up; a failing one releases what was loaded (the load then fails)."""
+        if self.warm is None:
+            return
+        mv.warming = True
+        try:
+            self.warm(mv)
+        except BaseException:
+            self._release(mv)
+            raise
+        finally:
+            mv.warming = False
 
     def _load_where_placed(self, model: Model, mv: ModelVersion) -> str:
         """Load ``mv`` here or in model hosts; says where, for the log."""

@@ -82,6 +82,8 @@ class ModelConfig:
     placement: str | None = None
     #: host processes of a version with placement ``process``
     replicas: int = 1
+    #: sample requests run before a version takes traffic (servekit.warmup)
+    warmup: list[dict[str, Any]] = field(default_factory=list)
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
 

@@ -13,6 +13,7 @@ Triton's ``load`` may carry a JSON ``ModelConfig`` that replaces the model's
 | ``instance_group[0].kind`` (``KIND_CPU`` / ``KIND_GPU``, ``gpus``) | ``device`` |
 | ``backend`` / ``platform`` | ``plugin`` |
 | ``parameters`` (``string_value``) | ``options`` |
+| ``model_warmup`` (``zero_data`` / ``random_data`` inputs) | ``warmup`` (V2 requests) |
 
 A field with no servekit meaning is refused (400) by name: nothing a client
 sent is dropped silently.  ``name`` must be the model's; ``input`` and
@@ -60,21 +61,28 @@ def settings_for(name: str, config: Any) -> dict[str, Any]:
             batching["max_batch_size"] = _integer(fail, key, value)
         elif key == "dynamic_batching":
             batching.update(_dynamic_batching(fail, value))
-        elif key == "version_policy":
-            settings["version_policy"] = _version_policy(fail, value)
-        elif key == "instance_group":
-            settings.update(_instance_group(fail, value))
-        elif key in ("backend", "platform"):
-            plugin = _plugin(fail, key, value)
-            if plugin:
-                settings["plugin"] = plugin
-        elif key == "parameters":
-            settings["options"] = _parameters(fail, value)
         else:
-            fail(f"config field {key!r} has no servekit counterpart{_why(key)}")
+            settings.update(_setting(fail, key, value, doc))
     if batching:
         settings["batching"] = batching
     return settings
+
+
+def _setting(fail: Any, key: str, value: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """The servekit.yaml settings one top-level field stands for."""
+    if key == "version_policy":
+        return {"version_policy": _version_policy(fail, value)}
+    if key == "instance_group":
+        return _instance_group(fail, value)
+    if key in ("backend", "platform"):
+        plugin = _plugin(fail, key, value)
+        return {"plugin": plugin} if plugin else {}
+    if key == "parameters":
+        return {"options": _parameters(fail, value)}
+    if key == "model_warmup":
+        return {"warmup": _warmup(fail, value, doc.get("max_batch_size"))}
+    fail(f"config field {key!r} has no servekit counterpart{_why(key)}")
+    return {}
 
 
 def check(planner: Any, name: str, overrides: dict[str, Any], base_path: Path | None) -> None:
@@ -207,3 +215,37 @@ def _parameters(fail: Any, value: Any) -> dict[str, Any]:
             fail(f"config field 'parameters.{key}' must be {{\"string_value\": ...}}")
         options[key] = item.get("string_value", "")
     return options
+
+
+def _warmup(fail: Any, value: Any, max_batch_size: Any) -> list[dict[str, Any]]:
+    """Triton's ``model_warmup`` samples as V2 warm-up requests."""
+    if not isinstance(value, list):
+        fail("config field 'model_warmup' must list warm-up samples")
+    items = []
+    for sample in value:
+        if not isinstance(sample, dict) or set(sample) - {"name", "batch_size", "inputs", "count"}:
+            fail("config field 'model_warmup' samples take name, batch_size, inputs and count")
+        batch = _integer(fail, "model_warmup.batch_size", sample.get("batch_size", 1), 1)
+        inputs = sample.get("inputs") or {}
+        if not isinstance(inputs, dict) or not inputs:
+            fail("config field 'model_warmup.inputs' must map input names to their data")
+        batched = max_batch_size not in (None, 0, "0")
+        tensors = [_warmup_input(fail, name, spec, batch if batched else 0) for name, spec in inputs.items()]
+        count = _integer(fail, "model_warmup.count", sample.get("count", 1), 1)
+        items.append({"v2": {"inputs": tensors}, "count": count})
+    return items
+
+
+def _warmup_input(fail: Any, name: str, spec: Any, batch: int) -> dict[str, Any]:
+    if not isinstance(spec, dict) or not str(spec.get("data_type", "")).startswith("TYPE_"):
+        fail(f"config field 'model_warmup.inputs.{name}' needs a data_type (TYPE_FP32, ...)")
+    datatype = spec["data_type"][len("TYPE_") :].replace("STRING", "BYTES")
+    dims = [_integer(fail, f"model_warmup.inputs.{name}.dims", d, 1) for d in spec.get("dims", [])]
+    shape = ([batch] if batch else []) + dims
+    if not (spec.get("zero_data") or spec.get("random_data")):
+        fail(f"config field 'model_warmup.inputs.{name}': only zero_data and random_data are supported")
+    count = 1
+    for d in shape:
+        count *= d
+    zero: Any = "" if datatype == "BYTES" else (False if datatype == "BOOL" else 0)
+    return {"name": name, "datatype": datatype, "shape": shape, "data": [zero] * count}

@@ -26,6 +26,7 @@ from ..protocols.http import json_response
 from ..repository import ModelRepository
 from ..settings import Settings
 from ..types import BatchingConfig
+from ..warmup import Warmer
 from . import fastlane
 from .pages import openapi, status_page
 
@@ -43,7 +44,11 @@ def build_dataplane(settings: Settings, pm: pluggy.PluginManager | None = None) 
         explicit=settings.model_control_mode == "explicit",
     )
     repository = ModelRepository(folders, pm, poll_interval=settings.poll_interval, batching=batching, planner=planner)
-    return DataPlane(repository, load_wait=settings.request_timeout or 60.0, strict_readiness=settings.strict_readiness)
+    dataplane = DataPlane(
+        repository, load_wait=settings.request_timeout or 60.0, strict_readiness=settings.strict_readiness
+    )
+    repository.warm = Warmer(dataplane)  # a version takes traffic only after its warm-up
+    return dataplane
 
 
 def create_app(settings: Settings | None = None, dataplane: DataPlane | None = None, start: bool = True) -> Flask:
