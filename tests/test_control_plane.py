@@ -266,3 +266,44 @@ def test_reload_config_over_grpc_adds_and_removes_models(tmp_path):
         assert set(statuses(server.url, "/v1/models/extra")) == {200}
         assert set(statuses(server.url, "/v1/models/iris")) == {404}
     shutil.rmtree(tmp_path / "elsewhere")
+
+
+def resident_bytes(url: str) -> float:
+    text = requests.get(url + "/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("servekit_model_resident_bytes{")
+    )
+
+
+def test_five_models_with_a_memory_budget_for_two(tmp_path):
+    repo = tmp_path / "repo"
+    names = [f"m{i}" for i in range(5)]
+    for name in names:
+        fit_iris(repo / name, 1)
+    size = (repo / "m0" / "1" / "model.joblib").stat().st_size
+    budget = 2 * size + size // 2
+    (repo / "m4" / "servekit.yaml").write_text("pin: true\n")
+    server = ServerProcess(repo, workers=2, model_memory_budget=budget, request_timeout=30).start(timeout=180)
+    try:
+        url = server.url
+        states = {e["name"]: e for e in requests.post(url + "/v2/repository/index", timeout=30).json()}
+        assert sorted(n for n, e in states.items() if e["state"] == "READY") == ["m0", "m4"]
+        assert "memory-budget" in states["m3"]["reason"]
+
+        for _round in range(3):
+            for name in names:
+                for _attempt in range(20):
+                    r = requests.post(f"{url}/v2/models/{name}/infer", json=V2_ROW, timeout=60)
+                    if r.status_code == 200:
+                        break
+                    assert r.status_code == 503 and r.headers.get("Retry-After"), (r.status_code, r.text)
+
+                    time.sleep(float(r.headers["Retry-After"]))
+                assert r.status_code == 200 and r.json()["outputs"][0]["data"] == ["setosa"], r.text
+                assert resident_bytes(url) <= budget + size
+        ready = {
+            e["name"] for e in requests.post(url + "/v2/repository/index", timeout=30).json() if e["state"] == "READY"
+        }
+        assert "m4" in ready and len(ready) <= 3  # the pinned model stays, with at most two others
+    finally:
+        server.stop()

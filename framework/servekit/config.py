@@ -10,7 +10,18 @@ import yaml
 from .types import BatchingConfig, ModelConfig
 
 CONFIG_FILE = "servekit.yaml"
-_KEYS = {"plugin", "version_policy", "labels", "device", "batching", "options", "placement", "replicas", "warmup"}
+_KEYS = {
+    "plugin",
+    "version_policy",
+    "labels",
+    "device",
+    "batching",
+    "options",
+    "placement",
+    "replicas",
+    "warmup",
+    "pin",
+}
 #: What one warm-up item may hold: a request body of one protocol, or a file of one.
 WARMUP_KINDS = ("v1", "v2", "file")
 
@@ -81,8 +92,15 @@ def parse_model_config(
         placement=placement,
         replicas=replicas,
         warmup=_warmup(raw.get("warmup")),
+        pin=_pin(raw.get("pin", False)),
         base_path=model_dir,
     )
+
+
+def _pin(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise ConfigError(f"{CONFIG_FILE}: 'pin' must be true or false, found {raw!r}")
+    return raw
 
 
 def _warmup(raw: Any) -> list[dict[str, Any]]:

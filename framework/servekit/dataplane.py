@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import batching, statistics
-from .errors import BadRequest, ModelFailure, NotImplementedByModel, NotReady, ServekitError
+from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
 from .inference import InferRequest
 from .repository import ModelRepository, ModelVersion
 from .streams import close, is_stream
@@ -41,6 +41,8 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         #: how long a request waits for this worker's first load instead of failing
         self.load_wait = load_wait
+        #: asks the control plane to load a model the memory budget unloaded (ControlPlane.ensure)
+        self.on_demand: Any = None
 
     # -- health ---------------------------------------------------------------
 
@@ -67,6 +69,13 @@ class DataPlane:
             # Another worker may already answer ready while this one still loads:
             # hold the request briefly rather than fail it.
             self.repository.wait_ready(self.load_wait)
+        try:
+            return self.repository.resolve(name, version, label)
+        except NotFound:
+            model = self.repository.models.get(name)
+            if self.on_demand is None or model is None or not model.evicted:
+                raise
+        self.on_demand(name)  # waits until every worker has it again, or raises 503 with Retry-After
         return self.repository.resolve(name, version, label)
 
     def metadata(self, mv: ModelVersion) -> ModelMetadata:

@@ -89,6 +89,18 @@ class NotReady(ServekitError):
     grpc_code = "UNAVAILABLE"
 
 
+class NotResident(NotReady):
+    """A model the memory budget unloaded could not be loaded again in time: retry shortly."""
+
+    retry_after = 1
+
+
+def retry_headers(exc: ServekitError) -> dict[str, str]:
+    """``Retry-After`` for an error that a client should retry (``{}`` otherwise)."""
+    seconds = getattr(exc, "retry_after", None)
+    return {"Retry-After": str(seconds)} if seconds else {}
+
+
 class Timeout(ServekitError):
     status = 504
     grpc_code = "DEADLINE_EXCEEDED"

@@ -94,3 +94,17 @@ def fingerprint(path: Path) -> float:
         return max([path.stat().st_mtime] + [p.stat().st_mtime for p in path.iterdir()])
     except OSError:
         return 0.0
+
+
+def folder_bytes(path: Path) -> int:
+    """The size of a version's files: what the memory budget counts for it."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for entry in path.rglob("*"):
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except OSError:
+            continue
+    return total

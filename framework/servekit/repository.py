@@ -80,6 +80,9 @@ class Model:
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     unloaded: bool = False  # not served on purpose: unloaded through the API, or never loaded
     reason: str = ""  # why it is not served, when unloaded
+    evicted: bool = False  # unloaded to keep within the memory budget: loads again when asked for
+    bytes: int = 0  # what the memory budget counts for its versions (their files' size)
+    last_used: float = 0.0  # time.time() of its last request here
     raw_config: dict[str, Any] = field(default_factory=dict)
     # the last load tried of each version: (fingerprint, config_key); retried only when it changes
     tried: dict[int, tuple[float, str]] = field(default_factory=dict)
@@ -224,7 +227,9 @@ class ModelRepository:
             except ConfigError as exc:
                 model.config_error = str(exc)
         model.reason = doc["reason"]
-        if not doc["enabled"]:
+        model.evicted = doc["enabled"] and not doc.get("resident", True)
+        model.bytes = doc.get("bytes", 0)
+        if not doc["enabled"] or model.evicted:
             model.unloaded = True
             self._unload_all(model)
             return
@@ -255,6 +260,10 @@ class ModelRepository:
         for mv in list(model.versions.values()):
             self._unload_version(model, mv)
         model.tried.clear()
+
+    def usage(self) -> dict[str, float]:
+        """When each model was last asked for here (the memory budget unloads the least recent)."""
+        return {name: model.last_used for name, model in self.models.items() if model.last_used}
 
     def states(self) -> dict[str, dict[int, tuple[str, str]]]:
         """Every model's versions here: ``{name: {version: (state, error)}}``."""
@@ -438,6 +447,7 @@ class ModelRepository:
     def resolve(self, name: str, version: int | str | None = None, label: str | None = None) -> ModelVersion:
         """The version a request addresses: a number, a label, or the latest available."""
         model = self.get_model(name)
+        model.last_used = time.time()
         number = _addressed_version(model, version, label)
         if number is not None:
             mv = model.versions.get(number)
@@ -469,6 +479,8 @@ class ModelRepository:
             return [model.versions[number]]
         if not model.versions and not self.ready:
             return [ModelVersion(name, 0, model.base_path, model.config, State.LOADING)]
+        if not model.versions and model.unloaded:
+            raise NotFound(f"Could not find any versions of model {name} (it is {model.reason or UNLOADED})")
         return sorted(model.versions.values(), key=lambda v: v.version, reverse=True)
 
 

@@ -103,6 +103,10 @@ class Settings:
         metadata={"help": "path prefixes that stay open when --api-key is set (repeatable)", "repeat": True},
     )
     max_inflight: int = _opt(0, "requests one worker runs at once; 0 means its thread count")
+    model_memory_budget: int = _opt(
+        0,
+        "bytes of models resident at once (their files' size); the least recently used unpinned ones unload to make room and load again on their next request; 0: no budget",
+    )
     max_queue: int = _opt(16, "requests one worker keeps waiting for a free slot; more are answered 429")
     drain_seconds: float = _opt(30.0, "after SIGTERM, seconds in-flight requests and streams get to finish")
     shutdown_delay: float = _opt(0.0, "after SIGTERM, seconds to keep accepting while readiness answers 503")

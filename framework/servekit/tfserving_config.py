@@ -200,7 +200,8 @@ class Mirror:
             try:
                 self.sync()
             except OSError as exc:  # a base_path may vanish for a while; keep watching
-                log.warning("cannot mirror a model folder: %s", exc)
+                if not self._stop.is_set():
+                    log.warning("cannot mirror a model folder: %s", exc)
 
     def close(self) -> None:
         self._stop.set()

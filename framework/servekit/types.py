@@ -84,6 +84,8 @@ class ModelConfig:
     replicas: int = 1
     #: sample requests run before a version takes traffic (servekit.warmup)
     warmup: list[dict[str, Any]] = field(default_factory=list)
+    #: never unloaded to make room under ``--model-memory-budget``
+    pin: bool = False
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
 

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .. import errors
 from . import transport
 from .owner import APPLY_TIMEOUT, LocalLink, Owner
 from .plan import Planner
@@ -40,9 +41,11 @@ def start_owner(
     batching: Any,
     explicit: bool,
     poll_interval: float,
+    memory_budget: int = 0,
 ) -> Any:
     """Make this process (the engine's top process, before it forks) the server's owner; returns a closer."""
-    owner = Owner(Planner(folders, roots=roots, batching=batching, explicit=explicit), poll_interval=poll_interval)
+    planner = Planner(folders, roots=roots, batching=batching, explicit=explicit)
+    owner = Owner(planner, poll_interval=poll_interval, memory_budget=memory_budget)
     owner.start()
     return transport.serve(owner)
 
@@ -60,10 +63,20 @@ class ControlPlane:
       repository's planner, with the repository as its only follower.
     """
 
-    def __init__(self, repository: Any, *, poll_interval: float = 0.0, apply_timeout: float = APPLY_TIMEOUT):
+    def __init__(
+        self,
+        repository: Any,
+        *,
+        poll_interval: float = 0.0,
+        apply_timeout: float = APPLY_TIMEOUT,
+        memory_budget: int = 0,
+        request_timeout: float | None = None,
+    ):
         self.repository = repository
         self.poll_interval = poll_interval
         self.apply_timeout = apply_timeout
+        self.memory_budget = memory_budget
+        self.request_timeout = request_timeout or None
         self._own: Owner | None = None
         self._started = False
 
@@ -75,7 +88,9 @@ class ControlPlane:
         if transport.address() is not None:
             return None
         if self._own is None:
-            self._own = Owner(self.repository.planner, poll_interval=self.poll_interval)
+            self._own = Owner(
+                self.repository.planner, poll_interval=self.poll_interval, memory_budget=self.memory_budget
+            )
             self._own.apply_timeout = self.apply_timeout
             self._own.links.append(LocalLink(self.repository))
         return self._own
@@ -135,6 +150,19 @@ class ControlPlane:
     def replace(self, models: dict[str, tuple[str, dict[str, Any]]]) -> None:
         """Serve exactly these models: name -> (folder, settings over its servekit.yaml)."""
         self.call("replace", models=models)
+
+    def ensure(self, name: str) -> None:
+        """Load a model the memory budget unloaded, for a request that waits (``--request-timeout``).
+
+        :raises NotResident: it did not load in time (503 with ``Retry-After``).
+        """
+        try:
+            if transport.address() is not None:
+                transport.call("ensure", timeout=self.request_timeout, name=name)
+            else:
+                self.call("ensure", name=name)
+        except (errors.Timeout, errors.NotReady) as exc:
+            raise errors.NotResident(f"model {name!r} is loading again (memory budget): {exc.message}") from None
 
     def reload_config(self, models: list[dict[str, Any]]) -> None:
         """TF Serving's ``HandleReloadConfigRequest``: serve exactly these models."""

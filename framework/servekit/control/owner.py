@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ..errors import BadRequest, NotFound, NotReady, UnknownModel
 from . import triton_config, uploads
-from .plan import Planner
+from .plan import UNLOADED, Planner
 
 log = logging.getLogger("servekit.control")
 
@@ -50,6 +50,10 @@ class Link(Protocol):
 
     def send(self, plan: dict[str, Any]) -> None: ...
 
+    def usage(self) -> dict[str, float]:
+        """When it last served each model (``time.time()``)."""
+        ...
+
 
 class LocalLink:
     """A repository in the owner's own process: a plan is applied at once, in the caller's thread."""
@@ -65,12 +69,25 @@ class LocalLink:
         self.states = self.repository.apply(plan)
         self.generation = plan["generation"]
 
+    def usage(self) -> dict[str, float]:
+        return self.repository.usage()
+
 
 class Owner:
-    def __init__(self, planner: Planner, *, poll_interval: float = 0.0, apply_timeout: float = APPLY_TIMEOUT):
+    def __init__(
+        self,
+        planner: Planner,
+        *,
+        poll_interval: float = 0.0,
+        apply_timeout: float = APPLY_TIMEOUT,
+        memory_budget: int = 0,
+    ):
         self.planner = planner
         self.poll_interval = poll_interval
         self.apply_timeout = apply_timeout
+        #: ``--model-memory-budget``: bytes of models resident at once (0: no budget)
+        self.memory_budget = memory_budget
+        self._asked: dict[str, float] = {}  # models loaded on demand, when (a use not yet reported)
         self.links: list[Link] = []
         self.uploads = uploads.Uploads()
         self._changes = threading.RLock()  # one change, and its publication, at a time
@@ -102,7 +119,7 @@ class Owner:
     def start(self) -> None:
         """Read the folders now, then poll them in a daemon thread (``poll_interval`` > 0)."""
         with self._changes:
-            self.planner.refresh()
+            self._refresh()
         if self.poll_interval > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._poll, name="servekit-control-poll", daemon=True)
             self._thread.start()
@@ -114,7 +131,7 @@ class Owner:
         while not self._stop.wait(self.poll_interval):
             try:
                 with self._changes:
-                    if self.planner.refresh():
+                    if self._refresh():
                         self._publish()
             except Exception:  # polling must never die
                 log.exception("polling the model folders failed")
@@ -122,8 +139,67 @@ class Owner:
     def refresh_now(self) -> None:
         """Read the folders and publish the result to every follower (a one-process app's first load)."""
         with self._changes:
-            self.planner.refresh()
+            self._refresh()
             self._publish()
+
+    def _refresh(self, keep: str | None = None) -> bool:
+        """Read the folders, then keep the resident models within the budget; whether the plan changed."""
+        changed = self.planner.refresh()
+        if self._fit(keep):
+            self.planner.refresh()
+            changed = True
+        return changed
+
+    # -- the memory budget -----------------------------------------------------------
+
+    def _fit(self, keep: str | None = None) -> bool:
+        """Unload the least recently used unpinned models until the resident ones fit the budget.
+
+        ``keep`` (a model being loaded on demand) stays; pinned models always stay, so
+        the resident bytes may pass the budget by what they and ``keep`` take.  Whether
+        a model was unloaded.
+        """
+        if self.memory_budget <= 0:
+            return False
+        models = self.planner.plan["models"]
+        resident = sorted(n for n, d in models.items() if d["enabled"] and d["resident"])
+        total = sum(models[n]["bytes"] for n in resident)
+        rank = {name: i for i, name in enumerate(resident)}
+        used = self.usage()
+        candidates = sorted(
+            (n for n in resident if n != keep and not models[n]["pinned"]), key=lambda n: (used.get(n, 0.0), -rank[n])
+        )
+        evicted = False
+        for name in candidates:
+            if total <= self.memory_budget:
+                break
+            self.planner.entries[name].resident = False
+            total -= models[name]["bytes"]
+            evicted = True
+            log.info("unloading %s to keep within the memory budget (%d bytes)", name, self.memory_budget)
+        return evicted
+
+    def usage(self) -> dict[str, float]:
+        """When each model was last asked for, anywhere."""
+        with self._acks:
+            links = list(self.links)
+        latest = dict(self._asked)
+        for link in links:
+            for name, when in link.usage().items():
+                latest[name] = max(when, latest.get(name, 0.0))
+        return latest
+
+    def ensure(self, name: str) -> None:
+        """Load a model the budget unloaded (a request asks for it), unloading others to make room."""
+        with self._changes:
+            entry = self.planner.entry(name)
+            if not entry.enabled:
+                raise NotFound(f"model {name!r} is {entry.reason or UNLOADED}")
+            if not entry.resident:
+                entry.resident = True
+                self._asked[name] = time.time()
+                self._refresh(keep=name)
+            self._wait(self._publish())
 
     # -- publishing -----------------------------------------------------------------
 
@@ -147,7 +223,7 @@ class Owner:
         """
         with self._changes:
             change()
-            self.planner.refresh()
+            self._refresh()
             generation = self._publish()
             return self._wait(generation)
 
@@ -171,7 +247,7 @@ class Owner:
         ``reload_config`` or ``plan``."""
         if op == "plan":
             return self.planner.plan
-        if op in ("load", "unload", "replace", "reload_config"):
+        if op in ("load", "unload", "replace", "reload_config", "ensure"):
             return getattr(self, op)(**kwargs)
         raise BadRequest(f"unknown control call {op!r}")
 
@@ -187,10 +263,14 @@ class Owner:
             if base_path is None:
                 self._known(name, "load")
             triton_config.check(self.planner, name, overrides, base_path)
-            states = self._change(lambda: self.planner.enable(name, overrides, base_path))
+            states = self._change(lambda: self._enable(name, overrides, base_path))
         failures = load_failures(name, states)
         if failures:
             raise BadRequest(f"failed to load {name!r}: {failures}")
+
+    def _enable(self, name: str, overrides: Any, base_path: Path | None) -> None:
+        self.planner.enable(name, overrides, base_path).resident = True
+        self._asked[name] = time.time()  # a model loaded on purpose is the most recently used
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Triton's unload: no worker serves ``name`` when this returns (nothing depends on a model here)."""

@@ -21,6 +21,7 @@ from ..config import ConfigError, parse_model_config, read_raw_config, select_ve
 from ..errors import UnknownModel
 from ..model_folders import (
     fingerprint,
+    folder_bytes,
     is_versioned,
     model_folders_in,
     valid_name,
@@ -33,6 +34,7 @@ from ..types import BatchingConfig
 RELOAD_KEYS_EXCLUDED = ("labels", "version_policy")
 
 UNLOADED = "unloaded"
+EVICTED = "not resident: unloaded to keep within --model-memory-budget; it loads again on its next request"
 NOT_LOADED = "not loaded (explicit model control: load it through the repository API)"
 
 
@@ -45,6 +47,7 @@ class Entry:
     versioned: bool
     origin: Path | None = None  # its folder in the repository (base_path differs for files sent in a load)
     enabled: bool = True
+    resident: bool = True  # False: served, but unloaded to keep within the memory budget
     reason: str = ""  # why a disabled model is not served
     overrides: dict[str, Any] = field(default_factory=dict)  # settings over its servekit.yaml
 
@@ -61,7 +64,10 @@ def model_plan(entry: Entry, defaults: BatchingConfig) -> dict[str, Any]:
         "base_path": str(entry.base_path),
         "versioned": entry.versioned,
         "enabled": entry.enabled,
-        "reason": entry.reason,
+        "resident": entry.resident,
+        "reason": entry.reason if not entry.enabled else ("" if entry.resident else EVICTED),
+        "pinned": False,
+        "bytes": 0,
         "raw": dict(entry.overrides),
         "config_error": "",
         "versions": {},
@@ -71,6 +77,7 @@ def model_plan(entry: Entry, defaults: BatchingConfig) -> dict[str, Any]:
     try:
         doc["raw"] = {**read_raw_config(entry.base_path), **entry.overrides}
         config = parse_model_config(doc["raw"], entry.base_path, defaults)
+        doc["pinned"] = config.pin
     except ConfigError as exc:
         doc["config_error"] = str(exc)
     if not entry.enabled:
@@ -78,7 +85,9 @@ def model_plan(entry: Entry, defaults: BatchingConfig) -> dict[str, Any]:
     on_disk = versions_on_disk(entry.base_path, entry.versioned)
     wanted = sorted(on_disk)[-1:] if config is None else select_versions(config.version_policy, list(on_disk))
     doc["on_disk"] = sorted(on_disk)
-    doc["versions"] = {v: {"path": str(on_disk[v]), "fingerprint": fingerprint(on_disk[v])} for v in wanted}
+    doc["bytes"] = sum(folder_bytes(on_disk[v]) for v in wanted)
+    if entry.resident:
+        doc["versions"] = {v: {"path": str(on_disk[v]), "fingerprint": fingerprint(on_disk[v])} for v in wanted}
     return doc
 
 
@@ -159,7 +168,12 @@ class Planner:
         return entry
 
     def replace(self, models: dict[str, tuple[Path, dict[str, Any]]]) -> None:
-        """Serve exactly ``models`` (name -> folder and overrides): a new TF Serving model config."""
+        """Serve exactly ``models`` (name -> folder and overrides): a new TF Serving model config.
+
+        The config names the whole model set: folders in the repository that it leaves
+        out are not listed again.
+        """
+        self.roots = []
         for name in list(self.entries):
             if name not in models:
                 del self.entries[name]

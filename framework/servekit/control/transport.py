@@ -19,9 +19,10 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,8 @@ ENV_KEY = "SERVEKIT_CONTROL_KEY"
 ENV_OWNER = "SERVEKIT_CONTROL_OWNER"
 
 _owner: Owner | None = None  # the owner this process runs, if it runs one
+#: How often a worker tells the owner which models it served (at most).
+USAGE_SECONDS = 1.0
 
 
 def local_owner() -> Owner | None:
@@ -63,10 +66,14 @@ def serve(owner: Owner) -> Any:
     folder = tempfile.mkdtemp(prefix="servekit-control-")
     path = str(Path(folder) / "control.sock")
     key = secrets.token_bytes(16)
-    listener = Listener(path, family="AF_UNIX", authkey=key)
+    # a plain socket, not multiprocessing's Listener: the Listener removes its file when any
+    # process holding it exits, and every forked worker would hold it
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
     os.environ.update({ENV_ADDRESS: path, ENV_KEY: key.hex(), ENV_OWNER: str(os.getpid())})
     _owner = owner
-    threading.Thread(target=_accept, args=(listener, owner), name="servekit-control", daemon=True).start()
+    threading.Thread(target=_accept, args=(listener, key, owner), name="servekit-control", daemon=True).start()
 
     def close() -> None:
         owner.stop()
@@ -76,16 +83,26 @@ def serve(owner: Owner) -> Any:
     return close
 
 
-def _accept(listener: Listener, owner: Owner) -> None:
+def _accept(listener: socket.socket, key: bytes, owner: Owner) -> None:
     while True:
         try:
-            conn = listener.accept()
+            sock, _ = listener.accept()
         except OSError:
             return  # closed
-        except Exception as exc:  # a failed handshake: not one of ours
-            log.warning("control socket: refused a connection: %s", exc)
-            continue
-        threading.Thread(target=_connection, args=(conn, owner), name="servekit-control-conn", daemon=True).start()
+        threading.Thread(target=_handshake, args=(sock, key, owner), name="servekit-control-conn", daemon=True).start()
+
+
+def _handshake(sock: socket.socket, key: bytes, owner: Owner) -> None:
+    """multiprocessing's mutual challenge (HMAC over the key), then the connection's messages."""
+    conn = Connection(sock.detach())
+    try:
+        deliver_challenge(conn, key)
+        answer_challenge(conn, key)
+    except Exception as exc:  # not one of ours
+        log.warning("control socket: refused a connection: %s", exc)
+        conn.close()
+        return
+    _connection(conn, owner)
 
 
 class RemoteLink:
@@ -96,11 +113,15 @@ class RemoteLink:
         self.label = f"worker {pid}"
         self.generation = 0
         self.states: dict[str, Any] = {}
+        self.used: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def send(self, plan: dict[str, Any]) -> None:
         with self._lock:
             self.conn.send(("plan", plan))
+
+    def usage(self) -> dict[str, float]:
+        return self.used
 
 
 def _connection(conn: Connection, owner: Owner) -> None:
@@ -120,8 +141,12 @@ def _follower(conn: Connection, owner: Owner, pid: int) -> None:
     try:
         owner.join(link)
         while True:
-            _, generation, states = conn.recv()
-            owner.acknowledge(link, generation, states)
+            message = conn.recv()
+            if message[0] == "used":
+                link.used = message[1]
+            else:
+                _, generation, states = message
+                owner.acknowledge(link, generation, states)
     except (EOFError, OSError):
         pass
     finally:
@@ -188,13 +213,19 @@ def _follow(repository: Any) -> None:
         return
     with conn:
         conn.send(("follow", os.getpid()))
+        reported: dict[str, float] = {}
         while True:
             try:
-                _, plan = conn.recv()
+                if conn.poll(USAGE_SECONDS):
+                    _, plan = conn.recv()
+                    conn.send(("applied", plan["generation"], _apply(repository, plan)))
+                used = repository.usage()
+                if used != reported:  # for the memory budget: which models were asked for lately
+                    conn.send(("used", used))
+                    reported = used
             except (EOFError, OSError):
                 log.warning("the control plane went away; this worker keeps serving what it has")
                 return
-            conn.send(("applied", plan["generation"], _apply(repository, plan)))
 
 
 def _apply(repository: Any, plan: dict[str, Any]) -> Any:

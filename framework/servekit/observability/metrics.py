@@ -265,7 +265,13 @@ class ModelStateCollector:
             "seconds the last load of a model version took",
             labels=["model", "version"],
         )
+        resident = GaugeMetricFamily(
+            "servekit_model_resident_bytes",
+            "bytes --model-memory-budget counts for a model while it is loaded (its versions' files), 0 when not",
+            labels=["model"],
+        )
         for name, model in sorted(self.dataplane.repository.models.items()):
+            resident.add_metric([name], float(model.bytes if model.available() else 0))
             for version, mv in sorted(model.versions.items()):
                 for s in type(mv.state):  # every repository.State, 1 for the current one
                     state.add_metric([name, str(version), s.value], 1.0 if mv.state is s else 0.0)
@@ -273,6 +279,7 @@ class ModelStateCollector:
                     load.add_metric([name, str(version)], mv.load_seconds)
         yield state
         yield load
+        yield resident
 
 
 def render(dataplane: Served) -> tuple[bytes, str]:

@@ -19,7 +19,7 @@ from ..auth import ApiKey
 from ..control import ControlPlane
 from ..control.plan import Planner
 from ..dataplane import DataPlane
-from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render
+from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
 from ..model_folders import discover, repository_roots
 from ..protocols import generic, health, openai, v1, v2
 from ..protocols.http import json_response
@@ -58,8 +58,15 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_size
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
-    control = ControlPlane(dp.repository, poll_interval=settings.poll_interval)
+    control = ControlPlane(
+        dp.repository,
+        poll_interval=settings.poll_interval,
+        memory_budget=settings.model_memory_budget,
+        request_timeout=settings.request_timeout,
+    )
     app.extensions["servekit.control"] = control
+    if settings.model_memory_budget > 0:
+        dp.on_demand = control.ensure  # a model the budget unloaded loads again for its request
 
     for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
@@ -90,7 +97,7 @@ def _request_hooks(app: Flask) -> set:
 def _install_error_handlers(app: Flask) -> None:
     @app.errorhandler(ServekitError)
     def servekit_error(exc: ServekitError):
-        return json_response(render(exc, request.path), exc.status)
+        return json_response(render(exc, request.path), exc.status, retry_headers(exc))
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

@@ -37,7 +37,7 @@ from ..auth import ApiKey
 from ..codecs import json as jsonc
 from ..codecs.v2 import HEADER_LENGTH
 from ..dataplane import DataPlane
-from ..errors import ServekitError, render
+from ..errors import ServekitError, render, retry_headers
 from ..observability.logging import current_request_id
 from ..protocols import generic, v1, v2
 from ..protocols.http import Answer
@@ -85,7 +85,7 @@ class FastLane:
                 self.api_key.check(path, environ.get("HTTP_AUTHORIZATION"))
             return handler(environ, path, read_body(environ))
         except ServekitError as exc:
-            return Answer(jsonc.dumps(render(exc, path)), exc.status)
+            return Answer(jsonc.dumps(render(exc, path)), exc.status, headers=retry_headers(exc))
         except Exception as exc:
             log.exception("unhandled error on POST %s", path)
             error = ServekitError(f"internal server error ({type(exc).__name__})")

@@ -153,6 +153,7 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
     ``servekit.server.wsgi``).
     """
     metrics.prepare_multiprocess_dir()
+    log_setup.configure(settings.log_format, settings.log_level)  # this process's own lines: the control plane's
     # model hosts (servekit.hosts): one runtime folder for every worker; stopped after them
     hosts.prepare_server(settings.request_timeout, settings.placement)
     # the control plane's owner: one model set for every worker (servekit.control)
@@ -185,6 +186,7 @@ def start_control(settings: Settings) -> Callable[[], None]:
         batching=BatchingConfig(settings.max_batch_size, settings.max_batch_time_ms),
         explicit=settings.model_control_mode == "explicit",
         poll_interval=settings.poll_interval,
+        memory_budget=settings.model_memory_budget,
     )
 
 

@@ -74,6 +74,10 @@ def _model_view(name: str, model: Any) -> dict[str, Any]:
         "labels": dict(model.config.labels),
         "config_error": model.config_error,
         "unloaded": model.unloaded,
+        "evicted": model.evicted,
+        "reason": model.reason,
+        "bytes": model.bytes,
+        "pinned": model.config.pin,
         "examples": _examples(name, serving) if serving else {},
     }
 
