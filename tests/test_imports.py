@@ -195,3 +195,47 @@ def test_protocols_do_not_import_each_other():
         m: sorted(graph[m] & protocols) for m in sorted(protocols | PROTOCOL_HELPERS) if graph.get(m, set()) & protocols
     }
     assert not crossing, f"protocol modules importing protocols: {crossing}"
+
+
+def folder_of(module: str) -> str:
+    """The unit a module belongs to: its first-level folder (``servekit.hosts``), or itself at the root."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else module
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph with each folder as one node: a cycle through two folders shows here
+    even when no two modules import each other."""
+    folders: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        unit = folder_of(module)
+        folders.setdefault(unit, set()).update(folder_of(e) for e in edges)
+    for unit, edges in folders.items():
+        edges.discard(unit)
+        edges &= folders.keys()
+    return folders
+
+
+def test_no_import_cycle_between_folders():
+    """hosts/, control/, protocols/, server/, ...: each folder sits above or below another, never both."""
+    graph = folder_graph(import_graph(PACKAGES))
+    assert "servekit.hosts" in graph and "servekit.repository" in graph
+    found = cycles(graph)
+    assert not found, "import cycles between folders:\n" + "\n\n".join(describe(graph, c) for c in found)
+
+
+def test_the_folder_graph_sees_a_cycle_through_two_folders(tmp_path):
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/core.py": "from .low import b\n",
+            "pkg/top.py": "",
+            "pkg/low/__init__.py": "",
+            "pkg/low/a.py": "from .. import core\n",
+            "pkg/low/b.py": "",
+        },
+    )
+    graph = import_graph([package])
+    assert cycles(graph) == []  # no two modules import each other ...
+    assert cycles(folder_graph(graph)) == [["pkg.core", "pkg.low"]]  # ... but the folder and core do

@@ -25,12 +25,32 @@ from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, N
 from .inference import InferRequest
 from .repository import ModelRepository, ModelVersion
 from .streams import close, is_stream
-from .types import ModelMetadata, Tensors
+from .types import Executor, ModelMetadata, Tensors
 
 log = logging.getLogger("servekit.dataplane")
 
 #: The name given to a single unnamed output when the metadata names none.
 DEFAULT_OUTPUT = "output_0"
+
+
+class LocalExecutor:
+    """A version loaded in this process: its hooks run here (the other :class:`Executor` is
+    :class:`servekit.hosts.client.HostClient`, for a version in model hosts)."""
+
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    def predict(self, mv: Any, inputs: Tensors, **kwargs: Any) -> Any:
+        return self.dataplane._predict_here(mv, inputs, **kwargs)
+
+    def explain(self, mv: Any, inputs: Tensors, **kwargs: Any) -> Any:
+        return self.dataplane._explain_here(mv, inputs, **kwargs)
+
+    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
+        return self.dataplane._hook_here(mv, name, **kwargs)
+
+    def close(self) -> None:
+        return None
 
 
 class DataPlane:
@@ -43,6 +63,7 @@ class DataPlane:
         self.load_wait = load_wait
         #: asks the control plane to load a model the memory budget unloaded (ControlPlane.ensure)
         self.on_demand: Any = None
+        self._here = LocalExecutor(self)
 
     # -- health ---------------------------------------------------------------
 
@@ -93,17 +114,17 @@ class DataPlane:
         output_names: list[str] | None = None,
     ) -> Any:
         """Run ``predict``; a generator result is returned as is, for streaming."""
-        if mv.host is not None:  # the version runs in model host processes, which also record it
-            return mv.host.call(
-                "predict",
-                single_tensor(mv, inputs),
-                parameters=parameters or {},
-                signature_name=signature_name,
-                output_names=output_names,
-            )
-        return self._predict_here(
-            mv, inputs, parameters=parameters, signature_name=signature_name, output_names=output_names
+        return self._executor(mv).predict(
+            mv,
+            single_tensor(mv, inputs),
+            parameters=parameters or {},
+            signature_name=signature_name,
+            output_names=output_names,
         )
+
+    def _executor(self, mv: ModelVersion) -> Executor:
+        """Where ``mv`` runs: in this process, or in its model hosts (which record their own statistics)."""
+        return mv.host if mv.host is not None else self._here
 
     @statistics.recorded  # Triton's statistics extension (statistics.py)
     def _predict_here(
@@ -233,10 +254,12 @@ class DataPlane:
         parameters: dict[str, Any] | None = None,
         signature_name: str | None = None,
     ) -> Any:
-        parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
-        if mv.host is not None:
-            return mv.host.call("explain", inputs, parameters=parameters, signature_name=signature_name)
+        return self._executor(mv).explain(mv, inputs, parameters=parameters or {}, signature_name=signature_name)
+
+    def _explain_here(
+        self, mv: ModelVersion, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None
+    ) -> Any:
         inputs = self._preprocess(mv, inputs, parameters)
         return self._call(mv, "explain", inputs=inputs, parameters=parameters, signature_name=signature_name)
 
@@ -277,11 +300,16 @@ class DataPlane:
 
     # -- helpers ----------------------------------------------------------------
 
+    def call_hook(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
+        """One of the model's hooks, wherever the version runs (a model host calls this for its workers)."""
+        return self._call(mv, hook, **kwargs)
+
     def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
         if not (mv.ready or mv.warming):
             raise NotReady(f"model {mv.name!r} version {mv.version} is not ready")
-        if mv.host is not None:
-            return mv.host.call("call", hook, **kwargs)
+        return self._executor(mv).hook(mv, hook, **kwargs)
+
+    def _hook_here(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
         caller = getattr(mv.hooks, hook)
         if not caller.get_hookimpls():
             raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")

@@ -23,12 +23,12 @@ from typing import Any
 
 import pluggy
 
-from . import hosts, plugins
+from . import plugins
 from .config import ConfigError, parse_model_config
 from .control.plan import UNLOADED, Planner, config_key
 from .errors import BadRequest, NotFound, NotReady, UnknownModel, malformed_version
 from .model_folders import discover, is_model_dir, valid_name
-from .types import BatchingConfig, ModelConfig, ModelMetadata
+from .types import BatchingConfig, Executor, ModelConfig, ModelMetadata, Placement
 
 __all__ = ["Model", "ModelRepository", "ModelVersion", "State", "discover", "is_model_dir", "valid_name"]
 
@@ -60,7 +60,7 @@ class ModelVersion:
     metadata: ModelMetadata = field(default_factory=ModelMetadata)
     load_seconds: float = 0.0
     fingerprint: float = 0.0  # newest mtime in the folder when the load was tried
-    host: Any = None  # servekit.hosts.client.HostClient when the version runs in model host processes
+    host: Executor | None = None  # its model hosts, when it runs in host processes (servekit.hosts)
     batcher: Any = None  # servekit.batching: made on the first predict (batching.batcher_for)
     raw_config: dict[str, Any] = field(default_factory=dict)  # the settings it was loaded with
     warming: bool = False  # LOADING, answering its warm-up requests (servekit.warmup)
@@ -104,10 +104,13 @@ class ModelRepository:
         poll_interval: float = 1.0,
         batching: BatchingConfig | None = None,
         planner: Planner | None = None,
+        placement: Placement | None = None,
     ):
         self.pm = pm
         self.poll_interval = poll_interval
         self.batching = batching or BatchingConfig()
+        #: where versions run (``servekit.hosts``); ``None``: always in this process (a model host's own)
+        self.placement = placement
         #: the plan maker when this repository decides alone (see :meth:`sync`)
         self.planner = planner or Planner(folders, batching=self.batching)
         #: replaced whole, never changed in place: readers iterate it without a lock
@@ -344,9 +347,9 @@ class ModelRepository:
 
     def _load_where_placed(self, model: Model, mv: ModelVersion) -> str:
         """Load ``mv`` here or in model hosts; says where, for the log."""
-        placement, replicas = hosts.placement_of(model.config)
-        if placement == "process":  # loaded once, in host processes (servekit.hosts)
-            hosts.attach(mv, self.pm, self.batching, replicas)
+        placement, replicas = self.placement.placement_of(model.config) if self.placement else ("worker", 1)
+        if placement == "process" and self.placement is not None:  # loaded once, in host processes
+            self.placement.attach(mv, self.pm, self.batching, replicas)
             return f"{replicas} model host(s)"
         self._load_here(model, mv)
         return f"plugin {mv.loaded_by}"

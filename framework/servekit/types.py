@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -88,6 +88,30 @@ class ModelConfig:
     pin: bool = False
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
+
+
+# -- where a version runs ------------------------------------------------------------------------
+
+
+class Executor(Protocol):
+    """Runs a loaded version's calls: in this process (``servekit.dataplane.LocalExecutor``) or in
+    its model hosts (``servekit.hosts.client.HostClient``)."""
+
+    def predict(self, mv: Any, inputs: Any, **kwargs: Any) -> Any: ...
+
+    def explain(self, mv: Any, inputs: Any, **kwargs: Any) -> Any: ...
+
+    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class Placement(Protocol):
+    """Decides where a version runs and starts its model hosts (the module ``servekit.hosts``)."""
+
+    def placement_of(self, config: Any) -> tuple[str, int]: ...
+
+    def attach(self, mv: Any, pm: Any, batching: Any, replicas: int) -> None: ...
 
 
 # -- the request log's records (the ``log_request`` hook's argument) ----------------------------

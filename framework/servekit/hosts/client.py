@@ -241,6 +241,17 @@ class HostClient:
         finally:
             replica.give(conn)
 
+    # -- servekit.types.Executor: what the data plane asks of a version that runs here --------
+
+    def predict(self, mv: Any, inputs: Any, **kwargs: Any) -> Any:
+        return self.call("predict", inputs, **kwargs)
+
+    def explain(self, mv: Any, inputs: Any, **kwargs: Any) -> Any:
+        return self.call("explain", inputs, **kwargs)
+
+    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
+        return self.call("call", name, **kwargs)
+
     def _pick(self) -> Replica:
         if len(self.replicas) == 1:
             return self.replicas[0]

@@ -179,7 +179,7 @@ class Host:
         if op not in ("predict", "explain", "call"):
             raise BadRequest(f"model host: unknown operation {op!r}")
         if op == "call":
-            return self.dataplane._call(self.mv, *args, **kwargs)
+            return self.dataplane.call_hook(self.mv, *args, **kwargs)
         return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
 
     @staticmethod

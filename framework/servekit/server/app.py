@@ -14,7 +14,7 @@ import pluggy
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
-from .. import limits, observability, plugins
+from .. import hosts, limits, observability, plugins
 from ..auth import ApiKey
 from ..control import ControlPlane
 from ..control.plan import Planner
@@ -43,7 +43,9 @@ def build_dataplane(settings: Settings, pm: pluggy.PluginManager | None = None) 
         batching=batching,
         explicit=settings.model_control_mode == "explicit",
     )
-    repository = ModelRepository(folders, pm, poll_interval=settings.poll_interval, batching=batching, planner=planner)
+    repository = ModelRepository(
+        folders, pm, poll_interval=settings.poll_interval, batching=batching, planner=planner, placement=hosts
+    )
     dataplane = DataPlane(
         repository, load_wait=settings.request_timeout or 60.0, strict_readiness=settings.strict_readiness
     )
