@@ -70,3 +70,38 @@ def sklearn_onnx(folder: Path, name: str = "model.onnx") -> tuple[Path, object]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_bytes(onnx_model.SerializeToString())
     return folder / name, model
+
+
+def graph_onnx(folder: Path, name: str = "model.onnx") -> Path:
+    """A hand-built graph: ``doubled = x * 2`` (float32, ``[batch, 3]``), ``counts = n + 1`` (int64,
+    ``[N]``) and ``words = Identity(text)`` (string, unknown length)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "two"], ["doubled"]),
+            helper.make_node("Add", ["n", "one"], ["counts"]),
+            helper.make_node("Identity", ["text"], ["words"]),
+        ],
+        "graph",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("n", TensorProto.INT64, ["N"]),
+            helper.make_tensor_value_info("text", TensorProto.STRING, [None]),
+        ],
+        [
+            helper.make_tensor_value_info("doubled", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("counts", TensorProto.INT64, ["N"]),
+            helper.make_tensor_value_info("words", TensorProto.STRING, [None]),
+        ],
+        initializer=[two, one],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, folder / name)
+    return folder / name
