@@ -1,0 +1,181 @@
+"""XGBoost, LightGBM and ONNX models through a real server and the clients people use with their peers.
+
+One ``servekit serve`` with gRPC on serves a model of each framework; Triton's
+``tritonclient`` (HTTP and gRPC) and TF Serving's ``tensorflow-serving-api``
+stubs ask it, and every answer must equal the library's own on the same rows,
+and the metadata name the model's real inputs and outputs.  The server runs
+two workers, so the plugins' threads are sized by their share of the CPUs; one
+model batches adaptively and one runs in a model host (``placement: process``).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+xgb = pytest.importorskip("xgboost")
+lgb = pytest.importorskip("lightgbm")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("skl2onnx")
+httpclient = pytest.importorskip("tritonclient.http")
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from framework_models import FEATURES, data, save_lightgbm, save_xgboost, sklearn_onnx
+from servekit.testing import ServerProcess
+
+ROWS = data(seed=7)[0][:6]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    base = tmp_path_factory.mktemp("frameworks")
+    save_xgboost(base / "xgb" / "1", "model.json", objective="multi:softprob", classes=3)
+    (base / "xgb" / "servekit.yaml").write_text("batching: {max_batch_size: 16, max_batch_time_ms: 5}\n")
+    save_xgboost(base / "xgb_named" / "1", "model.ubj", named=True)
+    save_lightgbm(base / "lgb" / "1", "model.bst")
+    (base / "lgb" / "servekit.yaml").write_text("placement: process\n")
+    sklearn_onnx(base / "onnx" / "1")
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with ServerProcess(repo, grpc_port="auto", workers=2, threads=8) as running:
+        yield running
+
+
+def expected(repo, name):
+    """The library's own answer on ``ROWS``, from the file the server serves."""
+    folder = repo / name / "1"
+    if name == "onnx":
+        session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+        label, proba = session.run(None, {"X": ROWS.astype(np.float32)})
+        return {"label": label, "probabilities": proba}
+    if name == "lgb":
+        return {"predict": lgb.Booster(model_file=str(folder / "model.bst")).predict(ROWS)}
+    (file,) = folder.iterdir()
+    booster = xgb.Booster(model_file=str(file))
+    return {"predict": booster.predict(xgb.DMatrix(ROWS, feature_names=booster.feature_names))}
+
+
+def triton_inputs(module, name):
+    if name == "xgb_named":
+        columns = []
+        for i, feature in enumerate(FEATURES):
+            column = module.InferInput(feature, [len(ROWS)], "FP32")
+            column.set_data_from_numpy(ROWS[:, i].astype(np.float32))
+            columns.append(column)
+        return columns
+    dtype = "FP64" if name == "lgb" else "FP32"
+    tensor = module.InferInput("X" if name == "onnx" else "input", list(ROWS.shape), dtype)
+    tensor.set_data_from_numpy(ROWS.astype(np.float64 if name == "lgb" else np.float32))
+    return [tensor]
+
+
+@pytest.mark.parametrize("name", ["xgb", "xgb_named", "lgb", "onnx"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_answers_equal_the_library(server, repo, name, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    port = server.http_port if protocol == "http" else server.grpc_port
+    client = module.InferenceServerClient(f"127.0.0.1:{port}")
+    result = client.infer(name, triton_inputs(module, name))
+    for output, want in expected(repo, name).items():
+        assert np.array_equal(result.as_numpy(output), want), (name, output)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_metadata_names_the_real_tensors(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    port = server.http_port if protocol == "http" else server.grpc_port
+    client = module.InferenceServerClient(f"127.0.0.1:{port}")
+
+    def meta(name):
+        got = client.get_model_metadata(name, as_json=True) if protocol == "grpc" else client.get_model_metadata(name)
+        shape = [[int(d) for d in t["shape"]] for t in got["inputs"]]
+        return got["platform"], [(t["name"], t["datatype"]) for t in got["inputs"]], shape, got["outputs"]
+
+    platform, inputs, shapes, outputs = meta("onnx")
+    assert platform == "onnxruntime_onnx" and inputs == [("X", "FP32")] and shapes == [[-1, 4]]
+    assert [o["name"] for o in outputs] == ["label", "probabilities"]
+    assert [o["datatype"] for o in outputs] == ["INT64", "FP32"]
+    platform, inputs, shapes, outputs = meta("xgb_named")
+    assert platform == "xgboost" and [n for n, _ in inputs] == FEATURES
+    platform, inputs, shapes, _ = meta("lgb")
+    assert platform == "lightgbm" and inputs == [("input", "FP64")] and shapes == [[-1, 4]]
+
+
+@pytest.fixture(scope="module")
+def tf_serving(server):
+    pytest.importorskip("tensorflow_serving")
+    tf = pytest.importorskip("tensorflow")
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        yield tf, prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+@pytest.mark.parametrize("name", ["xgb", "lgb", "onnx"])
+def test_tf_serving_predict_answers_equal_the_library(tf_serving, repo, name):
+    from tensorflow_serving.apis import predict_pb2
+
+    tf, stub = tf_serving
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    dtype = np.float64 if name == "lgb" else np.float32
+    request.inputs["X" if name == "onnx" else "input"].CopyFrom(tf.make_tensor_proto(ROWS.astype(dtype)))
+    response = stub.Predict(request, timeout=30)
+    for output, want in expected(repo, name).items():
+        assert np.array_equal(tf.make_ndarray(response.outputs[output]), want), (name, output)
+
+
+def test_tf_serving_metadata_and_a_bad_request(tf_serving):
+    from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2
+
+    tf, stub = tf_serving
+    request = get_model_metadata_pb2.GetModelMetadataRequest()
+    request.model_spec.name = "xgb"
+    request.metadata_field.append("signature_def")
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    assert stub.GetModelMetadata(request, timeout=30).metadata["signature_def"].Unpack(signatures)
+    assert {"serving_default", "predict_proba", "predict_margin", "classification"} <= set(signatures.signature_def)
+    serving = signatures.signature_def["serving_default"]
+    assert [d.size for d in serving.inputs["input"].tensor_shape.dim] == [-1, 4]
+    assert serving.inputs["input"].dtype == tf.float32.as_datatype_enum
+    assert [d.size for d in serving.outputs["predict"].tensor_shape.dim] == [-1, 3]
+    bad = predict_pb2.PredictRequest()
+    bad.model_spec.name = "xgb"
+    bad.inputs["input"].CopyFrom(tf.make_tensor_proto(np.zeros((2, 3), np.float32)))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(bad, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "4 features" in info.value.details()
+
+
+@pytest.mark.parametrize("name", ["xgb", "lgb"])
+def test_concurrent_rows_batched_or_hosted_answer_each_their_own(server, repo, name):
+    """``xgb`` batches requests together; ``lgb`` runs in a model host: each row still gets its own answer."""
+    import requests
+
+    want = expected(repo, name)["predict"]
+
+    def one(i):
+        r = requests.post(f"{server.url}/v1/models/{name}:predict", json={"instances": [ROWS[i].tolist()]}, timeout=30)
+        return r.json()["predictions"][0]
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(one, [i % len(ROWS) for i in range(48)]))
+    for i, answer in enumerate(got):
+        assert np.allclose(answer, want[i % len(ROWS)], rtol=0, atol=1e-7), i
+
+
+def test_explain_over_the_wire_sums_to_the_margin(server, repo):
+    import requests
+
+    r = requests.post(f"{server.url}/v1/models/lgb:explain", json={"instances": ROWS.tolist()}, timeout=30)
+    explanations = r.json()["explanations"]
+    booster = lgb.Booster(model_file=str(repo / "lgb" / "1" / "model.bst"))
+    sums = [sum(e["attributions"]) + e["base_values"] for e in explanations]
+    assert np.allclose(sums, booster.predict(ROWS, raw_score=True))
