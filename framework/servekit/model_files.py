@@ -6,7 +6,8 @@ of that, every framework plugin honours the same three layouts, in this order:
 
 1. ``options.artifact`` in ``servekit.yaml``: the file to serve, relative to
    the version folder (the MLflow plugin uses it to hand a flavor's data file
-   to the plugin that serves that flavor);
+   to the plugin that serves that flavor; without it, a folder with an
+   ``MLmodel`` file is left to the MLflow plugin);
 2. an MLServer ``model-settings.json``: its ``parameters.uri`` names the file,
    and its ``implementation`` (``mlserver_xgboost.XGBoostModel``, ...) the
    runtime, so a folder written for MLServer serves unchanged;
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 MODEL_SETTINGS = "model-settings.json"
+#: an MLflow model folder: the MLflow plugin reads it and hands the flavor's file on
+MLMODEL = "MLmodel"
 #: bytes of a file read to recognise its format
 HEADER_BYTES = 256
 
@@ -85,6 +88,8 @@ def find_artifact(
     if explicit:
         file = folder / str(explicit)
         return file if file.is_file() and accepts(file) else None
+    if (folder / MLMODEL).is_file():
+        return None
     settings = mlserver_settings(folder)
     if settings is not None:
         found = _from_settings(folder, settings, accepts, set(implementations))
@@ -103,7 +108,6 @@ def _from_settings(
 ) -> Path | None | bool:
     """The artifact ``model-settings.json`` names; ``None`` when it names another runtime; ``False``
     when it names no file (look for the plugin's own names then)."""
-    # MLServer's default uri is the runtime's own file name in the folder, as here
     implementation = settings.get("implementation")
     ours = implementation in implementations
     if implementation and not ours:

@@ -36,7 +36,7 @@ IMPLEMENTATIONS = ("mlserver_xgboost.XGBoostModel", "mlserver_xgboost.xgboost.XG
 def is_xgboost_file(file: Path) -> bool:
     """XGBoost's JSON or UBJSON (both open with the ``learner`` object), or any ``.bst`` that is
     not LightGBM's text (XGBoost's old binary format has no magic to look for)."""
-    if file.suffix == ".bst":
+    if file.suffix in (".bst", ".xgb"):  # .xgb: what MLflow's xgboost flavor wrote before JSON/UBJSON
         return not is_lightgbm_text(file)
     return file.suffix in (".json", ".ubj") and b"learner" in header(file)
 

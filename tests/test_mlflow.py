@@ -1,0 +1,150 @@
+"""The MLflow plugin: native flavors through their servekit plugin, anything else through mlflow.pyfunc."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+from framework_models import FEATURES, data, lightgbm_booster, xgboost_booster
+
+X, Y = data()
+ROWS = X[:5]
+#: given, so that save_model does not infer them (it loads the model in a subprocess to do so)
+REQUIREMENTS = ["mlflow"]
+
+
+def predict(client, name, body):
+    return client.post(f"/v1/models/{name}:predict", json=body)
+
+
+def test_xgboost_flavor_serves_through_the_xgboost_plugin(tmp_path, servekit_app):
+    xgb = pytest.importorskip("xgboost")
+    import mlflow.xgboost
+
+    booster = xgboost_booster()
+    mlflow.xgboost.save_model(booster, tmp_path / "m" / "1", pip_requirements=REQUIREMENTS)
+    client = servekit_app(tmp_path)
+    got = predict(client, "m", {"instances": ROWS.tolist()}).get_json()["predictions"]
+    assert np.array_equal(np.asarray(got, np.float32), booster.predict(xgb.DMatrix(ROWS)))
+    meta = client.get("/v2/models/m").get_json()
+    assert meta["platform"] == "xgboost" and meta["inputs"][0]["shape"] == [-1, 4]
+    # the native plugin's explanations come along
+    r = client.post("/v1/models/m:explain", json={"instances": ROWS.tolist()})
+    assert r.status_code == 200 and len(r.get_json()["explanations"]) == len(ROWS)
+
+
+def test_lightgbm_flavor_booster_and_scikit_learn_estimator(tmp_path, servekit_app):
+    lgb = pytest.importorskip("lightgbm")
+    import mlflow.lightgbm
+
+    booster = lightgbm_booster("binary")
+    mlflow.lightgbm.save_model(booster, tmp_path / "booster" / "1", pip_requirements=REQUIREMENTS)
+    classifier = lgb.LGBMClassifier(n_estimators=5, num_leaves=7, verbose=-1).fit(X, Y)
+    mlflow.lightgbm.save_model(classifier, tmp_path / "estimator" / "1", pip_requirements=REQUIREMENTS)
+    client = servekit_app(tmp_path)
+    got = predict(client, "booster", {"instances": ROWS.tolist()}).get_json()["predictions"]
+    assert got == booster.predict(ROWS).tolist()
+    got = predict(client, "estimator", {"instances": ROWS.tolist()}).get_json()["predictions"]
+    assert got == classifier.predict(ROWS).tolist()
+
+
+def test_sklearn_flavor_is_the_mlflow_plugins_not_the_sklearn_plugins(tmp_path, servekit_app):
+    import pandas as pd
+    from mlflow.models import infer_signature
+    from sklearn.linear_model import LogisticRegression
+
+    frame = pd.DataFrame(X, columns=FEATURES)
+    model = LogisticRegression().fit(frame, Y)
+    mlflow.sklearn.save_model(
+        model,
+        tmp_path / "m" / "1",
+        signature=infer_signature(frame, model.predict(frame)),
+        pip_requirements=REQUIREMENTS,
+    )
+    client = servekit_app(tmp_path)
+    rows = [dict(zip(FEATURES, r)) for r in ROWS.tolist()]
+    assert predict(client, "m", {"instances": rows}).get_json()["predictions"] == model.predict(frame[:5]).tolist()
+    assert [i["name"] for i in client.get("/v2/models/m").get_json()["inputs"]] == FEATURES
+
+
+def test_onnx_flavor(tmp_path, servekit_app):
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("skl2onnx")
+    import mlflow.onnx
+    from framework_models import sklearn_onnx
+
+    file, estimator = sklearn_onnx(tmp_path / "raw")
+    mlflow.onnx.save_model(onnx.load(str(file)), tmp_path / "m" / "1", pip_requirements=REQUIREMENTS)
+    client = servekit_app(tmp_path / "m")
+    out = predict(client, "m", {"instances": ROWS.tolist()}).get_json()["predictions"]
+    assert [row["label"] for row in out] == estimator.predict(ROWS).tolist()
+
+
+PYFUNC_CODE = """
+import mlflow
+import pandas as pd
+
+
+class Scaled(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input, params=None):
+        factor = (params or {}).get("factor", 2.0)
+        return pd.DataFrame({"total": (model_input["age"] + model_input["income"]) * factor})
+
+
+mlflow.models.set_model(Scaled())
+"""
+
+
+@pytest.fixture
+def pyfunc_model(tmp_path):
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    code = tmp_path / "scaled.py"
+    code.write_text(PYFUNC_CODE)
+    example = pd.DataFrame({"age": [1.0], "income": [2.0]})
+    signature = infer_signature(example, pd.DataFrame({"total": [6.0]}), params={"factor": 2.0})
+    mlflow.pyfunc.save_model(
+        tmp_path / "repo" / "scaled" / "1", python_model=str(code), signature=signature, pip_requirements=REQUIREMENTS
+    )
+    return tmp_path / "repo"
+
+
+def test_any_other_flavor_runs_through_pyfunc_with_its_signature(pyfunc_model, servekit_app):
+    client = servekit_app(pyfunc_model)
+    meta = client.get("/v2/models/scaled").get_json()
+    assert meta["platform"] == "mlflow"
+    assert meta["inputs"] == [
+        {"name": "age", "datatype": "FP64", "shape": [-1]},
+        {"name": "income", "datatype": "FP64", "shape": [-1]},
+    ]
+    assert meta["outputs"] == [{"name": "total", "datatype": "FP64", "shape": [-1]}]
+    r = predict(client, "scaled", {"instances": [{"age": 1.0, "income": 2.0}, {"age": 3.0, "income": 4.0}]})
+    assert r.get_json() == {"predictions": [6.0, 14.0]}
+    body = {
+        "inputs": [
+            {"name": "age", "datatype": "FP64", "shape": [1], "data": [1.0]},
+            {"name": "income", "datatype": "FP64", "shape": [1], "data": [1.0]},
+        ],
+        "parameters": {"params": {"factor": 10.0}},
+    }
+    (out,) = client.post("/v2/models/scaled/infer", json=body).get_json()["outputs"]
+    assert out["name"] == "total" and out["data"] == [20.0]
+
+
+def test_pyfunc_rows_must_fit_the_signature(pyfunc_model, servekit_app):
+    client = servekit_app(pyfunc_model)
+    r = predict(client, "scaled", {"instances": [[1.0, 2.0, 3.0]]})
+    assert r.status_code == 400 and "age" in r.get_json()["error"]
+    r = predict(client, "scaled", {"instances": [{"age": "old", "income": 2.0}]})
+    assert r.status_code == 400, r.get_json()
+
+
+def test_an_unreadable_mlmodel_fails_the_load(tmp_path, servekit_app):
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "MLmodel").write_text("just text\n")
+    client = servekit_app(tmp_path)
+    status = client.get("/v1/models/m").get_json()["model_version_status"][0]
+    assert status["state"] == "END" and "MLmodel" in status["status"]["error_message"]
