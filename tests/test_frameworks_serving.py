@@ -1,4 +1,4 @@
-"""XGBoost, LightGBM and ONNX models through a real server and the clients people use with their peers.
+"""XGBoost, LightGBM, ONNX and MLflow models through a real server and the clients people use with their peers.
 
 One ``servekit serve`` with gRPC on serves a model of each framework; Triton's
 ``tritonclient`` (HTTP and gRPC) and TF Serving's ``tensorflow-serving-api``
@@ -39,6 +39,12 @@ def repo(tmp_path_factory):
     save_lightgbm(base / "lgb" / "1", "model.bst")
     (base / "lgb" / "servekit.yaml").write_text("placement: process\n")
     sklearn_onnx(base / "onnx" / "1")
+    try:
+        import mlflow.xgboost
+    except ImportError:  # the mlflow cases skip
+        return base
+    booster = xgb.Booster(model_file=str(base / "xgb" / "1" / "model.json"))
+    mlflow.xgboost.save_model(booster, base / "mlflow_xgb" / "1", pip_requirements=["mlflow"])
     return base
 
 
@@ -57,6 +63,9 @@ def expected(repo, name):
         return {"label": label, "probabilities": proba}
     if name == "lgb":
         return {"predict": lgb.Booster(model_file=str(folder / "model.bst")).predict(ROWS)}
+    if name == "mlflow_xgb":
+        pytest.importorskip("mlflow")
+        folder = repo / "xgb" / "1"
     (file,) = folder.iterdir()
     booster = xgb.Booster(model_file=str(file))
     return {"predict": booster.predict(xgb.DMatrix(ROWS, feature_names=booster.feature_names))}
@@ -76,7 +85,7 @@ def triton_inputs(module, name):
     return [tensor]
 
 
-@pytest.mark.parametrize("name", ["xgb", "xgb_named", "lgb", "onnx"])
+@pytest.mark.parametrize("name", ["xgb", "xgb_named", "lgb", "onnx", "mlflow_xgb"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_tritonclient_answers_equal_the_library(server, repo, name, protocol):
     module = httpclient if protocol == "http" else grpcclient
