@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlparse
 
 from . import __version__
 from . import scaffold_render as _render
+from .model_files import is_lightgbm_text
 from .scaffold_render import (
     BUILD_FILES,
     DEFAULT_CUDA,
@@ -66,6 +67,12 @@ _ARTIFACT_EXTRAS = (
     (("model.pt", "model.pt2", "model.pth"), "torch"),
     (("saved_model.pb",), "tensorflow"),
     (("config.json",), "huggingface"),
+    (("model.json", "model.ubj"), "xgboost"),
+    (("model.txt",), "lightgbm"),
+    (("model.onnx",), "onnx"),
+    # a pyfunc model needs mlflow itself; the flavors servekit serves natively do not, but
+    # the extra is what an MLflow folder's image is expected to carry
+    (("MLmodel",), "mlflow"),
 )
 
 
@@ -101,11 +108,17 @@ def render_manifests(options: _render.BuildOptions) -> dict[str, str]:
 
 def detect_extras(folder: Path) -> list[str]:
     """servekit extras a bare model folder needs, from the artifacts in it and its version folders."""
-    names = {p.name for p in folder.iterdir()}
+    files = [p for p in folder.iterdir() if p.is_file()]
     for sub in folder.iterdir():
         if sub.is_dir() and sub.name.isdigit():
-            names |= {p.name for p in sub.iterdir()}
-    return [extra for artifacts, extra in _ARTIFACT_EXTRAS if names & set(artifacts)]
+            files += [p for p in sub.iterdir() if p.is_file()]
+    names = {p.name for p in files}
+    extras = [extra for artifacts, extra in _ARTIFACT_EXTRAS if names & set(artifacts)]
+    for file in (p for p in files if p.name == "model.bst"):  # XGBoost's or LightGBM's: its header says
+        extra = "lightgbm" if is_lightgbm_text(file) else "xgboost"
+        if extra not in extras:
+            extras.append(extra)
+    return extras
 
 
 def default_requirements(folder: Path) -> str:
