@@ -469,7 +469,7 @@ def test_new_plugin_rejects_invalid_package_name(tmp_path):
     [
         (
             ["framework=pytorch"],
-            "servekit new: --set framework=pytorch: expected one of sklearn, torch, tensorflow, huggingface, custom",
+            "servekit new: --set framework=pytorch: expected one of sklearn, torch, tensorflow, huggingface, xgboost, lightgbm, onnx, custom",
         ),
         (
             ["frmework=torch"],
