@@ -109,3 +109,14 @@ def test_bad_rows_are_a_400(tmp_path, servekit_app):
     assert r.status_code == 400 and "expected rows of 4 features" in r.get_json()["error"]
     r = client.post("/v1/models/m:predict", json={"instances": [["a", "b", "c", "d"]]})
     assert r.status_code == 400 and "expected numbers" in r.get_json()["error"]
+
+
+def test_threads_follow_the_workers_share(tmp_path, monkeypatch):
+    from servekit.cpus import WORKERS_ENV, available_cpus
+    from servekit.types import ModelConfig
+    from servekit_lightgbm.booster import load_booster
+
+    file = save_lightgbm(tmp_path)
+    monkeypatch.setenv(WORKERS_ENV, str(available_cpus() * 2))
+    assert load_booster(file, ModelConfig()).threads == 1
+    assert load_booster(file, ModelConfig(options={"num_threads": 3})).threads == 3

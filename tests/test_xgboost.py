@@ -151,3 +151,23 @@ def test_a_broken_file_fails_the_load_naming_it(tmp_path, servekit_app):
     client = servekit_app(tmp_path)
     status = client.get("/v1/models/m").get_json()["model_version_status"][0]
     assert status["state"] == "END" and "model.bst" in status["status"]["error_message"]
+
+
+def test_threads_and_device(tmp_path, monkeypatch):
+    from servekit.cpus import WORKERS_ENV, available_cpus
+    from servekit.types import ModelConfig
+    from servekit_xgboost.booster import load_booster
+
+    file = save_xgboost(tmp_path)
+    monkeypatch.setenv(WORKERS_ENV, str(available_cpus() * 2))
+
+    def nthread(model):
+        return json.loads(model.booster.save_config())["learner"]["generic_param"]["nthread"]
+
+    assert nthread(load_booster(file, ModelConfig())) == "1"
+    assert nthread(load_booster(file, ModelConfig(options={"nthread": 3}))) == "3"
+    if xgb.build_info().get("USE_CUDA"):
+        try:
+            load_booster(file, ModelConfig(device="cuda"))
+        except ValueError as exc:  # no GPU here: said at load, not a silent CPU fallback
+            assert "no GPU" in str(exc)

@@ -138,6 +138,8 @@ def load_booster(file: Path, config: ModelConfig) -> XGBoostModel:
     except xgboost.core.XGBoostError as exc:
         raise ValueError(f"{file.name}: not a model XGBoost can read ({_first_line(exc)})") from exc
     booster.set_param(_params(config))
+    if config.device.startswith("cuda"):
+        _check_gpu(booster, config.device)
     learner = json.loads(booster.save_config())["learner"]
     objective = learner["objective"]["name"]
     n_classes = int(learner["learner_model_param"].get("num_class", "0") or 0)
@@ -155,6 +157,20 @@ def _params(config: ModelConfig) -> dict[str, Any]:
     if config.device.startswith("cuda"):
         params["device"] = config.device
     return params
+
+
+def _check_gpu(booster: Any, device: str) -> None:
+    """Fail the load when ``device: cuda`` cannot be had: XGBoost itself would warn and run on the CPU."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # XGBoost's own "changed from GPU to CPU" warning: said below
+        booster.inplace_predict(np.zeros((1, booster.num_features()), dtype=np.float32))
+    used = json.loads(booster.save_config())["learner"]["generic_param"].get("device", "cpu")
+    if not used.startswith("cuda"):
+        raise ValueError(
+            f"device {device!r} was requested but XGBoost found no GPU (it runs on {used}); use auto or cpu"
+        )
 
 
 def _first_line(exc: BaseException) -> str:
