@@ -105,3 +105,36 @@ def graph_onnx(folder: Path, name: str = "model.onnx") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     onnx.save(model, folder / name)
     return folder / name
+
+
+#: A pyfunc model no servekit plugin serves natively: ``total = (age + income) * factor``.
+PYFUNC_CODE = """
+import mlflow
+import pandas as pd
+
+
+class Scaled(mlflow.pyfunc.PythonModel):
+    def predict(self, context, model_input, params=None):
+        factor = (params or {}).get("factor", 2.0)
+        return pd.DataFrame({"total": (model_input["age"] + model_input["income"]) * factor})
+
+
+mlflow.models.set_model(Scaled())
+"""
+
+
+def save_pyfunc(folder: Path) -> Path:
+    """The :data:`PYFUNC_CODE` model, saved as MLflow "models from code" with a column signature."""
+    import mlflow.pyfunc
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    code = folder.parent / "scaled.py"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    code.write_text(PYFUNC_CODE)
+    example = pd.DataFrame({"age": [1.0], "income": [2.0]})
+    signature = infer_signature(example, pd.DataFrame({"total": [6.0]}), params={"factor": 2.0})
+    # requirements given, so that save_model does not infer them (it loads the model in a subprocess to do so)
+    mlflow.pyfunc.save_model(folder, python_model=str(code), signature=signature, pip_requirements=["mlflow"])
+    code.unlink()  # the model folder holds its own copy
+    return folder

@@ -24,7 +24,7 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("skl2onnx")
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-from framework_models import FEATURES, data, save_lightgbm, save_xgboost, sklearn_onnx
+from framework_models import FEATURES, data, save_lightgbm, save_pyfunc, save_xgboost, sklearn_onnx
 from servekit.testing import ServerProcess
 
 ROWS = data(seed=7)[0][:6]
@@ -45,6 +45,7 @@ def repo(tmp_path_factory):
         return base
     booster = xgb.Booster(model_file=str(base / "xgb" / "1" / "model.json"))
     mlflow.xgboost.save_model(booster, base / "mlflow_xgb" / "1", pip_requirements=["mlflow"])
+    save_pyfunc(base / "mlflow_pyfunc" / "1")
     return base
 
 
@@ -115,6 +116,25 @@ def test_tritonclient_metadata_names_the_real_tensors(server, protocol):
     assert platform == "xgboost" and [n for n, _ in inputs] == FEATURES
     platform, inputs, shapes, _ = meta("lgb")
     assert platform == "lightgbm" and inputs == [("input", "FP64")] and shapes == [[-1, 4]]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_mlflow_pyfunc_model_through_tritonclient(server, protocol):
+    """Not a flavor servekit serves natively: mlflow.pyfunc, its signature's columns as the inputs."""
+    pytest.importorskip("mlflow")
+    module = httpclient if protocol == "http" else grpcclient
+    port = server.http_port if protocol == "http" else server.grpc_port
+    client = module.InferenceServerClient(f"127.0.0.1:{port}")
+    meta = client.get_model_metadata("mlflow_pyfunc", as_json=True) if protocol == "grpc" else None
+    meta = meta or client.get_model_metadata("mlflow_pyfunc")
+    assert [(t["name"], t["datatype"]) for t in meta["inputs"]] == [("age", "FP64"), ("income", "FP64")]
+    columns = []
+    for i, name in enumerate(("age", "income")):
+        column = module.InferInput(name, [len(ROWS)], "FP64")
+        column.set_data_from_numpy(ROWS[:, i].copy())
+        columns.append(column)
+    result = client.infer("mlflow_pyfunc", columns)
+    assert np.array_equal(result.as_numpy("total"), (ROWS[:, 0] + ROWS[:, 1]) * 2.0)
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +208,16 @@ def test_explain_over_the_wire_sums_to_the_margin(server, repo):
     booster = lgb.Booster(model_file=str(repo / "lgb" / "1" / "model.bst"))
     sums = [sum(e["attributions"]) + e["base_values"] for e in explanations]
     assert np.allclose(sums, booster.predict(ROWS, raw_score=True))
+
+
+def test_tf_serving_predict_of_an_mlflow_pyfunc_model(tf_serving):
+    pytest.importorskip("mlflow")
+    from tensorflow_serving.apis import predict_pb2
+
+    tf, stub = tf_serving
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "mlflow_pyfunc"
+    request.inputs["age"].CopyFrom(tf.make_tensor_proto(ROWS[:, 0]))
+    request.inputs["income"].CopyFrom(tf.make_tensor_proto(ROWS[:, 1]))
+    response = stub.Predict(request, timeout=30)
+    assert np.array_equal(tf.make_ndarray(response.outputs["total"]), (ROWS[:, 0] + ROWS[:, 1]) * 2.0)

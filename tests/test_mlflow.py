@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 mlflow = pytest.importorskip("mlflow")
-from framework_models import FEATURES, data, lightgbm_booster, xgboost_booster
+from framework_models import FEATURES, data, lightgbm_booster, save_pyfunc, xgboost_booster
 
 X, Y = data()
 ROWS = X[:5]
@@ -82,33 +82,9 @@ def test_onnx_flavor(tmp_path, servekit_app):
     assert [row["label"] for row in out] == estimator.predict(ROWS).tolist()
 
 
-PYFUNC_CODE = """
-import mlflow
-import pandas as pd
-
-
-class Scaled(mlflow.pyfunc.PythonModel):
-    def predict(self, context, model_input, params=None):
-        factor = (params or {}).get("factor", 2.0)
-        return pd.DataFrame({"total": (model_input["age"] + model_input["income"]) * factor})
-
-
-mlflow.models.set_model(Scaled())
-"""
-
-
 @pytest.fixture
 def pyfunc_model(tmp_path):
-    import pandas as pd
-    from mlflow.models import infer_signature
-
-    code = tmp_path / "scaled.py"
-    code.write_text(PYFUNC_CODE)
-    example = pd.DataFrame({"age": [1.0], "income": [2.0]})
-    signature = infer_signature(example, pd.DataFrame({"total": [6.0]}), params={"factor": 2.0})
-    mlflow.pyfunc.save_model(
-        tmp_path / "repo" / "scaled" / "1", python_model=str(code), signature=signature, pip_requirements=REQUIREMENTS
-    )
+    save_pyfunc(tmp_path / "repo" / "scaled" / "1")
     return tmp_path / "repo"
 
 
