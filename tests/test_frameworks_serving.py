@@ -221,3 +221,35 @@ def test_tf_serving_predict_of_an_mlflow_pyfunc_model(tf_serving):
     request.inputs["income"].CopyFrom(tf.make_tensor_proto(ROWS[:, 1]))
     response = stub.Predict(request, timeout=30)
     assert np.array_equal(tf.make_ndarray(response.outputs["total"]), (ROWS[:, 0] + ROWS[:, 1]) * 2.0)
+
+
+def test_a_sklearn_only_server_imports_none_of_the_framework_libraries(tmp_path):
+    """The plugins are registered in every server, but their libraries load only for their own files."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import fit_regressor
+
+    fit_regressor(tmp_path / "linear")
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from servekit.server.app import create_app
+        from servekit.settings import Settings
+
+        app = create_app(Settings(paths=[{str(tmp_path / "linear")!r}], poll_interval=0), start=False)
+        app.extensions["servekit"].repository.load_now()
+        plugins = [name for name, _ in app.extensions["servekit"].repository.pm.list_name_plugin()]
+        r = app.test_client().post("/v1/models/linear:predict", data=json.dumps({{"instances": [[1, 1]]}}))
+        heavy = [m for m in ("xgboost", "lightgbm", "onnxruntime", "onnx", "mlflow") if m in sys.modules]
+        print(json.dumps({{"status": r.status_code, "plugins": plugins, "heavy": heavy}}))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == 200
+    assert {"xgboost", "lightgbm", "onnx", "mlflow"} <= set(result["plugins"])
+    assert result["heavy"] == []
