@@ -124,3 +124,42 @@ def test_an_unreadable_mlmodel_fails_the_load(tmp_path, servekit_app):
     client = servekit_app(tmp_path)
     status = client.get("/v1/models/m").get_json()["model_version_status"][0]
     assert status["state"] == "END" and "MLmodel" in status["status"]["error_message"]
+
+
+def test_model_uri_downloads_the_model_into_a_folder_of_its_own(tmp_path, servekit_app):
+    xgb = pytest.importorskip("xgboost")
+    import mlflow.xgboost
+
+    booster = xgboost_booster()
+    mlflow.xgboost.save_model(booster, tmp_path / "store" / "churn", pip_requirements=REQUIREMENTS)
+    served = tmp_path / "repo" / "churn"
+    served.mkdir(parents=True)
+    (served / "servekit.yaml").write_text(f"options: {{model_uri: {(tmp_path / 'store' / 'churn').as_uri()}}}\n")
+    client = servekit_app(tmp_path / "repo")
+    got = predict(client, "churn", {"instances": ROWS.tolist()}).get_json()["predictions"]
+    assert np.array_equal(np.asarray(got, np.float32), booster.predict(xgb.DMatrix(ROWS)))
+    assert sorted(p.name for p in served.iterdir()) == ["servekit.yaml"]  # nothing written into the model folder
+
+
+def test_a_model_uri_that_cannot_be_had_fails_the_load_saying_why(tmp_path, servekit_app):
+    served = tmp_path / "churn"
+    served.mkdir()
+    (served / "servekit.yaml").write_text(f"options: {{model_uri: {(tmp_path / 'nowhere').as_uri()}}}\n")
+    client = servekit_app(tmp_path)
+    status = client.get("/v1/models/churn").get_json()["model_version_status"][0]
+    assert status["state"] == "END" and "model_uri" in status["status"]["error_message"]
+
+
+def test_unload_removes_the_downloaded_copy(tmp_path):
+    pytest.importorskip("xgboost")
+    import mlflow.xgboost
+    import servekit_mlflow
+    from servekit.types import ModelConfig
+
+    mlflow.xgboost.save_model(xgboost_booster(), tmp_path / "store", pip_requirements=REQUIREMENTS)
+    (tmp_path / "served").mkdir()
+    config = ModelConfig(options={"model_uri": (tmp_path / "store").as_uri()})
+    model = servekit_mlflow.load(path=tmp_path / "served", config=config, name="m", version=1)
+    assert model.served_by == "xgboost" and model.downloaded.is_dir()
+    servekit_mlflow.unload(model=model)
+    assert not model.downloaded.exists()

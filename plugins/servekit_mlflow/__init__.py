@@ -6,7 +6,9 @@ with the flavor's data file as its artifact: the model answers exactly as the
 same file would on its own, with that plugin's signatures, metadata and
 explanations, and needs no mlflow installed.  Any other flavor loads through
 ``mlflow.pyfunc`` (``pip install servekit[mlflow]``), described by the
-model's MLflow signature.  See ``docs/frameworks.md``.
+model's MLflow signature.  ``options.model_uri`` (``models:/NAME/VERSION``, ...)
+serves a model from an MLflow tracking server or registry instead of a local
+folder (see :mod:`servekit_mlflow.registry`).  See ``docs/frameworks.md``.
 """
 
 from __future__ import annotations
@@ -25,18 +27,41 @@ log = logging.getLogger("servekit.mlflow")
 
 @servekit.hookimpl
 def load(path: Path, config: servekit.ModelConfig, name: str, version: int) -> MlflowModel | None:
-    if not (path / MLMODEL).is_file() or config.options.get("artifact"):
+    if config.options.get("artifact"):
+        return None
+    uri = config.options.get("model_uri")
+    if (path / MLMODEL).is_file():
+        folder, downloaded = path, None
+    elif uri:
+        from .registry import download
+
+        folder, downloaded = download(str(uri), config.options)
+    else:
         return None
     from .served import load_mlflow
 
-    model = load_mlflow(path, read_mlmodel(path), config, name, version)
-    log.info("loaded MLflow model %s (flavor %s, through %s)", path, model.flavor, model.served_by)
+    try:
+        model = load_mlflow(folder, read_mlmodel(folder), config, name, version)
+    except BaseException:
+        _remove(downloaded)
+        raise
+    model.downloaded = downloaded
+    log.info("loaded MLflow model %s (flavor %s, through %s)", uri or path, model.flavor, model.served_by)
     return model
 
 
 @servekit.hookimpl
 def unload(model: MlflowModel) -> bool | None:
-    return model.forward("unload")
+    handled = model.forward("unload")
+    _remove(model.downloaded)
+    return handled or None
+
+
+def _remove(folder: Path | None) -> None:
+    if folder is not None:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @servekit.hookimpl

@@ -42,6 +42,8 @@ class MlflowModel:
     inner: Any = None
     hooks: Any = None  # the native plugin's hook relay
     pyfunc: PyfuncModel | None = None
+    #: the temporary folder an ``options.model_uri`` model was downloaded into
+    downloaded: Path | None = None
 
     def forward(self, hook: str, **kwargs: Any) -> Any:
         """The native plugin's ``hook`` on its own model; ``None`` (so 501) when it has none."""
