@@ -54,7 +54,10 @@ def tracking(tmp_path_factory):
     try:
         for _ in range(600):  # the first start creates the database: up to a minute
             if proc.poll() is not None:
-                pytest.fail(f"mlflow server exited: {(base / 'server.log').read_text()[-2000:]}")
+                output = (base / "server.log").read_text()
+                if "ModuleNotFoundError" in output:  # mlflow-skinny: the CLI is there, the server's packages not
+                    pytest.skip("this mlflow cannot run a server (mlflow-skinny); set SERVEKIT_TEST_MLFLOW_SERVER")
+                pytest.fail(f"mlflow server exited: {output[-2000:]}")
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
                     if r.status == 200:
