@@ -253,3 +253,28 @@ def test_a_sklearn_only_server_imports_none_of_the_framework_libraries(tmp_path)
     assert result["status"] == 200
     assert {"xgboost", "lightgbm", "onnx", "mlflow"} <= set(result["plugins"])
     assert result["heavy"] == []
+
+
+def test_tf_serving_classify_and_regress(tf_serving, repo):
+    """TF Serving's Classify and Regress RPCs with tf.Example records: the boosters' probabilities and values."""
+    from tensorflow.core.example import example_pb2
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+    _, stub = tf_serving
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = "xgb"
+    for row in ROWS:
+        record = example_pb2.Example()
+        record.features.feature["x"].float_list.value.extend(row.astype(np.float32).tolist())
+        request.input.example_list.examples.append(record)
+    response = stub.Classify(request, timeout=30)
+    scores = [[k.score for k in c.classes] for c in response.result.classifications]
+    assert [k.label for k in response.result.classifications[0].classes] == ["0", "1", "2"]
+    assert np.allclose(scores, expected(repo, "xgb")["predict"], atol=1e-6)
+    # a classifier has no regression signature: a clear refusal, not a 500
+    regress = regression_pb2.RegressionRequest()
+    regress.model_spec.name = "xgb"
+    regress.input.CopyFrom(request.input)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Regress(regress, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
