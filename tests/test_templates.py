@@ -611,3 +611,8 @@ def test_detect_extras_of_the_framework_plugins(tmp_path):
     assert scaffold.detect_extras(tmp_path) == ["onnx", "lightgbm"]
     (tmp_path / "1" / "model.bst").write_bytes(b"{L\x00\x00\x00\x00\x00\x00\x00\x07learner")  # XGBoost's UBJSON
     assert scaffold.detect_extras(tmp_path) == ["onnx", "xgboost"]
+
+
+def test_detect_extras_of_an_mlflow_folder(tmp_path):
+    (tmp_path / "MLmodel").write_text("flavors:\n  python_function: {}\n  lightgbm: {data: model.lgb}\n")
+    assert scaffold.detect_extras(tmp_path) == ["mlflow", "lightgbm"]

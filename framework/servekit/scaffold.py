@@ -70,8 +70,8 @@ _ARTIFACT_EXTRAS = (
     (("model.json", "model.ubj"), "xgboost"),
     (("model.txt",), "lightgbm"),
     (("model.onnx",), "onnx"),
-    # a pyfunc model needs mlflow itself; the flavors servekit serves natively do not, but
-    # the extra is what an MLflow folder's image is expected to carry
+    # a pyfunc model needs mlflow itself; a flavor servekit serves natively needs its own
+    # library (read from the MLmodel below), and mlflow for nothing but pyfunc
     (("MLmodel",), "mlflow"),
 )
 
@@ -114,11 +114,20 @@ def detect_extras(folder: Path) -> list[str]:
             files += [p for p in sub.iterdir() if p.is_file()]
     names = {p.name for p in files}
     extras = [extra for artifacts, extra in _ARTIFACT_EXTRAS if names & set(artifacts)]
-    for file in (p for p in files if p.name == "model.bst"):  # XGBoost's or LightGBM's: its header says
-        extra = "lightgbm" if is_lightgbm_text(file) else "xgboost"
-        if extra not in extras:
-            extras.append(extra)
-    return extras
+    found = [("lightgbm" if is_lightgbm_text(p) else "xgboost") for p in files if p.name == "model.bst"]
+    found += [flavor for p in files if p.name == "MLmodel" for flavor in _mlflow_flavors(p)]
+    return extras + [e for e in dict.fromkeys(found) if e not in extras]
+
+
+def _mlflow_flavors(mlmodel: Path) -> list[str]:
+    """The servekit extras of an MLflow model's flavors (its framework plugin's library)."""
+    import yaml
+
+    try:
+        flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+    return [f for f in ("sklearn", "xgboost", "lightgbm", "onnx") if f in flavors]
 
 
 def default_requirements(folder: Path) -> str:
