@@ -39,6 +39,9 @@ def repo(tmp_path_factory):
     save_lightgbm(base / "lgb" / "1", "model.bst")
     (base / "lgb" / "servekit.yaml").write_text("placement: process\n")
     sklearn_onnx(base / "onnx" / "1")
+    (base / "onnx" / "servekit.yaml").write_text(
+        "placement: process\nbatching: {max_batch_size: 16, max_batch_time_ms: 5}\n"
+    )
     try:
         import mlflow.xgboost
     except ImportError:  # the mlflow cases skip
@@ -183,21 +186,32 @@ def test_tf_serving_metadata_and_a_bad_request(tf_serving):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "4 features" in info.value.details()
 
 
-@pytest.mark.parametrize("name", ["xgb", "lgb"])
+@pytest.mark.parametrize("name", ["xgb", "lgb", "onnx"])
 def test_concurrent_rows_batched_or_hosted_answer_each_their_own(server, repo, name):
-    """``xgb`` batches requests together; ``lgb`` runs in a model host: each row still gets its own answer."""
+    """``xgb`` batches requests together, ``lgb`` runs in a model host, ``onnx`` batches in a model host:
+    each row still gets its own answer."""
     import requests
 
-    want = expected(repo, name)["predict"]
+    output = "probabilities" if name == "onnx" else "predict"
+    want = expected(repo, name)[output]
 
     def one(i):
         r = requests.post(f"{server.url}/v1/models/{name}:predict", json={"instances": [ROWS[i].tolist()]}, timeout=30)
-        return r.json()["predictions"][0]
+        answer = r.json()["predictions"][0]
+        return answer[output] if name == "onnx" else answer
 
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(one, [i % len(ROWS) for i in range(48)]))
     for i, answer in enumerate(got):
         assert np.allclose(answer, want[i % len(ROWS)], rtol=0, atol=1e-7), i
+    # the calls went through the batcher (xgb) or the host's (onnx): its rows-per-call histogram counted them
+    metric = {"xgb": "servekit_batch_size_count", "onnx": "servekit_host_batch_size_count"}.get(name)
+    if metric:
+        text = requests.get(f"{server.url}/metrics", timeout=30).text
+        counts = [
+            float(line.split()[-1]) for line in text.splitlines() if line.startswith(metric) and f'"{name}"' in line
+        ]
+        assert counts and sum(counts) > 0, metric
 
 
 def test_explain_over_the_wire_sums_to_the_margin(server, repo):
