@@ -10,6 +10,7 @@ model batches adaptively and one runs in a model host (``placement: process``).
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -207,11 +208,14 @@ def test_concurrent_rows_batched_or_hosted_answer_each_their_own(server, repo, n
     # the calls went through the batcher (xgb) or the host's (onnx): its rows-per-call histogram counted them
     metric = {"xgb": "servekit_batch_size_count", "onnx": "servekit_host_batch_size_count"}.get(name)
     if metric:
-        text = requests.get(f"{server.url}/metrics", timeout=30).text
-        counts = [
-            float(line.split()[-1]) for line in text.splitlines() if line.startswith(metric) and f'"{name}"' in line
-        ]
-        assert counts and sum(counts) > 0, metric
+        for _ in range(50):  # workers write their counts every half second: poll, at most ~5 s
+            text = requests.get(f"{server.url}/metrics", timeout=30).text
+            found = [line for line in text.splitlines() if line.startswith(metric) and f'"{name}"' in line]
+            if sum(float(line.split()[-1]) for line in found) > 0:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"{metric} for {name} stayed 0")
 
 
 def test_explain_over_the_wire_sums_to_the_margin(server, repo):
