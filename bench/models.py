@@ -8,7 +8,10 @@ the same scikit-learn version, so all servers load the very same joblib files.
 Writes ``OUT_DIR/models/{iris,rf}/1/model.joblib`` (TF Serving layout, also
 read by the KServe peer), ``OUT_DIR/models/echo/model.py`` (the 1M-element
 tensor round trip), ``OUT_DIR/mlserver[-batch]/...`` model settings, and the request
-bodies under ``OUT_DIR/bodies``.
+bodies under ``OUT_DIR/bodies``.  Where xgboost and lightgbm are installed, also
+100-round boosters on rf's data: ``OUT_DIR/models/xgb/1/model.json``,
+``OUT_DIR/models/lgb/1/model.txt`` and ``OUT_DIR/mlserver-trees/`` settings for
+MLServer's mlserver-xgboost and mlserver-lightgbm runtimes.
 """
 
 from __future__ import annotations
@@ -58,10 +61,41 @@ def fit(out: Path) -> dict[str, np.ndarray]:
         for folder, doc in (("mlserver", settings), ("mlserver-batch", batched)):
             (out / folder / name).mkdir(parents=True, exist_ok=True)
             (out / folder / name / "model-settings.json").write_text(json.dumps(doc))
+    data = {"iris": X, "rf": Xr}
+    data.update(fit_boosters(out, Xr, yr))
     echo = out / "models" / "echo"
     echo.mkdir(parents=True, exist_ok=True)
     (echo / "model.py").write_text(ECHO_MODEL_PY)
-    return {"iris": X, "rf": Xr}
+    return data
+
+
+#: MLServer's runtime for each booster, and the file both servers load
+BOOSTERS = {
+    "xgb": ("mlserver_xgboost.XGBoostModel", "model.json"),
+    "lgb": ("mlserver_lightgbm.LightGBMModel", "model.txt"),
+}
+
+
+def fit_boosters(out: Path, X: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """An XGBoost and a LightGBM 3-class booster (100 rounds, depth 6 / 31 leaves), if the libraries are here."""
+    try:
+        import lightgbm as lgb
+        import xgboost as xgb
+    except ImportError:
+        return {}
+    boosters = {
+        "xgb": xgb.train({"objective": "multi:softprob", "num_class": 3, "max_depth": 6}, xgb.DMatrix(X, label=y), 100),
+        "lgb": lgb.train({"objective": "multiclass", "num_class": 3, "verbose": -1}, lgb.Dataset(X, label=y), 100),
+    }
+    for name, booster in boosters.items():
+        implementation, file = BOOSTERS[name]
+        path = out / "models" / name / "1" / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        booster.save_model(str(path))
+        settings = {"name": name, "implementation": implementation, "parameters": {"uri": str(path), "version": "1"}}
+        (out / "mlserver-trees" / name).mkdir(parents=True, exist_ok=True)
+        (out / "mlserver-trees" / name / "model-settings.json").write_text(json.dumps(settings))
+    return {name: X for name in boosters}
 
 
 def bodies(out: Path, data: dict[str, np.ndarray]) -> None:

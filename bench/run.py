@@ -27,7 +27,10 @@ The line-up (``--only`` takes these names):
 - ``mlserver`` (default settings, V2) and ``mlserver-batch`` (adaptive
   batching, 1-row V2); ``kserve-1w`` and ``kserve-2w`` (V2 and V1, every cell);
 - ``wsgi-gunicorn`` and ``wsgi-granian``: ``peers/plain_wsgi.py`` (orjson, one
-  numpy array, ``model.predict``) on each engine with 2 workers: the ceilings.
+  numpy array, ``model.predict``) on each engine with 2 workers: the ceilings;
+- ``servekit-trees`` and ``mlserver-trees``: a 100-round XGBoost and LightGBM
+  booster (``xgb``, ``lgb``; bench/models.py) through servekit's plugins and
+  through MLServer's mlserver-xgboost and mlserver-lightgbm, V2, 1 and 100 rows.
 
 servekit serves only the iris and rf folders (scikit-learn artifacts, so
 ``--preload`` is on for several workers); batched servekit runs read
@@ -529,13 +532,7 @@ def servekit_lineup(sk: str, port: int) -> list[Server]:
 
 def peer_lineup(mls: str, ks: str, port: int) -> list[Server]:
     mlserver = str(Path(mls).parent / "mlserver")
-    mls_env = {
-        "MLSERVER_HTTP_PORT": str(port),
-        "MLSERVER_HOST": "127.0.0.1",
-        "MLSERVER_GRPC_PORT": str(port + 1),
-        "MLSERVER_METRICS_PORT": str(port + 2),
-        "MLSERVER_LOGGING_LEVEL": "WARNING",
-    }
+    mls_env = mlserver_env(port)
     ks_cmd = [
         ks,
         str(HERE / "peers" / "kserve_server.py"),
@@ -641,8 +638,44 @@ def ceiling_lineup(sk: str, port: int) -> list[Server]:
     ]
 
 
+def trees_lineup(sk: str, port: int) -> list[Server]:
+    """The gradient-boosted trees, through servekit's plugins and MLServer's runtimes (V2: MLServer has no V1)."""
+    boosters = ("xgb", "lgb")
+    serve = servekit_command(sk, [WORK / "models" / m for m in boosters], port)
+    mlserver = str(VENVS / "mlserver-trees" / "bin" / "mlserver")
+    return [
+        Server(
+            "servekit-trees",
+            "servekit",
+            serve,
+            port,
+            models=boosters,
+            note="servekit_xgboost and servekit_lightgbm, defaults (threads: the worker's share of the CPUs)",
+        ),
+        Server(
+            "mlserver-trees",
+            "mlserver",
+            [mlserver, "start", str(WORK / "mlserver-trees")],
+            port,
+            env=mlserver_env(port),
+            models=boosters,
+            note=f"MLServer {MLSERVER_VERSION}, mlserver-xgboost and mlserver-lightgbm, default settings",
+        ),
+    ]
+
+
+def mlserver_env(port: int) -> dict[str, str]:
+    return {
+        "MLSERVER_HTTP_PORT": str(port),
+        "MLSERVER_HOST": "127.0.0.1",
+        "MLSERVER_GRPC_PORT": str(port + 1),
+        "MLSERVER_METRICS_PORT": str(port + 2),
+        "MLSERVER_LOGGING_LEVEL": "WARNING",
+    }
+
+
 def lineup(sk: str, mls: str, ks: str, port: int) -> list[Server]:
-    return servekit_lineup(sk, port) + peer_lineup(mls, ks, port) + ceiling_lineup(sk, port)
+    return servekit_lineup(sk, port) + peer_lineup(mls, ks, port) + ceiling_lineup(sk, port) + trees_lineup(sk, port)
 
 
 # ---------------------------------------------------------------------------
@@ -663,7 +696,23 @@ def environments(args: argparse.Namespace, sk: str) -> tuple[str, str, str]:
     )
     ks = ensure_venv("kserve", [f"kserve=={KSERVE_VERSION}", pin, "joblib"])
     tools = ensure_venv("tools", ["matplotlib", "py-spy"])
+    if not args.only or "mlserver-trees" in args.only:
+        ensure_venv("mlserver-trees", [*mlserver_trees_packages(sk), "uvloop<0.22"])
     return mls, ks, tools
+
+
+def mlserver_trees_packages(sk: str) -> list[str]:
+    """MLServer with its XGBoost and LightGBM runtimes, on the library versions servekit has (same files, same maths)."""
+    probe = "import xgboost, lightgbm; print(xgboost.__version__, lightgbm.__version__)"
+    out = subprocess.run([sk, "-c", probe], capture_output=True, text=True)
+    xgb_version, lgb_version = out.stdout.split() if out.returncode == 0 else ("", "")
+    return [
+        f"mlserver=={MLSERVER_VERSION}",
+        f"mlserver-xgboost=={MLSERVER_VERSION}",
+        f"mlserver-lightgbm=={MLSERVER_VERSION}",
+        f"xgboost=={xgb_version}" if xgb_version else "xgboost",
+        f"lightgbm=={lgb_version}" if lgb_version else "lightgbm",
+    ]
 
 
 def chosen(servers: list[Server], only: str | None) -> list[Server]:

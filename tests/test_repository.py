@@ -151,6 +151,6 @@ def test_servekit_yaml_plugin_key_picks_the_loading_plugin(tmp_path):
     (status,) = make_repo(tmp_path / "iris").statuses("iris")
     # the TensorFlow plugin finds no SavedModel, and sklearn may not step in
     assert status.state is State.END and "no plugin could load" in status.error
-    (tmp_path / "iris" / "servekit.yaml").write_text("plugin: onnx\n")
+    (tmp_path / "iris" / "servekit.yaml").write_text("plugin: paddle\n")
     (status,) = make_repo(tmp_path / "iris").statuses("iris")
-    assert "'onnx', which is not installed" in status.error
+    assert "'paddle', which is not installed" in status.error

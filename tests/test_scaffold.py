@@ -49,6 +49,9 @@ FIRST_PREDICTION = {
     "torch": lambda p: p["class"] == 0,
     "tensorflow": lambda p: abs(p - 2.5) < 1e-4,
     "huggingface": lambda p: p["label"] == "positive",
+    "xgboost": lambda p: p.index(max(p)) == 0,  # setosa's probability is the largest
+    "lightgbm": lambda p: p.index(max(p)) == 0,
+    "onnx": lambda p: p["label"] == 0,
     "custom": lambda p: abs(p - 2.5) < 1e-4,
 }
 
@@ -111,7 +114,9 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180
     raise TimeoutError(log.read_text()[-5000:])
 
 
-@pytest.mark.parametrize("framework", ["sklearn", "torch", "tensorflow", "huggingface", "custom"])
+@pytest.mark.parametrize(
+    "framework", ["sklearn", "torch", "tensorflow", "huggingface", "xgboost", "lightgbm", "onnx", "custom"]
+)
 def test_container_template(tmp_path, framework):
     project = bake(tmp_path, f"project_name=Demo {framework}", f"framework={framework}")
     assert project == tmp_path / f"demo-{framework}"

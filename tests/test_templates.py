@@ -469,7 +469,7 @@ def test_new_plugin_rejects_invalid_package_name(tmp_path):
     [
         (
             ["framework=pytorch"],
-            "servekit new: --set framework=pytorch: expected one of sklearn, torch, tensorflow, huggingface, custom",
+            "servekit new: --set framework=pytorch: expected one of sklearn, torch, tensorflow, huggingface, xgboost, lightgbm, onnx, custom",
         ),
         (
             ["frmework=torch"],
@@ -602,3 +602,17 @@ def test_wheel_ships_the_templates(tmp_path):
         if p.is_file() and "__pycache__" not in p.parts
     }
     assert expected and expected <= names, sorted(expected - names)[:5]
+
+
+def test_detect_extras_of_the_framework_plugins(tmp_path):
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.onnx").write_bytes(b"")
+    (tmp_path / "1" / "model.bst").write_bytes(b"tree\nversion=v4\n")  # LightGBM's text format
+    assert scaffold.detect_extras(tmp_path) == ["onnx", "lightgbm"]
+    (tmp_path / "1" / "model.bst").write_bytes(b"{L\x00\x00\x00\x00\x00\x00\x00\x07learner")  # XGBoost's UBJSON
+    assert scaffold.detect_extras(tmp_path) == ["onnx", "xgboost"]
+
+
+def test_detect_extras_of_an_mlflow_folder(tmp_path):
+    (tmp_path / "MLmodel").write_text("flavors:\n  python_function: {}\n  lightgbm: {data: model.lgb}\n")
+    assert scaffold.detect_extras(tmp_path) == ["mlflow", "lightgbm"]

@@ -44,3 +44,21 @@ def cgroup_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
     except (OSError, ValueError):
         return None
     return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
+#: set by ``servekit serve`` to the number of HTTP workers, for plugins sizing their thread pools
+WORKERS_ENV = "SERVEKIT_WORKER_PROCESSES"
+
+
+def cpus_per_worker() -> int:
+    """The CPUs one worker process may keep busy: the available CPUs shared by the workers, at least 1.
+
+    A framework whose kernels start one thread per core (ONNX Runtime, XGBoost,
+    LightGBM) would otherwise run ``workers x cores`` threads on ``cores``
+    cores, and each call would wait on the others' threads.
+    """
+    try:
+        workers = max(1, int(os.environ.get(WORKERS_ENV, "1")))
+    except ValueError:
+        workers = 1
+    return max(1, available_cpus() // workers)

@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlparse
 
 from . import __version__
 from . import scaffold_render as _render
+from .model_files import is_lightgbm_text
 from .scaffold_render import (
     BUILD_FILES,
     DEFAULT_CUDA,
@@ -66,6 +67,12 @@ _ARTIFACT_EXTRAS = (
     (("model.pt", "model.pt2", "model.pth"), "torch"),
     (("saved_model.pb",), "tensorflow"),
     (("config.json",), "huggingface"),
+    (("model.json", "model.ubj"), "xgboost"),
+    (("model.txt",), "lightgbm"),
+    (("model.onnx",), "onnx"),
+    # a pyfunc model needs mlflow itself; a flavor servekit serves natively needs its own
+    # library (read from the MLmodel below), and mlflow for nothing but pyfunc
+    (("MLmodel",), "mlflow"),
 )
 
 
@@ -101,11 +108,26 @@ def render_manifests(options: _render.BuildOptions) -> dict[str, str]:
 
 def detect_extras(folder: Path) -> list[str]:
     """servekit extras a bare model folder needs, from the artifacts in it and its version folders."""
-    names = {p.name for p in folder.iterdir()}
+    files = [p for p in folder.iterdir() if p.is_file()]
     for sub in folder.iterdir():
         if sub.is_dir() and sub.name.isdigit():
-            names |= {p.name for p in sub.iterdir()}
-    return [extra for artifacts, extra in _ARTIFACT_EXTRAS if names & set(artifacts)]
+            files += [p for p in sub.iterdir() if p.is_file()]
+    names = {p.name for p in files}
+    extras = [extra for artifacts, extra in _ARTIFACT_EXTRAS if names & set(artifacts)]
+    found = [("lightgbm" if is_lightgbm_text(p) else "xgboost") for p in files if p.name == "model.bst"]
+    found += [flavor for p in files if p.name == "MLmodel" for flavor in _mlflow_flavors(p)]
+    return extras + [e for e in dict.fromkeys(found) if e not in extras]
+
+
+def _mlflow_flavors(mlmodel: Path) -> list[str]:
+    """The servekit extras of an MLflow model's flavors (its framework plugin's library)."""
+    import yaml
+
+    try:
+        flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+    return [f for f in ("sklearn", "xgboost", "lightgbm", "onnx") if f in flavors]
 
 
 def default_requirements(folder: Path) -> str:

@@ -246,14 +246,27 @@ def _any_text(rows: list[list[Any]]) -> bool:
     return any(isinstance(v, str) for row in rows for v in row)
 
 
+def _artifact(path: Path, options: dict[str, Any]) -> Path | None:
+    """``options.artifact`` when it names a scikit-learn file, else the first of :data:`ARTIFACTS`.
+
+    An MLflow model folder (``MLmodel``) holds a ``model.pkl`` or ``model.skops`` too: it is the
+    MLflow plugin's, which reads the MLmodel and hands the file back here as ``options.artifact``.
+    """
+    explicit = options.get("artifact")
+    if explicit:
+        file = path / str(explicit)
+        return file if file.is_file() and file.suffix in {Path(a).suffix for a in ARTIFACTS} else None
+    if (path / "MLmodel").is_file():
+        return None
+    return next((path / a for a in ARTIFACTS if (path / a).is_file()), None)
+
+
 def load_estimator(path: Path, options: dict[str, Any]) -> SklearnModel | None:
     """Load the first artifact found; ``None`` when the folder holds none."""
-    for artifact in ARTIFACTS:
-        file = path / artifact
-        if file.is_file():
-            break
-    else:
+    file = _artifact(path, options)
+    if file is None:
         return None
+    artifact = file.name
     estimator = read_artifact(file, options)
     if not (_has_method(estimator, "predict") or _has_method(estimator, "transform")):
         raise ValueError(

@@ -7,8 +7,10 @@ same SIGTERM drain and the same metrics folder; they differ in who parses HTTP.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from ..cpus import WORKERS_ENV
 from ..settings import Settings, worker_count
 
 #: Artifacts whose loading starts no threads and no device context: safe to load before fork.
@@ -17,6 +19,8 @@ FORK_SAFE_ARTIFACTS = frozenset({"model.joblib", "model.pkl", "model.skops"})
 
 def run(settings: Settings) -> None:
     settings.preload = resolve_preload(settings)
+    # framework plugins size their thread pools by it (servekit.cpus.cpus_per_worker)
+    os.environ[WORKERS_ENV] = str(worker_count(settings))
     if settings.server == "granian":
         from .granian_app import run as run_granian
 
