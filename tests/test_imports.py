@@ -239,3 +239,17 @@ def test_the_folder_graph_sees_a_cycle_through_two_folders(tmp_path):
     graph = import_graph([package])
     assert cycles(graph) == []  # no two modules import each other ...
     assert cycles(folder_graph(graph)) == [["pkg.core", "pkg.low"]]  # ... but the folder and core do
+
+
+def test_protocols_pages_and_observability_reach_models_through_the_planes():
+    """No ``x.repository`` attribute chains outside the planes: the data plane (what is loaded
+    here) and the control plane (what to serve) are the only ways in (server/app.py builds them)."""
+    reaching = []
+    for folder in ("protocols", "server", "observability"):
+        for path in sorted((REPO / "framework" / "servekit" / folder).rglob("*.py")):
+            if path.name == "app.py" or "protos" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr == "repository":
+                    reaching.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not reaching, f"reaching into the repository: {reaching}"

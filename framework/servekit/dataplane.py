@@ -85,6 +85,34 @@ class DataPlane:
     def model_names(self) -> list[str]:
         return sorted(self.repository.models)
 
+    # -- what is loaded here (protocols, pages and observability read it through these) ----
+
+    @property
+    def models(self) -> dict[str, Any]:
+        """Every model this process knows, by name (:class:`servekit.repository.Model`)."""
+        return self.repository.models
+
+    @property
+    def plugins(self) -> Any:
+        """The plugin manager: the server-wide hooks (``log_request``, ``register_routes``, ...)."""
+        return self.repository.pm
+
+    def model(self, name: str) -> Any:
+        """One model by name; :class:`UnknownModel` (404) when none is served under it."""
+        return self.repository.get_model(name)
+
+    def statuses(self, name: str, version: Any = None, label: str | None = None) -> list[ModelVersion]:
+        """The versions a status request addresses, newest first (TF Serving's GetModelStatus)."""
+        return self.repository.statuses(name, version, label)
+
+    def resolve_now(self, name: str, version: Any = None) -> ModelVersion:
+        """:meth:`resolve` without waiting for a first load (a readiness probe answers at once)."""
+        return self.repository.resolve(name, version)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait for this process's first load; whether it finished in time."""
+        return self.repository.wait_ready(timeout)
+
     def resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
         if not self.repository.ready:
             # Another worker may already answer ready while this one still loads:

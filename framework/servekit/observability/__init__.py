@@ -57,7 +57,7 @@ class ObserveMiddleware:
         metrics.request_finished()
         path = environ.get("PATH_INFO", "")
         protocol = labels.protocol_of(path)
-        model = environ.get("servekit.model") or labels.model_of(path, self.dataplane.repository.models)
+        model = environ.get("servekit.model") or labels.model_of(path, self.dataplane.models)
         status = int(seen.get("status", "500").split(" ", 1)[0])
         metrics.observe_request(model, protocol, status, seconds)
         if self.log_access:
@@ -101,7 +101,7 @@ def install(app: Flask, settings: Any) -> None:
     app.before_request(_bind_request_id)
     app.teardown_request(_unbind_request_id)
     app.register_blueprint(metrics.bp)
-    pm = dp.repository.pm
+    pm = dp.plugins
     if pm.get_plugin("servekit.metrics") is None:
         pm.register(metrics.BatchSizePlugin(dp), name="servekit.metrics")
     request_log.install(app, settings)

@@ -53,7 +53,7 @@ class Served(Protocol):
     """
 
     @property
-    def repository(self) -> Any: ...
+    def models(self) -> dict[str, Any]: ...
 
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -270,7 +270,7 @@ class ModelStateCollector:
             "bytes --model-memory-budget counts for a model while it is loaded (its versions' files), 0 when not",
             labels=["model"],
         )
-        for name, model in sorted(self.dataplane.repository.models.items()):
+        for name, model in sorted(self.dataplane.models.items()):
             resident.add_metric([name], float(model.bytes if model.available() else 0))
             for version, mv in sorted(model.versions.items()):
                 for s in type(mv.state):  # every repository.State, 1 for the current one

@@ -259,7 +259,7 @@ def _whole(body: bytes) -> list[PredictionLog]:
 
 
 def _record(rid: str, request_body: bytes, status: int) -> RequestLog:
-    served = current_app.extensions["servekit"].repository.models
+    served = current_app.extensions["servekit"].models
     protocol = labels.protocol_of(request.path)
     # the path names the model, or the protocol said which one answered (OpenAI's body)
     model = labels.model_of(request.path, served) or request.environ.get("servekit.model") or ""
@@ -282,13 +282,13 @@ def _record(rid: str, request_body: bytes, status: int) -> RequestLog:
 
 
 def _hook_impls(app: Flask) -> list[Any]:
-    return app.extensions["servekit"].repository.pm.hook.log_request.get_hookimpls()
+    return app.extensions["servekit"].plugins.hook.log_request.get_hookimpls()
 
 
 def _emit(app: Flask, record: RequestLog) -> None:
     """Call every ``log_request`` implementation; one that fails neither fails the
     request nor keeps the record from the others."""
-    hook = app.extensions["servekit"].repository.pm.hook.log_request
+    hook = app.extensions["servekit"].plugins.hook.log_request
     for impl in reversed(hook.get_hookimpls()):  # pluggy's order: last registered first
         try:
             impl.function(*[{"record": record}[name] for name in impl.argnames])
@@ -335,7 +335,7 @@ def install(app: Flask, settings: Any) -> SqlRequestLog | None:
 
         url = "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="servekit-logs-"), "requests.db")
     store = SqlRequestLog(url)
-    pm = app.extensions["servekit"].repository.pm
+    pm = app.extensions["servekit"].plugins
     if pm.get_plugin("servekit.request_log") is not None:
         pm.unregister(name="servekit.request_log")  # a data plane reused by a new app
     pm.register(store, name="servekit.request_log")

@@ -34,7 +34,7 @@ def version_status(mv: ModelVersion) -> dict[str, Any]:
 
 def model_status(dp: DataPlane, name: str, version: Any = None, label: str | None = None) -> dict[str, Any]:
     """One document every client of the path reads: TF Serving, KServe V1 and OpenAI."""
-    statuses = dp.repository.statuses(name, version, label)
+    statuses = dp.statuses(name, version, label)
     return {
         # KServe V1's model readiness ({"name", "ready"}), as its InferenceRESTClient reads it
         "name": name,

@@ -63,7 +63,7 @@ def model_metadata(name: str, version: str | None = None):
 def model_ready(name: str, version: str | None = None):
     try:
         # the repository, not the data plane: a probe must not wait for a load to finish
-        dataplane().repository.resolve(name, version)
+        dataplane().resolve_now(name, version)
     except NotReady as exc:
         return json_response({"name": name, "ready": False, "error": exc.message}, 503)
     return json_response({"name": name, "ready": True})

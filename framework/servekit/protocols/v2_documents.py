@@ -55,7 +55,7 @@ def model_metadata(dp: DataPlane, name: str, version: str | int | None) -> dict[
     signature = meta.signature()
     return {
         "name": name,
-        "versions": [str(v.version) for v in dp.repository.get_model(name).available()],
+        "versions": [str(v.version) for v in dp.model(name).available()],
         "platform": meta.platform,
         "inputs": [_tensor_metadata(t) for t in (signature.inputs if signature else [])],
         "outputs": [_tensor_metadata(t) for t in (signature.outputs if signature else [])],
@@ -82,10 +82,10 @@ _INDEX_STATE = {
 
 def repository_index(dp: DataPlane, ready_only: bool) -> list[dict[str, Any]]:
     """Every model (and version) with its state; ``ready_only`` keeps the ``READY`` ones."""
-    repository = dp.repository
+    models = dp.models
     entries = []
-    for name in sorted(repository.models):
-        entries += _index_entries(repository.models[name])
+    for name in sorted(models):
+        entries += _index_entries(models[name])
     return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
 
@@ -159,7 +159,7 @@ def model_statistics(dp: DataPlane, name: str | None, version: str | None) -> li
     names = [name] if name else dp.model_names()
     keys: list[tuple[str, str]] = []
     for model_name in names:
-        model = dp.repository.get_model(model_name)  # NotFound for an unknown model
+        model = dp.model(model_name)  # NotFound for an unknown model
         known = sorted(model.versions)
         if version:
             number = version_number(version)

@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     observability.install(app, settings)
 
     app.extensions["servekit.request_hooks"] = _request_hooks(app)  # the fast lane runs these itself
-    pm = dp.repository.pm
+    pm = dp.plugins
     pm.hook.register_routes(app=app)
     if start:
         control.start()

@@ -98,7 +98,7 @@ class FastLane:
     def _enabled(self) -> bool:
         if self._usable is None:  # plugins registered their hooks and routes before the first request
             foreign = foreign_request_hooks(self.app)
-            if self.dp.repository.pm.hook.log_request.get_hookimpls():
+            if self.dp.plugins.hook.log_request.get_hookimpls():
                 foreign.append("log_request")
             self._usable = not foreign
             if foreign:

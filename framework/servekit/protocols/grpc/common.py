@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from ...errors import ServekitError
+from ...errors import NotReady, ServekitError
 
 log = logging.getLogger("servekit.grpc")
 
@@ -29,6 +29,13 @@ def _abort(context: grpc.ServicerContext, exc: BaseException, method: str) -> No
         context.abort(status_code(exc), exc.message)
     log.exception("unhandled error in %s", method, exc_info=exc)
     context.abort(grpc.StatusCode.INTERNAL, f"internal server error ({type(exc).__name__})")
+
+
+def control_of(servicer: Any) -> Any:
+    """The servicer's control plane, or ``UNAVAILABLE`` for a server built without one."""
+    if servicer.control is None:
+        raise NotReady("model control is not available: this gRPC server runs without the app's control plane")
+    return servicer.control
 
 
 def rpc(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -59,7 +59,7 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
     """A started ``grpc.Server`` on ``settings.host:settings.grpc_port``; returns it and its port.
 
     ``control`` is the app's :class:`servekit.control.ControlPlane` (model load, unload and
-    TF Serving's config reload); one over ``dataplane``'s repository is made when none is given.
+    TF Serving's config reload); without one those RPCs answer ``UNAVAILABLE``.
 
     :raises RuntimeError: the port cannot be bound.
     """
@@ -69,10 +69,6 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
         options=server_options(settings),
         interceptors=interceptors,
     )
-    if control is None:
-        from ...control import ControlPlane
-
-        control = ControlPlane(dataplane.repository)
     tf_serving.add_to_server(
         server,
         dataplane,
@@ -180,7 +176,7 @@ def start_in_worker(worker: Any, settings: Settings) -> None:
 
 
 def _start_after_load(worker: Any, settings: Settings) -> None:
-    worker.wsgi.extensions["servekit"].repository.wait_ready()
+    worker.wsgi.extensions["servekit"].wait_ready()
     try:
         _start(worker, settings)
     except SystemExit as exc:

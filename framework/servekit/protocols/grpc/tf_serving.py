@@ -32,7 +32,7 @@ from ...repository import ModelVersion
 from ...tf_model_config import served_model
 from ...types import CLASSIFY_METHOD, REGRESS_METHOD, Signature
 from .. import tf_documents as documents
-from .common import rpc, streaming_rpc
+from .common import control_of, rpc, streaming_rpc
 from .predict_stream import PredictStream, Turn
 from .protos.tensorflow.core.protobuf import meta_graph_pb2
 from .protos.tensorflow_serving.apis import (
@@ -294,7 +294,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         choice = spec.WhichOneof("version_choice")
         version = spec.version.value if choice == "version" else None
         label = spec.version_label if choice == "version_label" else None
-        statuses = [documents.version_status(mv) for mv in self.dp.repository.statuses(spec.name, version, label)]
+        statuses = [documents.version_status(mv) for mv in self.dp.statuses(spec.name, version, label)]
         return json_format.ParseDict({"model_version_status": statuses}, get_model_status_pb2.GetModelStatusResponse())
 
     @rpc
@@ -305,7 +305,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
         to load is an error naming it, as TF Serving's reload reports it.
         """
         require_model_control(self.model_control_mode)
-        self.control.reload_config(served_models(request.config))
+        control_of(self).reload_config(served_models(request.config))
         return model_management_pb2.ReloadConfigResponse(status=status_pb2.StatusProto(error_code="OK"))
 
 

@@ -30,7 +30,7 @@ from ...errors import BadRequest, NotFound, NotReady, ServekitError
 from ...model_control import require_model_control
 from ...repository import ModelVersion
 from .. import v2_documents as documents
-from .common import rpc, streaming_rpc
+from .common import control_of, rpc, streaming_rpc
 from .protos.inference import grpc_service_pb2 as pb
 from .protos.inference import grpc_service_pb2_grpc as pb_grpc
 from .protos.inference import model_config_pb2
@@ -70,12 +70,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def ModelReady(self, request, context):
         try:
             # the repository, not the data plane: a probe must not wait for a load to finish
-            self.dp.repository.resolve(request.name, version_of(request.version))
+            self.dp.resolve_now(request.name, version_of(request.version))
         except NotReady:
             return pb.ModelReadyResponse(ready=False)
         except NotFound:
             # a served model with no such (or, unloaded, no) version is not ready; an unknown one is NOT_FOUND
-            self.dp.repository.get_model(request.name)
+            self.dp.model(request.name)
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
@@ -150,7 +150,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         parameters = {key: _parameter_value(value) for key, value in request.parameters.items()}
         config, files = documents.load_arguments(request.model_name, parameters)
         try:
-            self.control.load(request.model_name, config, files)
+            control_of(self).load(request.model_name, config, files)
         except NotFound as exc:  # Triton's gRPC wording: every failed load starts "failed to load"
             message = exc.message if "failed to load" in exc.message else f"failed to load: {exc.message}"
             raise BadRequest(message) from None
@@ -161,7 +161,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         require_model_control(self.model_control_mode)
         _one_repository(request.repository_name)
         parameters = {key: _parameter_value(value) for key, value in request.parameters.items()}
-        self.control.unload(request.model_name, documents.unload_dependents(parameters))
+        control_of(self).unload(request.model_name, documents.unload_dependents(parameters))
         return pb.RepositoryModelUnloadResponse()
 
 

@@ -59,7 +59,7 @@ def routes(app: Flask) -> dict[str, set[str]]:
 
 def build(app: Flask) -> dict[str, Any]:
     data = _hand_written()
-    served = sorted(app.extensions["servekit"].repository.models)
+    served = sorted(app.extensions["servekit"].models)
     settings = app.extensions.get("servekit.settings")
     rules = routes(app)
     paths: dict[str, dict[str, Any]] = {}

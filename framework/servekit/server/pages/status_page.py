@@ -52,7 +52,7 @@ def status_page():
     """Models, versions, states and metadata, with a form to send a request."""
     dp = dataplane()
     settings = current_app.extensions.get("servekit.settings")
-    models = [_model_view(name, model) for name, model in sorted(dp.repository.models.items())]
+    models = [_model_view(name, model) for name, model in sorted(dp.models.items())]
     html = render_template_string(
         _TEMPLATE.read_text(),
         version=__version__,
