@@ -40,17 +40,35 @@ def index_states(url: str, name: str, n: int = 40) -> set[str]:
 
 
 def worker_pids(server: ServerProcess) -> list[int]:
+    """The HTTP workers: forked children, with their parent's command line (model hosts have their own)."""
     out = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+    parent = cmdline(server.proc.pid)
+    return [int(p) for p in out.split() if cmdline(int(p)) == parent]
 
 
-@pytest.fixture(params=["gunicorn", "granian"])
+def cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
+
+
+@pytest.fixture(params=[("gunicorn", "worker"), ("granian", "worker"), ("gunicorn", "process")], ids=str)
 def two_workers(request, tmp_path):
+    """Two workers under each engine, and again with every model in a model host."""
+    engine, placement = request.param
     repo = tmp_path / "repo"
     fit_iris(repo / "iris", 1)
     fit_iris(repo / "other", 1)
     server = ServerProcess(
-        repo, workers=2, grpc_port="auto", model_control_mode="explicit", server=request.param, poll_interval=0.5
+        repo,
+        workers=2,
+        grpc_port="auto",
+        model_control_mode="explicit",
+        server=engine,
+        placement=placement,
+        poll_interval=0.5,
     ).start(timeout=180)
     yield server, repo
     server.stop()
@@ -307,3 +325,51 @@ def test_five_models_with_a_memory_budget_for_two(tmp_path):
         assert "m4" in ready and len(ready) <= 3  # the pinned model stays, with at most two others
     finally:
         server.stop()
+
+
+def test_tf_serving_harness_never_finds_a_model_loading_after_wait_for_server_ready(tmp_path):
+    """TF Serving's test harness waits until a Predict for a missing model answers 'Servable ...'
+    and then expects every model AVAILABLE: servekit tfserving opens gRPC after the first load."""
+    grpc = pytest.importorskip("grpc")
+    from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, predict_pb2
+    from tensorflow_serving.apis import prediction_service_pb2_grpc as prediction
+    from test_warmup import SLOW_WARMUP, write_config
+
+    base = tmp_path / "iris"
+    fit_iris(base, 1)
+    (base / "model.py").write_text(SLOW_WARMUP)  # a 2 s warm-up: the load takes a while
+    write_config(base, warmup=[{"v1": {"instances": [[-1.0, 0.0, 0.0, 0.0]]}}])
+    from servekit.testing import free_port
+
+    http, port = free_port(), free_port()
+    cmd = ["tensorflow_model_server", f"--port={port}", f"--rest_api_port={http}", "--model_name=iris"]
+    proc = subprocess.Popen(
+        [*cmd, f"--model_base_path={base}"],
+        env={**os.environ, "SERVEKIT_WORKERS": "2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            missing = predict_pb2.PredictRequest()
+            missing.model_spec.name = "intentionally_missing_model"
+            deadline = time.monotonic() + 120
+            while True:  # the harness's WaitForServerReady
+                assert time.monotonic() < deadline and proc.poll() is None
+                try:
+                    prediction.PredictionServiceStub(channel).Predict(missing, 5)
+                except grpc.RpcError as error:
+                    if "Servable" in (error.details() or ""):
+                        break
+                time.sleep(0.1)
+        status = get_model_status_pb2.GetModelStatusRequest()
+        status.model_spec.name = "iris"
+        states = set()
+        for _ in range(30):  # each on a new channel, as each of the harness's tests makes its own
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as fresh:
+                reply = model_service_pb2_grpc.ModelServiceStub(fresh).GetModelStatus(status, 10)
+            states |= {get_model_status_pb2.ModelVersionStatus.State.Name(s.state) for s in reply.model_version_status}
+        assert states == {"AVAILABLE"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
