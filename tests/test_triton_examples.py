@@ -378,9 +378,11 @@ def test_simple_grpc_model_control(control_server):
     }
     client.load_model("simple")
     assert client.is_model_ready("simple")
-    with pytest.raises(InferenceServerException) as info:
-        client.load_model("simple", config='{"max_batch_size":"16"}')
-    assert "failed to load" in info.value.message() and "config" in info.value.message()
+    with pytest.raises(InferenceServerException) as info:  # the example's malformed override
+        client.load_model("simple", config='"parameters": {"config": {{"max_batch_size": "16"}}}')
+    assert "failed to load" in info.value.message()
+    client.load_model("simple", config='{"max_batch_size":"16"}')  # the example's override
+    assert client.get_model_config("simple").config.max_batch_size == 16
     client.unload_model("simple")
     assert not client.is_model_ready("simple")
     as_json = client.get_model_repository_index(as_json=True)
@@ -397,6 +399,10 @@ def test_simple_grpc_model_control(control_server):
 def test_simple_http_model_control(control_server):
     client = http_client(control_server)
     assert len(client.get_model_repository_index()) == 2
+    client.load_model("simple", config='{"max_batch_size":"16"}')
+    assert client.get_model_config("simple")["max_batch_size"] == 16
+    client.load_model("simple")  # without a config: the folder's own again
+    assert client.get_model_config("simple")["max_batch_size"] != 16
     client.unload_model("simple")
     assert not client.is_model_ready("simple")
     client.load_model("simple")

@@ -35,6 +35,9 @@ from .gunicorn_app import prepare_server
 
 log = logging.getLogger("servekit.server")
 
+#: Connections one worker accepts at once (granian's backpressure); requests are bounded by limits.py.
+CONNECTIONS_PER_WORKER = 1024
+
 #: Sent by the main process to each worker at SIGTERM: readiness 503, keep serving.
 DRAIN_SIGNAL = signal.SIGUSR1
 
@@ -57,7 +60,11 @@ def run(settings: Settings) -> None:
             respawn_failed_workers=True,  # a worker that dies is replaced, as gunicorn does
             workers=worker_count(settings),
             blocking_threads=settings.threads,
-            backpressure=settings.threads,
+            # granian's backpressure bounds the connections a worker accepts, not its requests:
+            # at --threads, keep-alive clients past that number held every slot and a new
+            # connection (a readiness probe, a control call) waited in the backlog for good.
+            # servekit's limits layer bounds the requests (--max-inflight, --max-queue).
+            backpressure=max(settings.threads, CONNECTIONS_PER_WORKER),
             workers_kill_timeout=max(1, round(settings.drain_seconds)),
             log_level=settings.log_level if settings.log_level != "critical" else "error",
         )
@@ -77,7 +84,7 @@ def _threads_notice(record: logging.LogRecord) -> bool:
     """Drop granian's start-up warning that the WSGI thread pool is large for the cores.
 
     servekit sizes ``--threads`` (16) so that long SSE streams leave threads for
-    ordinary calls, and sets granian's backpressure to the same number.
+    ordinary calls.
     """
     return "Python threads" not in record.getMessage()
 
