@@ -50,7 +50,9 @@ class Settings:
     )
     config: str | None = _opt(None, "YAML file with any of these settings")
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on inference routes")
-    max_request_size: int = _opt(64 * 1024 * 1024, "largest request body in bytes (413 above)")
+    max_request_size: int = _opt(
+        64 * 1024 * 1024, "largest request body in bytes, however it is framed (length, chunked, gzip); 413 above"
+    )
     request_timeout: float = _opt(
         0.0, "seconds a request may take before it is answered 504; 0 (default) sets no limit"
     )
@@ -106,6 +108,17 @@ class Settings:
         "request/prediction log store: 'sqlite' (a file in a temporary folder), sqlite:///FILE, a SQLAlchemy URL, or 'off'",
     )
     log_format: str = _opt("text", "log lines as 'text' or 'json'")
+    # -- security (docs/security.md) --
+    body_timeout: float = _opt(60.0, "seconds a client has to send a request body (408 after); 0 sets no limit")
+    header_timeout: float = _opt(
+        10.0, "seconds a client has to send a request's line and headers (the connection is closed after)"
+    )
+    max_header_size: int = _opt(8190, "largest request line and largest header line in bytes (gunicorn: 431/400)")
+    max_headers: int = _opt(100, "most header fields a request may send")
+    max_tensor_elements: int = _opt(
+        0, "most elements one request tensor may declare in its shape; 0 means --max-request-size"
+    )
+    max_request_inputs: int = _opt(1024, "most inputs (tensors) one V2 or TF Serving request may hold")
     access_log: bool = _opt(False, "log one line per request", flag=True)
 
     @property

@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from .. import limits, observability, plugins
 from ..auth import ApiKey
+from ..codecs import bounds
 from ..dataplane import DataPlane
 from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render
 from ..protocols import generic, health, openai, v1, v2
@@ -45,6 +46,11 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     dp = dataplane or build_dataplane(settings)
     app = Flask("servekit")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_size
+    bounds.configure(
+        max_tensor_elements=settings.max_tensor_elements,
+        max_request_size=settings.max_request_size,
+        max_request_inputs=settings.max_request_inputs,
+    )
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
 
