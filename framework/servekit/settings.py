@@ -49,7 +49,13 @@ class Settings:
         default_factory=list, metadata={"help": "plugin module or .py file (repeatable)", "repeat": True}
     )
     config: str | None = _opt(None, "YAML file with any of these settings")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on inference routes")
+    api_key: str | None = _opt(
+        None, "one key with every scope: 'Authorization: Bearer KEY' (visible in ps; prefer --api-key-file)"
+    )
+    api_key_file: str = _opt(
+        "",
+        "API keys with scopes, one 'SCOPES KEY' (or 'SCOPES sha256:HEX') per line, re-read when it changes; scopes infer, admin, metrics (docs/security.md)",
+    )
     max_request_size: int = _opt(
         64 * 1024 * 1024, "largest request body in bytes, however it is framed (length, chunked, gzip); 413 above"
     )

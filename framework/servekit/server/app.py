@@ -57,8 +57,9 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
-    api_key = ApiKey(settings.api_key, settings.open_paths) if settings.api_key else None
+    api_key = ApiKey.from_settings(settings)
     if api_key is not None:
+        app.extensions["servekit.api_key"] = api_key
         _install_api_key(app, api_key)
     # WSGI layers, outermost first: observability, the limits, the fast lane, Flask
     if settings.fast_lane:
