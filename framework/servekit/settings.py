@@ -125,6 +125,14 @@ class Settings:
         0, "most elements one request tensor may declare in its shape; 0 means --max-request-size"
     )
     max_request_inputs: int = _opt(1024, "most inputs (tensors) one V2 or TF Serving request may hold")
+    tls_cert: str = _opt("", "TLS certificate chain (PEM) for HTTP and gRPC; reloaded when the file changes")
+    tls_key: str = _opt("", "TLS private key (PEM) for --tls-cert")
+    tls_client_ca: str = _opt("", "CA certificates (PEM): clients must present a certificate it signed (mutual TLS)")
+    tls_scope: str = _opt(
+        "all",
+        "which ports TLS covers: 'all' (HTTP and gRPC) or 'grpc' (TF Serving's --ssl_config_file)",
+        choices=("all", "grpc"),
+    )
     access_log: bool = _opt(False, "log one line per request", flag=True)
 
     @property
@@ -230,6 +238,9 @@ def _validate(settings: Settings) -> None:
             f"--grpc-port: expected a port between 1 and 65535 (0 disables gRPC), found {settings.grpc_port}"
         )
     channel_arguments(settings.grpc_channel_arguments)
+    from .tls import files_of
+
+    files_of(settings, "grpc")  # a cert without its key, an unreadable file
     if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) > 0):
         raise ValueError(f"--workers: expected a positive number or 'auto', found {settings.workers!r}")
 

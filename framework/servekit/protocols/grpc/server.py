@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from ... import tls
 from ...auth import ApiKey
 from ...dataplane import DataPlane
 from ...errors import ServekitError
@@ -82,8 +83,11 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
     v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode)
     host = settings.host
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
+    files = tls.files_of(settings, "grpc")
     try:
-        port = server.add_insecure_port(address)
+        port = (
+            server.add_secure_port(address, tls.grpc_credentials(files)) if files else server.add_insecure_port(address)
+        )
     except RuntimeError:
         port = 0
     if not port:
