@@ -239,3 +239,78 @@ def _subject(pem: str) -> str:
 
     cert = x509.load_pem_x509_certificate(pem.encode())
     return " ".join(str(n.value) for n in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+
+
+# -- servekit tfserving --ssl_config_file ---------------------------------------------------------
+
+
+def _ssl_config(pki, tmp_path, client_verify: bool) -> str:
+    import json
+
+    text = "\n".join(
+        [
+            f"server_key: {json.dumps(pki['key'].read_text())}",
+            f"server_cert: {json.dumps(pki['cert'].read_text())}",
+            f"custom_ca: {json.dumps(pki['ca'].read_text())}",
+            f"client_verify: {'true' if client_verify else 'false'}",
+        ]
+    )
+    path = tmp_path / "ssl_config.txt"
+    path.write_text(text)
+    return str(path)
+
+
+def test_ssl_config_file_maps_to_grpc_tls(pki, tmp_path, models):
+    from servekit import tfserving_cli
+
+    flags = tfserving_cli.parse_flags(
+        [f"--ssl_config_file={_ssl_config(pki, tmp_path, True)}", f"--model_base_path={models / 'echo'}"]
+    )
+    settings, _ = tfserving_cli.build(flags)
+    assert settings.tls_scope == "grpc"
+    assert open(settings.tls_cert).read() == pki["cert"].read_text()
+    assert open(settings.tls_client_ca).read() == pki["ca"].read_text()
+
+
+def test_a_broken_ssl_config_file_is_refused_by_name(tmp_path, capsys):
+    from servekit import tfserving_cli
+
+    path = tmp_path / "bad.txt"
+    path.write_text('server_key: "k"\nno_such_field: 1\n')
+    assert tfserving_cli.main([f"--ssl_config_file={path}", "--model_base_path=/nonexistent"]) == 2
+    assert "--ssl_config_file" in capsys.readouterr().err
+
+
+def test_tfserving_grpc_with_ssl_config_file_and_client_verify(pki, tmp_path, models):
+    from servekit.testing import free_port
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    server = ServerProcess(models / "echo", grpc_port=free_port())
+    server.command = lambda: [  # type: ignore[method-assign]
+        *server_cli("tfserving"),
+        f"--port={server.grpc_port}",
+        f"--rest_api_port={server.http_port}",
+        f"--model_base_path={models / 'echo'}",
+        "--model_name=echo",
+        f"--ssl_config_file={_ssl_config(pki, tmp_path, True)}",
+    ]
+    with server:  # REST stays plain HTTP, as in TF Serving: the readiness probe needs no TLS
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "echo"
+        request.inputs["x"].CopyFrom(_tf_tensor([5.0]))
+        good = grpc.ssl_channel_credentials(
+            pki["ca"].read_bytes(), pki["client_key"].read_bytes(), pki["client_cert"].read_bytes()
+        )
+        with grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", good) as channel:
+            response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+        assert list(response.outputs["x"].float_val) == [5.0]
+        anonymous = grpc.ssl_channel_credentials(pki["ca"].read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", anonymous) as channel:
+            with pytest.raises(grpc.RpcError):
+                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
+
+
+def server_cli(command: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "servekit", command]
