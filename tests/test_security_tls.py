@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -268,8 +269,8 @@ def test_ssl_config_file_maps_to_grpc_tls(pki, tmp_path, models):
     )
     settings, _ = tfserving_cli.build(flags)
     assert settings.tls_scope == "grpc"
-    assert open(settings.tls_cert).read() == pki["cert"].read_text()
-    assert open(settings.tls_client_ca).read() == pki["ca"].read_text()
+    assert Path(settings.tls_cert).read_text() == pki["cert"].read_text()
+    assert Path(settings.tls_client_ca).read_text() == pki["ca"].read_text()
 
 
 def test_a_broken_ssl_config_file_is_refused_by_name(tmp_path, capsys):
@@ -305,9 +306,11 @@ def test_tfserving_grpc_with_ssl_config_file_and_client_verify(pki, tmp_path, mo
             response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
         assert list(response.outputs["x"].float_val) == [5.0]
         anonymous = grpc.ssl_channel_credentials(pki["ca"].read_bytes())
-        with grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", anonymous) as channel:
-            with pytest.raises(grpc.RpcError):
-                prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
+        with (
+            grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", anonymous) as channel,
+            pytest.raises(grpc.RpcError),
+        ):
+            prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
 
 
 def server_cli(command: str) -> list[str]:

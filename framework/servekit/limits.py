@@ -50,7 +50,7 @@ from .errors import (
     render,
 )
 from .routes import UNQUEUED_PATHS
-from .watchdog import WATCHDOG, shut_reading
+from .watchdog import WATCHDOG, Guard, shut_reading
 from .wsgi_body import ClosingBody, Once
 
 log = logging.getLogger("servekit.limits")
@@ -105,6 +105,7 @@ class LimitsMiddleware:
         self._waiting = 0
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._readers: ThreadPoolExecutor | None = None  # body reads under a deadline (granian)
         self.running = 0  # requests holding a slot, for tests and the status page
 
     # -- entry ----------------------------------------------------------------
@@ -190,7 +191,7 @@ class LimitsMiddleware:
         read = 0
         with self.watchdog.guard(environ, self.body_timeout) as guard:
             while remaining is None or remaining > 0:
-                chunk = stream.read(_READ_CHUNK if remaining is None else min(_READ_CHUNK, remaining))
+                chunk = self._read(stream, _READ_CHUNK if remaining is None else min(_READ_CHUNK, remaining), guard)
                 if not chunk:
                     break
                 read += len(chunk)
@@ -200,6 +201,21 @@ class LimitsMiddleware:
                     raise PayloadTooLarge(f"{what} larger than the limit of {limit} bytes")
                 guard.check()
                 yield chunk
+
+    def _read(self, stream: Any, size: int, guard: Guard) -> bytes:
+        """One read of the body, given up at the deadline when the watchdog cannot cut it."""
+        if guard.deadline is None or guard.cuts:
+            return stream.read(size)
+        if self._readers is None:
+            with self._lock:
+                if self._readers is None:
+                    self._readers = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="servekit-body")
+        future = self._readers.submit(stream.read, size)
+        try:
+            return future.result(timeout=max(0.0, guard.deadline - time.monotonic()))
+        except FutureTimeout:
+            guard.fired = True
+            raise RequestTimeout(f"request body not received within {guard.timeout:g}s (--body-timeout)") from None
 
     # -- admission --------------------------------------------------------------------
 

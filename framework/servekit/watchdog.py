@@ -7,9 +7,11 @@ reading, so the blocked ``recv`` returns at once and the read fails.  The reader
 then answers 408 (a body) or just closes the connection (headers: there is no
 request to answer yet).
 
-Where the server hands the WSGI app no socket (granian), the body deadline is
-checked between reads of at most 64 KiB, and granian's own
-``header_read_timeout`` bounds the headers.
+Where the server hands the WSGI app no socket (granian), each body read runs in
+a helper thread that the request waits for only until the deadline
+(:meth:`servekit.limits.LimitsMiddleware._read`): the request is answered 408
+and its thread is free, while the helper waits for granian to end the
+connection; granian's own ``header_read_timeout`` bounds the headers.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Guard:
         self.timeout = timeout
         self.fired = False
         self.done = False
+        self.cuts = False  # the watchdog can cut the read (it holds the socket)
 
     def expired(self) -> bool:
         return self.fired or (self.deadline is not None and time.monotonic() > self.deadline)
@@ -78,11 +81,11 @@ class Watchdog:
             yield Guard(None, timeout)
             return
         sock = environ.get("gunicorn.socket")
-        guard = (
-            self.watch(timeout, lambda: shut_reading(sock))
-            if sock is not None
-            else Guard(time.monotonic() + timeout, timeout)
-        )
+        if sock is not None:
+            guard = self.watch(timeout, lambda: shut_reading(sock))
+            guard.cuts = True
+        else:
+            guard = Guard(time.monotonic() + timeout, timeout)
         try:
             yield guard
         except ServekitError:
