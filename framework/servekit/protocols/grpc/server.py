@@ -30,6 +30,7 @@ from ...dataplane import DataPlane
 from ...errors import ServekitError
 from ...settings import Settings, channel_arguments
 from . import tf_serving, v2
+from .decoding import DecodeInterceptor
 
 log = logging.getLogger("servekit.grpc")
 
@@ -73,7 +74,8 @@ def build_server(dataplane: DataPlane, settings: Settings) -> tuple[grpc.Server,
     :raises RuntimeError: the port cannot be bound.
     """
     keys = ApiKey.from_settings(settings)
-    interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
+    interceptors: list[grpc.ServerInterceptor] = [ApiKeyInterceptor(keys)] if keys is not None else []
+    interceptors.append(DecodeInterceptor())  # inside the key check: an unknown caller learns nothing
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"),
         options=server_options(settings),
