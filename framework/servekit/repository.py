@@ -86,7 +86,7 @@ def valid_name(name: str) -> bool:
 
 
 def _version_of(entry: Path) -> int | None:
-    if entry.is_dir() and entry.name.isdigit() and int(entry.name) > 0:
+    if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and int(entry.name) > 0:
         return int(entry.name)
     return None
 
@@ -448,7 +448,7 @@ def _addressed_version(model: Model, version: int | str | None, label: str | Non
 def _parse_version(version: int | str) -> int:
     if isinstance(version, int):
         return version
-    if not str(version).isdigit():
+    if not (str(version).isascii() and str(version).isdigit()):  # "¹" is a digit int() refuses
         # a malformed number is the client's mistake, not a missing version
         raise BadRequest(f"invalid model version {version!r}: expected a positive integer")
     return int(version)

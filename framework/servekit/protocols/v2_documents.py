@@ -34,7 +34,7 @@ def version_number(version: str | None) -> int | None:
     """A version as a request names it: empty for the latest, else a positive integer."""
     if not version:
         return None
-    if not version.isdigit() or int(version) < 1:
+    if not (version.isascii() and version.isdigit()) or int(version) < 1:  # "¹" is a digit int() refuses
         raise BadRequest(f"invalid model version {version!r}: expected a positive integer, or none for the latest")
     return int(version)
 
