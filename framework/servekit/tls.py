@@ -48,7 +48,7 @@ class TlsFiles:
 
     def stamp(self) -> tuple:
         """What changes when any file does: (mtime, size) of each."""
-        out = []
+        out: list[tuple[int, int] | None] = []
         for path in self.paths:
             try:
                 st = os.stat(path)
