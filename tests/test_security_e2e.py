@@ -147,6 +147,18 @@ def test_a_grpc_message_above_the_limit_is_resource_exhausted(server):
     still_serves(server)
 
 
+def test_a_gzip_compressed_grpc_message_inflating_past_the_limit_is_resource_exhausted(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", compression=grpc.Compression.Gzip) as channel:
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        request = v2.ModelInferRequest(model_name="echo")
+        request.inputs.add(name="x", datatype="UINT8", shape=[4 * LIMIT])
+        request.raw_input_contents.append(bytes(4 * LIMIT))  # 32 MiB of zeros: a few KiB compressed
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=60)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    still_serves(server)
+
+
 def test_a_giant_declared_shape_is_413_without_allocating(server):
     doc = {"inputs": [{"name": "x", "shape": [1, 10**9], "datatype": "FP32", "data": [1.0]}]}
     r = requests.post(server.url + "/v2/models/echo/infer", json=doc, timeout=30)
@@ -188,12 +200,14 @@ def test_slow_headers_lose_the_connection_after_the_header_timeout(server):
     still_serves(server)
 
 
-def test_a_slow_body_is_408_after_the_body_timeout(server):
+def test_a_slow_body_is_cut_off_after_the_body_timeout(server):
     head = INFER + b"Content-Length: 500\r\n\r\n"
     sock = socket.create_connection(("127.0.0.1", server.http_port))
     sock.sendall(head)
     answer, took = _trickle_on(sock, b"[" * 500)
-    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    # granian: 408 from the body read; gunicorn: the body is gathered in its poller (no thread
+    # held) and the connection closed at the deadline, or 408 once a thread reads it
+    assert answer.startswith(b"HTTP/1.1 408") or answer == b"", answer[:200]
     assert took < 10
     still_serves(server)
 
@@ -204,7 +218,10 @@ def _trickle_on(sock: socket.socket, data: bytes) -> tuple[bytes, float]:
     for byte in (data[i : i + 1] for i in range(len(data))):
         try:
             sock.sendall(byte)
-            answer += sock.recv(65536)
+            got = sock.recv(65536)
+            if not got:
+                break  # closed
+            answer += got
             if b"\r\n\r\n" in answer:
                 break
         except TimeoutError:

@@ -67,6 +67,14 @@ def test_chunked_body_is_refused_once_it_passes_the_limit_without_reading_the_re
     assert stream.read_bytes <= 1000 + 65536  # one read past the limit at most
 
 
+def test_a_chunked_413_on_an_openai_route_takes_openais_error_shape():
+    status, body = _call(
+        _middleware(), Counting(10_000), HTTP_TRANSFER_ENCODING="chunked", PATH_INFO="/v1/chat/completions"
+    )
+    error = json.loads(body)["error"]
+    assert status == 413 and error["code"] == 413 and error["type"] == "invalid_request_error"
+
+
 def test_chunked_body_under_the_limit_reaches_the_app_whole():
     status, body = _call(_middleware(), Counting(999), HTTP_TRANSFER_ENCODING="chunked")
     assert (status, body) == (200, b"999")

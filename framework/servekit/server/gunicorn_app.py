@@ -129,6 +129,7 @@ def security_options(settings: Settings) -> dict[str, Any]:
         from . import slow_clients
 
         slow_clients.HEADER_TIMEOUT = settings.header_timeout  # the workers fork from here
+        slow_clients.BODY_TIMEOUT = settings.body_timeout if settings.body_timeout > 0 else 3600.0
         options["worker_class"] = "servekit.server.slow_clients.HeaderTimeoutWorker"
     return options
 
