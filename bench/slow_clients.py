@@ -2,6 +2,7 @@
 
     python bench/slow_clients.py                      # gunicorn and granian, 200 slow clients
     python bench/slow_clients.py --engines granian --slow 50 --requests 500
+    PYTHONPATH=old/framework python bench/slow_clients.py --no-timeouts   # a servekit before issue 22
 
 Each slow client opens a connection and sends a request one byte a second (its
 headers, or a body after complete headers); when the server cuts it off
@@ -108,10 +109,11 @@ def percentiles(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
-def run_engine(engine: str, slow: int, total: int, repo: Path) -> None:
+def run_engine(engine: str, slow: int, total: int, repo: Path, timeouts: bool = True) -> None:
     from servekit.testing import ServerProcess
 
-    with ServerProcess(repo, server=engine, workers=2, header_timeout=10, body_timeout=10) as server:
+    flags = {"header_timeout": 10, "body_timeout": 10} if timeouts else {}
+    with ServerProcess(repo, server=engine, workers=2, **flags) as server:
         normal_traffic(server.http_port, 200)  # warm-up
         p50, p99 = percentiles(normal_traffic(server.http_port, total))
         print(f"{engine:9} no slow clients      p50 {p50:7.2f} ms  p99 {p99:7.2f} ms")
@@ -136,13 +138,16 @@ def main() -> None:
     parser.add_argument("--engines", default="gunicorn,granian")
     parser.add_argument("--slow", type=int, default=200)
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--no-timeouts", action="store_true", help="pass no timeout flags (to measure a servekit without them)"
+    )
     args = parser.parse_args()
     from conftest import fit_iris
 
     repo = Path(tempfile.mkdtemp(prefix="servekit-slow-clients-"))
     fit_iris(repo / "iris")
     for engine in args.engines.split(","):
-        run_engine(engine, args.slow, args.requests, repo)
+        run_engine(engine, args.slow, args.requests, repo, timeouts=not args.no_timeouts)
 
 
 if __name__ == "__main__":
