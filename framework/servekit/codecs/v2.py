@@ -372,10 +372,9 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None = No
     else:
         raise BadRequest('request has no \'inputs\'; expected {"inputs": [{"name", "shape", "datatype", "data"}]}')
 
-    bounds.check_input_count(len(raw_inputs))
     inputs: dict[str, np.ndarray] = {}
     offset = 0
-    for i, spec in enumerate(raw_inputs):
+    for i, spec in enumerate(bounds.limited_inputs(raw_inputs)):
         name, arr, used = _decode_input(spec, i, binary, offset)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
