@@ -183,3 +183,25 @@ def test_the_app_answers_a_giant_declared_shape_413_in_v2s_shape(servekit_app, r
     r = client.post("/v2/models/linear/infer", json=doc)
     assert r.status_code == 413
     assert "--max-tensor-elements" in r.get_json()["error"]
+
+
+# -- gunicorn: a request is gathered in the poller before a thread is given ---------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n", (False, False)),  # headers still coming
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", (True, True)),
+        (b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n12345", (False, True)),  # body still coming
+        (b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n1234567890", (True, True)),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", (False, True)),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", (True, True)),
+        (b"POST / HTTP/1.1\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n", (True, True)),
+        (b"POST / HTTP/1.1\r\nContent-Length: nope\r\n\r\n", (True, True)),  # gunicorn answers 400
+    ],
+)
+def test_when_a_request_is_ready_for_a_thread(data, expected):
+    from servekit.server.slow_clients import _complete
+
+    assert _complete(bytearray(data)) == expected

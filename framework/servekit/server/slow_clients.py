@@ -123,14 +123,17 @@ def _complete(head: bytearray) -> tuple[bool, bool]:
         return len(head) >= _PEEK, False  # headers too large to wait for: gunicorn refuses them
     length, chunked = _framing(bytes(head[:end]))
     body = len(head) - end - 4
+    if length < 0:  # Expect: 100-continue: the client waits for gunicorn's go-ahead before its body
+        return True, True
     if chunked:
         return body >= EARLY_BODY or bool(_CHUNKED_END.search(head[-4096:])), True
     return body >= min(length, EARLY_BODY), True
 
 
 def _framing(headers: bytes) -> tuple[int, bool]:
-    """The body's ``Content-Length`` (0 when absent or unreadable) and whether it is chunked."""
-    length, chunked = 0, False
+    """The body's ``Content-Length`` (0 when absent or unreadable, -1 with ``Expect: 100-continue``)
+    and whether it is chunked."""
+    length, chunked, expect = 0, False, False
     for line in headers.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
@@ -141,4 +144,6 @@ def _framing(headers: bytes) -> tuple[int, bool]:
                 return 0, False  # gunicorn answers it 400
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             chunked = True
-    return length, chunked
+        elif name == b"expect" and b"100-continue" in value.lower():
+            expect = True
+    return (-1 if expect else length), chunked
