@@ -274,7 +274,8 @@ def test_gunicorn_conf_matches_servekit_serve(monkeypatch):
     ):
         assert loaded.settings[key].value == cfg.settings[key].value, key
     assert loaded.bind == ["127.0.0.1:9123"] and loaded.workers == 3 and loaded.threads == 5
-    assert loaded.timeout == 180 and loaded.preload_app is True and loaded.worker_class_str == "gthread"
+    assert loaded.timeout == 180 and loaded.preload_app is True
+    assert loaded.worker_class_str == "servekit.server.slow_clients.HeaderTimeoutWorker"  # gthread + header deadline
     for hook in ("post_worker_init", "worker_exit", "child_exit", "when_ready"):
         assert callable(getattr(conf, hook)), hook
 

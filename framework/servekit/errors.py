@@ -106,6 +106,14 @@ class Timeout(ServekitError):
     grpc_code = "DEADLINE_EXCEEDED"
 
 
+class RequestTimeout(ServekitError):
+    """The client sent its request too slowly (``--body-timeout``)."""
+
+    status = 408
+    grpc_code = "DEADLINE_EXCEEDED"
+    openai_type = "invalid_request_error"
+
+
 class Forbidden(ServekitError):
     """The server is configured to refuse this operation (e.g. model control is off)."""
 

@@ -5,7 +5,11 @@ classes as every other layer and rendered by the same :func:`servekit.errors.ren
 (``{"error": message}``, or OpenAI's error object on OpenAI routes):
 
 - a body larger than ``--max-request-size`` is a 413 as soon as its
-  ``Content-Length`` is read (nothing is buffered first);
+  ``Content-Length`` is read (nothing is buffered first), and a chunked body
+  (no length) is a 413 as soon as the bytes read pass the limit: every body is
+  read here, 64 KiB at a time, so no layer behind ever holds more than the limit;
+- the body must arrive within ``--body-timeout`` seconds (408 otherwise,
+  :mod:`servekit.watchdog`), so a client trickling bytes cannot hold a thread;
 - ``Content-Encoding: gzip`` and ``deflate`` bodies are inflated here, and the *inflated* size is
   capped by the same limit (413), so a small zip bomb cannot fill memory;
 - each worker runs at most ``--max-inflight`` requests at once and keeps at most
@@ -38,6 +42,7 @@ from .errors import (
     BadRequest,
     NotReady,
     PayloadTooLarge,
+    RequestTimeout,
     ServekitError,
     Timeout,
     TooManyRequests,
@@ -45,6 +50,7 @@ from .errors import (
     render,
 )
 from .routes import UNQUEUED_PATHS
+from .watchdog import WATCHDOG, Guard, shut_reading
 from .wsgi_body import ClosingBody, Once
 
 log = logging.getLogger("servekit.limits")
@@ -53,6 +59,7 @@ WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 _ENCODINGS = {"gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate"}
 _READ_CHUNK = 64 * 1024
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 #: Extra headers per error: a client should retry later, or stop sending a huge body.
@@ -67,7 +74,7 @@ def error_response(start_response: Callable, exc: ServekitError, path: str, head
 
 
 def _headers_for(exc: ServekitError) -> list[tuple[str, str]]:
-    if isinstance(exc, PayloadTooLarge):
+    if isinstance(exc, (PayloadTooLarge, RequestTimeout)):
         return [("Connection", "close")]  # do not read the rest of a huge body
     if isinstance(exc, (TooManyRequests, NotReady)):
         return list(_RETRY_LATER)
@@ -85,8 +92,11 @@ class LimitsMiddleware:
         request_timeout: float,
         max_inflight: int,
         max_queue: int,
+        body_timeout: float = 0.0,
     ):
         self.app = app
+        self.body_timeout = body_timeout
+        self.watchdog = WATCHDOG
         self.max_request_size = max_request_size
         self.request_timeout = request_timeout
         self.max_inflight = max(1, max_inflight)
@@ -95,6 +105,7 @@ class LimitsMiddleware:
         self._waiting = 0
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._readers: ThreadPoolExecutor | None = None  # body reads under a deadline (granian)
         self.running = 0  # requests holding a slot, for tests and the status page
 
     # -- entry ----------------------------------------------------------------
@@ -109,12 +120,18 @@ class LimitsMiddleware:
                 raise UnsupportedMediaType(
                     f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or an unencoded body"
                 )
+            else:
+                self._buffer(environ)
             if environ.get("PATH_INFO", "").startswith(UNQUEUED_PATHS):
                 return self.app(environ, start_response)
             deadline = time.monotonic() + self.request_timeout if self.request_timeout > 0 else None
             self._admit(deadline)
         except ServekitError as rejected:
             environ["servekit.rejected"] = rejected.status
+            if isinstance(rejected, (PayloadTooLarge, RequestTimeout)):
+                # gunicorn drops a Connection header from the app and would read the rest
+                # of the body to reach the next request: end its reading instead
+                shut_reading(environ.get("gunicorn.socket"))
             return error_response(start_response, rejected, environ.get("PATH_INFO", ""), _headers_for(rejected))
         return self._run(environ, start_response, deadline)
 
@@ -133,21 +150,8 @@ class LimitsMiddleware:
 
     def _inflate(self, environ: dict, encoding: str) -> None:
         """Replace a gzip or deflate body with its inflated bytes, never holding more than the limit."""
-        limit = self.max_request_size
-        stream = environ["wsgi.input"]
-        length = environ.get("CONTENT_LENGTH")
-        remaining = int(length) if length else None
-        inflater = _Inflater(limit, encoding)
-        read = 0
-        while remaining is None or remaining > 0:
-            chunk = stream.read(_READ_CHUNK if remaining is None else min(_READ_CHUNK, remaining))
-            if not chunk:
-                break
-            read += len(chunk)
-            if remaining is not None:
-                remaining -= len(chunk)
-            if read > limit:
-                raise PayloadTooLarge(f"compressed request body larger than the limit of {limit} bytes")
+        inflater = _Inflater(self.max_request_size, encoding)
+        for chunk in self._chunks(environ, "compressed request body"):
             inflater.feed(chunk)
         body = inflater.result()
         environ["wsgi.input"] = io.BytesIO(body)
@@ -155,6 +159,63 @@ class LimitsMiddleware:
         environ.pop("HTTP_CONTENT_ENCODING", None)
         environ["servekit.content_encoding"] = encoding
         environ["wsgi.input_terminated"] = True
+
+    def _buffer(self, environ: dict) -> None:
+        """Read the body here, however it is framed, and stop at the limit (413).
+
+        A body with a ``Content-Length`` was checked above; a chunked one (no
+        length) is read 64 KiB at a time and refused as soon as it passes the
+        limit, so nothing larger than the limit is ever held.  The whole body then
+        waits in memory for the app, which reads it from there.
+        """
+        length = environ.get("CONTENT_LENGTH") or ""
+        if length == "0" or (not length and not _chunked(environ)):
+            return
+        body = b"".join(self._chunks(environ, "request body"))
+        if length and len(body) < int(length):
+            raise BadRequest(f"request body ended after {len(body)} of its {length} bytes (Content-Length)")
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        environ["wsgi.input_terminated"] = True
+
+    def _chunks(self, environ: dict, what: str) -> Iterator[bytes]:
+        """The raw body, chunk by chunk; :class:`PayloadTooLarge` once it passes the limit.
+
+        The read runs under the body timeout (``--body-timeout``): a client that
+        trickles its body is cut off (408) instead of holding a thread.
+        """
+        limit = self.max_request_size
+        stream = environ["wsgi.input"]
+        length = environ.get("CONTENT_LENGTH")
+        remaining = int(length) if length else None
+        read = 0
+        with self.watchdog.guard(environ, self.body_timeout) as guard:
+            while remaining is None or remaining > 0:
+                chunk = self._read(stream, _READ_CHUNK if remaining is None else min(_READ_CHUNK, remaining), guard)
+                if not chunk:
+                    break
+                read += len(chunk)
+                if remaining is not None:
+                    remaining -= len(chunk)
+                if read > limit:
+                    raise PayloadTooLarge(f"{what} larger than the limit of {limit} bytes")
+                guard.check()
+                yield chunk
+
+    def _read(self, stream: Any, size: int, guard: Guard) -> bytes:
+        """One read of the body, given up at the deadline when the watchdog cannot cut it."""
+        if guard.deadline is None or guard.cuts:
+            return stream.read(size)
+        if self._readers is None:
+            with self._lock:
+                if self._readers is None:
+                    self._readers = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="servekit-body")
+        future = self._readers.submit(stream.read, size)
+        try:
+            return future.result(timeout=max(0.0, guard.deadline - time.monotonic()))
+        except FutureTimeout:
+            guard.fired = True
+            raise RequestTimeout(f"request body not received within {guard.timeout:g}s (--body-timeout)") from None
 
     # -- admission --------------------------------------------------------------------
 
@@ -218,6 +279,13 @@ class LimitsMiddleware:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="servekit-request")
         return self._pool
+
+
+def _chunked(environ: dict) -> bool:
+    """A body framed by ``Transfer-Encoding`` (chunked) rather than by its length."""
+    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return True
+    return environ.get("REQUEST_METHOD") in _BODY_METHODS and bool(environ.get("wsgi.input_terminated"))
 
 
 class _Inflater:
@@ -305,6 +373,7 @@ def install(app: Any, settings: Any) -> LimitsMiddleware:
         request_timeout=settings.request_timeout,
         max_inflight=settings.max_inflight or settings.threads,
         max_queue=settings.max_queue,
+        body_timeout=settings.body_timeout,
     )
     app.wsgi_app = middleware
     app.extensions["servekit.limits"] = middleware

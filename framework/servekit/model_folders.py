@@ -24,7 +24,7 @@ def valid_name(name: str) -> bool:
 
 def version_of(entry: Path) -> int | None:
     """The version number a folder stands for, ``None`` when it is no version folder."""
-    if entry.is_dir() and entry.name.isdigit() and int(entry.name) > 0:
+    if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and int(entry.name) > 0:
         return int(entry.name)
     return None
 

@@ -499,7 +499,7 @@ def _addressed_version(model: Model, version: int | str | None, label: str | Non
 def _parse_version(version: int | str) -> int:
     if isinstance(version, int):
         return version
-    if not str(version).isdigit():
+    if not (str(version).isascii() and str(version).isdigit()):  # "¹" is a digit int() refuses
         # a malformed number is the client's mistake, not a missing version
         raise BadRequest(malformed_version(str(version)))
     return int(version)

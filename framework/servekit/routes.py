@@ -15,6 +15,13 @@ from collections.abc import Iterable
 #: probes (V2's, and KServe V1's liveness at ``/``) and the metrics.
 OPEN_PATHS = ("/v2/health/", "/metrics", "/")
 
+#: Paths that need the ``admin`` scope of an API key (:mod:`servekit.auth`): model
+#: control (Triton's repository extension) and the request/prediction log.
+ADMIN_PATHS = ("/v2/repository/", "/v1/logs/")
+
+#: Paths that need the ``metrics`` scope (open by default, see :mod:`servekit.auth`).
+METRICS_PATHS = ("/metrics", "/monitoring/prometheus/metrics")
+
 #: Never queued or timed out by the limits: orchestrators must reach them under load.
 UNQUEUED_PATHS = ("/v2/health/", "/metrics")
 

@@ -60,6 +60,13 @@ class BuildOptions:
     servekit_version: str = "0.1.0"
     #: File name of a servekit wheel in ``wheels/`` that the image installs (unpublished servekit).
     servekit_wheel: str | None = None
+    #: Kubernetes Secret with ``tls.crt`` and ``tls.key`` (a ``kubernetes.io/tls`` Secret, as
+    #: cert-manager writes it): HTTP and gRPC serve TLS from it, following its rotation.
+    tls_secret: str = ""
+    #: With ``tls_secret``: its ``ca.crt`` verifies client certificates (mutual TLS).
+    tls_client_ca: bool = False
+    #: Kubernetes Secret with an ``api-keys`` entry: the ``--api-key-file`` (docs/security.md).
+    api_keys_secret: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -97,6 +104,9 @@ def context(options: BuildOptions) -> dict[str, Any]:
         "grace_seconds": math.ceil(options.shutdown_delay + options.drain_seconds) + GRACE_MARGIN,
         "version": options.servekit_version,
         "wheel": f"{WHEELS}/{options.servekit_wheel}" if options.servekit_wheel else "",
+        "tls_secret": options.tls_secret,
+        "tls_client_ca": options.tls_client_ca and bool(options.tls_secret),
+        "api_keys_secret": options.api_keys_secret,
         **options.extra,
     }
 

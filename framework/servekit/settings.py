@@ -49,8 +49,16 @@ class Settings:
         default_factory=list, metadata={"help": "plugin module or .py file (repeatable)", "repeat": True}
     )
     config: str | None = _opt(None, "YAML file with any of these settings")
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on inference routes")
-    max_request_size: int = _opt(64 * 1024 * 1024, "largest request body in bytes (413 above)")
+    api_key: str | None = _opt(
+        None, "one key with every scope: 'Authorization: Bearer KEY' (visible in ps; prefer --api-key-file)"
+    )
+    api_key_file: str = _opt(
+        "",
+        "API keys with scopes, one 'SCOPES KEY' (or 'SCOPES sha256:HEX') per line, re-read when it changes; scopes infer, admin, metrics (docs/security.md)",
+    )
+    max_request_size: int = _opt(
+        64 * 1024 * 1024, "largest request body in bytes, however it is framed (length, chunked, gzip); 413 above"
+    )
     request_timeout: float = _opt(
         0.0, "seconds a request may take before it is answered 504; 0 (default) sets no limit"
     )
@@ -115,6 +123,25 @@ class Settings:
         "request/prediction log store: 'sqlite' (a file in a temporary folder), sqlite:///FILE, a SQLAlchemy URL, or 'off'",
     )
     log_format: str = _opt("text", "log lines as 'text' or 'json'")
+    # -- security (docs/security.md) --
+    body_timeout: float = _opt(60.0, "seconds a client has to send a request body (408 after); 0 sets no limit")
+    header_timeout: float = _opt(
+        10.0, "seconds a client has to send a request's line and headers (the connection is closed after)"
+    )
+    max_header_size: int = _opt(8190, "largest request line and largest header line in bytes (gunicorn: 431/400)")
+    max_headers: int = _opt(100, "most header fields a request may send")
+    max_tensor_elements: int = _opt(
+        0, "most elements one request tensor may declare in its shape; 0 means --max-request-size"
+    )
+    max_request_inputs: int = _opt(1024, "most inputs (tensors) one V2 or TF Serving request may hold")
+    tls_cert: str = _opt("", "TLS certificate chain (PEM) for HTTP and gRPC; reloaded when the file changes")
+    tls_key: str = _opt("", "TLS private key (PEM) for --tls-cert")
+    tls_client_ca: str = _opt("", "CA certificates (PEM): clients must present a certificate it signed (mutual TLS)")
+    tls_scope: str = _opt(
+        "all",
+        "which ports TLS covers: 'all' (HTTP and gRPC) or 'grpc' (TF Serving's --ssl_config_file)",
+        choices=("all", "grpc"),
+    )
     access_log: bool = _opt(False, "log one line per request", flag=True)
 
     @property
@@ -220,6 +247,9 @@ def _validate(settings: Settings) -> None:
             f"--grpc-port: expected a port between 1 and 65535 (0 disables gRPC), found {settings.grpc_port}"
         )
     channel_arguments(settings.grpc_channel_arguments)
+    from .tls import files_of
+
+    files_of(settings, "grpc")  # a cert without its key, an unreadable file
     if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) > 0):
         raise ValueError(f"--workers: expected a positive number or 'auto', found {settings.workers!r}")
 

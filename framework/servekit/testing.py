@@ -37,8 +37,10 @@ class ServerProcess:
     fork one per CPU); the HTTP engine is ``--server`` or ``SERVEKIT_SERVER``.
     """
 
-    def __init__(self, *paths: str | Path, env: dict[str, str] | None = None, **settings: Any):
+    def __init__(self, *paths: str | Path, env: dict[str, str] | None = None, client_ssl: Any = None, **settings: Any):
         self.paths = [str(p) for p in paths]
+        #: an ``ssl.SSLContext`` the readiness probe uses against a TLS server (its CA, a client cert)
+        self.client_ssl = client_ssl
         self.http_port = settings.pop("http_port", None) or free_port()
         self.grpc_port = settings.pop("grpc_port", 0)
         if self.grpc_port == "auto":
@@ -51,7 +53,8 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        tls = self.settings.get("tls_cert") and self.settings.get("tls_scope", "all") == "all"
+        return f"{'https' if tls else 'http'}://127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
         cmd = [
@@ -95,7 +98,7 @@ class ServerProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"servekit exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2) as r:
+                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=2, context=self.client_ssl) as r:
                     if r.status == 200:
                         return
             except urllib.error.HTTPError as exc:

@@ -72,6 +72,7 @@ FLAGS: dict[str, Flag] = {
     "grpc_max_threads": Flag(int, 0),
     "enable_serialization_as_tensor_content": Flag(bool, False),
     "version": Flag(bool, False),
+    "ssl_config_file": Flag(str, ""),  # gRPC over TLS, as in TF Serving (servekit.tls)
     # accepted at TF Serving's default only: servekit has no such knob
     "allow_version_labels_for_unavailable_models": Flag(bool, False, False),
     "enable_per_model_batching_parameters": Flag(bool, False, False),
@@ -87,7 +88,6 @@ FLAGS: dict[str, Flag] = {
     "tensorflow_inter_op_parallelism": Flag(int, 0, False),
     "tensorflow_session_config_file": Flag(str, "", False),
     "platform_config_file": Flag(str, "", False),
-    "ssl_config_file": Flag(str, "", False),
     "use_alts_credentials": Flag(bool, False, False),
     "per_process_gpu_memory_fraction": Flag(float, 0.0, False),
     "saved_model_tags": Flag(str, "serve", False),
@@ -189,6 +189,10 @@ def settings_values(flags: dict[str, Any]) -> dict[str, Any]:
         values["max_batch_size"], values["max_batch_time_ms"] = size, ms
     if get("monitoring_config_file"):
         check_monitoring_file(get("monitoring_config_file"))
+    if get("ssl_config_file"):
+        from .tls import read_tf_ssl_config
+
+        values.update(read_tf_ssl_config(get("ssl_config_file")))
     values["grpc_socket_path"] = get("grpc_socket_path")
     values["grpc_channel_arguments"] = get("grpc_channel_arguments")
     try:

@@ -19,13 +19,13 @@ Works on any message with TensorProto's fields (ours or TensorFlow's own class).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import BadRequest, ModelFailure
+from . import bounds
 
 try:  # optional: bfloat16, float8 and int4 dtypes
     import ml_dtypes
@@ -160,7 +160,7 @@ def to_numpy(proto: Any, where: str = "tensor") -> np.ndarray:
     """
     dt = dtype_for_number(int(proto.dtype))
     shape = shape_of(proto, where)
-    count = math.prod(shape)
+    count = bounds.element_count(shape, where)
     if dt.name == "DT_STRING":
         return _strings(list(proto.string_val), shape, count, where)
     if proto.tensor_content:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRequest
+from . import bounds
 
 _NUMERIC_KINDS = "biuf"
 
@@ -131,6 +132,7 @@ def decode_instances(instances: Any) -> Any:
     if not isinstance(instances[0], dict) or is_b64(instances[0]):
         return to_tensor(instances, "instances")
     names = list(instances[0])
+    bounds.check_input_count(len(names))
     if not names:
         raise BadRequest("'instances' holds an empty object; expected named input values")
     keys = set(names)
@@ -151,6 +153,7 @@ def decode_columns(inputs: Any) -> Any:
     if isinstance(inputs, dict) and not is_b64(inputs):
         if not inputs:
             raise BadRequest("'inputs' is an empty object; expected named input tensors")
+        bounds.check_input_count(len(inputs))
         return {name: to_tensor(value, f"inputs.{name}") for name, value in inputs.items()}
     if is_b64(inputs):
         return to_tensor([inputs], "inputs").reshape(())

@@ -22,7 +22,6 @@ the client sent JSON strings or binary data, so a model sees one type either way
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np
 
 from ..errors import BadRequest, ModelFailure
 from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from . import bounds
 from . import json as jsonc
 from .dtypes import V2_TO_NUMPY, numpy_to_v2, v2_to_numpy
 
@@ -53,7 +53,8 @@ def check_shape(shape: Any, where: str) -> tuple[int, ...]:
 
 
 def element_count(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
+    """Elements in ``shape``, refused (413) above ``--max-tensor-elements`` before any allocation."""
+    return bounds.element_count(shape)
 
 
 def check_datatype(datatype: Any, where: str) -> str:
@@ -133,7 +134,7 @@ def tensor_from_bytes(
 
 
 def _bytes_from_binary(view: memoryview, shape: tuple[int, ...], count: int) -> np.ndarray:
-    out = np.empty(count, dtype=object)
+    items: list[bytes] = []  # grows with the data, never to a shape's word alone
     offset, size = 0, view.nbytes
     for i in range(count):
         if offset + 4 > size:
@@ -142,12 +143,14 @@ def _bytes_from_binary(view: memoryview, shape: tuple[int, ...], count: int) -> 
         offset += 4
         if offset + length > size:
             raise BadRequest(f"binary tensor data: BYTES element {i} claims {length} bytes past the data's end")
-        out[i] = view[offset : offset + length].tobytes()
+        items.append(view[offset : offset + length].tobytes())
         offset += length
     if offset != size:
         raise BadRequest(
             f"binary tensor data: {size - offset} bytes left over after {count} BYTES elements (shape {list(shape)})"
         )
+    out = np.empty(count, dtype=object)
+    out[:] = items
     return out.reshape(shape)
 
 
@@ -371,7 +374,7 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None = No
 
     inputs: dict[str, np.ndarray] = {}
     offset = 0
-    for i, spec in enumerate(raw_inputs):
+    for i, spec in enumerate(bounds.limited_inputs(raw_inputs)):
         name, arr, used = _decode_input(spec, i, binary, offset)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")

@@ -10,13 +10,13 @@ module reads the messages by their field names and imports no generated code.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import BadRequest
 from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from . import bounds
 from . import v2 as codec
 
 #: The typed ``InferTensorContents`` field of each datatype; FP16 has none.
@@ -75,6 +75,7 @@ def decode_infer_request(request: Any) -> InferRequest:
 
 
 def decode_inputs(request: Any) -> dict[str, np.ndarray]:
+    bounds.check_input_count(len(request.inputs))
     if not request.inputs:
         raise BadRequest("ModelInferRequest has no inputs")
     raw = request.raw_input_contents
@@ -120,7 +121,7 @@ def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
     if field is None:
         raise BadRequest(f"{where}: {datatype} has no typed contents field; send it in raw_input_contents")
     values = getattr(tensor.contents, field)
-    count = math.prod(shape)
+    count = codec.element_count(tuple(shape))
     if len(values) != count:
         raise BadRequest(f"{where}: {field} holds {len(values)} values; shape {shape} needs {count}")
     if datatype == "BYTES":

@@ -36,7 +36,7 @@ def version_number(version: str | None) -> int | None:
     """A version as a request names it: empty for the latest, else a positive integer."""
     if not version:
         return None
-    if not version.isdigit() or int(version) < 1:
+    if not (version.isascii() and version.isdigit()) or int(version) < 1:  # "¹" is a digit int() refuses
         raise BadRequest(malformed_version(version))
     return int(version)
 

@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from .. import hosts, limits, observability, plugins
 from ..auth import ApiKey
+from ..codecs import bounds
 from ..control import ControlPlane
 from ..control.plan import Planner
 from ..dataplane import DataPlane
@@ -58,6 +59,11 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     dp = dataplane or build_dataplane(settings)
     app = Flask("servekit")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_size
+    bounds.configure(
+        max_tensor_elements=settings.max_tensor_elements,
+        max_request_size=settings.max_request_size,
+        max_request_inputs=settings.max_request_inputs,
+    )
     app.extensions["servekit"] = dp
     app.extensions["servekit.settings"] = settings
     control = ControlPlane(
@@ -73,8 +79,9 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
-    api_key = ApiKey(settings.api_key, settings.open_paths) if settings.api_key else None
+    api_key = ApiKey.from_settings(settings)
     if api_key is not None:
+        app.extensions["servekit.api_key"] = api_key
         _install_api_key(app, api_key)
     # WSGI layers, outermost first: observability, the limits, the fast lane, Flask
     if settings.fast_lane:

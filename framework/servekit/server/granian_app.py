@@ -28,6 +28,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from .. import tls
 from ..observability import logging as log_setup
 from ..observability import metrics
 from ..settings import Settings, worker_count
@@ -67,9 +68,13 @@ def run(settings: Settings) -> None:
             backpressure=max(settings.threads, CONNECTIONS_PER_WORKER),
             workers_kill_timeout=max(1, round(settings.drain_seconds)),
             log_level=settings.log_level if settings.log_level != "critical" else "error",
+            **_security_options(settings),
         )
         server.servekit_settings = settings
         logging.getLogger("_granian").addFilter(_threads_notice)
+        files = tls.files_of(settings, "http")
+        if files is not None:  # granian's workers read the files when they start: respawn them
+            tls.watch_files(files, server.signal_handler_reload)
         preloaded = _preload(settings)
         server.serve(
             spawn_target=_spawn_target(),
@@ -78,6 +83,20 @@ def run(settings: Settings) -> None:
         )
     finally:
         cleanup()
+
+
+def _security_options(settings: Settings) -> dict[str, Any]:
+    """TLS (:mod:`servekit.tls`) and the header limits and read timeout of granian's HTTP/1."""
+    from granian.http import HTTP1Settings
+
+    files = tls.files_of(settings, "http")
+    options: dict[str, Any] = tls.granian_options(files) if files else {}
+    header_ms = int(settings.header_timeout * 1000) if settings.header_timeout > 0 else 30_000
+    # granian's read buffer bounds the request line and headers together (431 past it)
+    options["http1_settings"] = HTTP1Settings(
+        header_read_timeout=header_ms, max_buffer_size=max(8192, settings.max_header_size * 8)
+    )
+    return options
 
 
 def _threads_notice(record: logging.LogRecord) -> bool:

@@ -70,6 +70,11 @@ class ServekitApplication(BaseApplication):
             "post_worker_init": self._post_worker_init,
             "worker_exit": self._worker_exit,
             "child_exit": self._child_exit,
+            # request line and headers (docs/security.md): gunicorn answers 400/431 past them
+            "limit_request_line": s.max_header_size,
+            "limit_request_field_size": s.max_header_size,
+            "limit_request_fields": s.max_headers,
+            **security_options(s),
             **self.extra,
         }
         logger_class = log_setup.gunicorn_logger_class(s.log_format)
@@ -112,6 +117,21 @@ class ServekitApplication(BaseApplication):
 
     def _child_exit(self, server, worker) -> None:
         metrics.mark_process_dead(worker.pid)
+
+
+def security_options(settings: Settings) -> dict[str, Any]:
+    """TLS (:mod:`servekit.tls`) and the worker that times out slow headers (:mod:`.slow_clients`)."""
+    from .. import tls
+
+    files = tls.files_of(settings, "http")
+    options: dict[str, Any] = tls.gunicorn_options(files) if files else {}
+    if settings.header_timeout > 0:
+        from . import slow_clients
+
+        slow_clients.HEADER_TIMEOUT = settings.header_timeout  # the workers fork from here
+        slow_clients.BODY_TIMEOUT = settings.body_timeout if settings.body_timeout > 0 else 3600.0
+        options["worker_class"] = "servekit.server.slow_clients.HeaderTimeoutWorker"
+    return options
 
 
 def install_drain(worker: Any, settings: Settings) -> None:

@@ -7,15 +7,15 @@ models.  Every worker binds ``--grpc-port`` with ``SO_REUSEPORT``; the kernel
 spreads connections between them as it does for HTTP.
 
 ``--grpc-max-message-size`` caps messages both ways (``RESOURCE_EXHAUSTED``
-above it).  With ``--api-key`` every RPC except ``ServerLive`` and
-``ServerReady`` needs the metadata ``authorization: Bearer KEY``.
+above it).  With API keys (:mod:`servekit.auth`) every RPC except ``ServerLive`` and
+``ServerReady`` needs the metadata ``authorization: Bearer KEY`` of a key with
+the RPC's scope (``admin`` for model control and config reload, ``infer`` else).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hmac
 import logging
 import os
 import stat
@@ -25,9 +25,13 @@ from typing import Any
 
 import grpc
 
+from ... import tls
+from ...auth import ApiKey
 from ...dataplane import DataPlane
+from ...errors import ServekitError
 from ...settings import Settings, channel_arguments
 from . import tf_serving, v2
+from .decoding import DecodeInterceptor
 
 log = logging.getLogger("servekit.grpc")
 
@@ -39,6 +43,16 @@ OPEN_METHODS = frozenset(
     {
         "/inference.GRPCInferenceService/ServerLive",
         "/inference.GRPCInferenceService/ServerReady",
+    }
+)
+
+#: RPCs that need the ``admin`` scope of an API key (:mod:`servekit.auth`).
+ADMIN_METHODS = frozenset(
+    {
+        "/inference.GRPCInferenceService/RepositoryIndex",
+        "/inference.GRPCInferenceService/RepositoryModelLoad",
+        "/inference.GRPCInferenceService/RepositoryModelUnload",
+        "/tensorflow.serving.ModelService/HandleReloadConfigRequest",
     }
 )
 
@@ -63,7 +77,9 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
 
     :raises RuntimeError: the port cannot be bound.
     """
-    interceptors = [ApiKeyInterceptor(settings.api_key)] if settings.api_key else []
+    keys = ApiKey.from_settings(settings)
+    interceptors: list[grpc.ServerInterceptor] = [ApiKeyInterceptor(keys)] if keys is not None else []
+    interceptors.append(DecodeInterceptor())  # inside the key check: an unknown caller learns nothing
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"),
         options=server_options(settings),
@@ -79,8 +95,11 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
     v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode, control=control)
     host = settings.host
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
+    files = tls.files_of(settings, "grpc")
     try:
-        port = server.add_insecure_port(address)
+        port = (
+            server.add_secure_port(address, tls.grpc_credentials(files)) if files else server.add_insecure_port(address)
+        )
     except RuntimeError:
         port = 0
     if not port:
@@ -120,28 +139,35 @@ def _bind_unix_socket(server: grpc.Server, path: str) -> None:
         )
 
 
-class ApiKeyInterceptor(grpc.ServerInterceptor):
-    """Refuse RPCs without ``authorization: Bearer KEY`` (UNAUTHENTICATED), health RPCs excepted."""
+def method_scope(method: str) -> str:
+    """The API key scope an RPC needs: model control and config reload are ``admin``."""
+    return "admin" if method in ADMIN_METHODS else "infer"
 
-    def __init__(self, key: str):
-        self.expected = f"Bearer {key}".encode()
+
+class ApiKeyInterceptor(grpc.ServerInterceptor):
+    """Refuse RPCs without ``authorization: Bearer KEY`` (UNAUTHENTICATED) or with a key lacking
+    the RPC's scope (PERMISSION_DENIED); health RPCs excepted."""
+
+    def __init__(self, keys: ApiKey | str):
+        self.keys = keys if isinstance(keys, ApiKey) else ApiKey(keys)
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None or handler_call_details.method in OPEN_METHODS:
             return handler
         given = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(str(given).encode(), self.expected):
-            return handler
-        return _refusal(handler)
+        try:
+            self.keys.require(
+                method_scope(handler_call_details.method), str(given), "send metadata 'authorization: Bearer <key>'"
+            )
+        except ServekitError as refused:
+            return _refusal(handler, getattr(grpc.StatusCode, refused.grpc_code), refused.message)
+        return handler
 
 
-def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     def deny(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "missing or wrong API key; send metadata 'authorization: Bearer <key>'",
-        )
+        context.abort(code, message)
 
     kwargs = {
         "request_deserializer": handler.request_deserializer,

@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from ...codecs import tensor_proto
+from ...codecs import bounds, tensor_proto
 from ...dataplane import DataPlane
 from ...errors import BadRequest
 from ...inference import InferRequest, RequestedOutput
@@ -81,6 +81,7 @@ def effective_spec(out: model_pb2.ModelSpec, mv: ModelVersion, signature_name: s
 
 
 def decode_inputs(request: predict_pb2.PredictRequest) -> dict[str, np.ndarray]:
+    bounds.check_input_count(len(request.inputs))
     if not request.inputs:
         raise BadRequest("PredictRequest has no inputs")
     return {name: tensor_proto.to_numpy(t, f"input {name!r}") for name, t in request.inputs.items()}

@@ -88,7 +88,7 @@ def build(app: Flask) -> dict[str, Any]:
                 "responses": {"200": {"description": "success", "content": {"application/json": {"schema": {}}}}},
             }
 
-    secured = bool(settings and settings.api_key)
+    secured = "servekit.api_key" in app.extensions
     for path, ops in paths.items():
         for op in ops.values():
             _finish(op, path, served, secured and not _is_open(path, settings))

@@ -51,7 +51,6 @@ def wants_html() -> bool:
 def status_page():
     """Models, versions, states and metadata, with a form to send a request."""
     dp = dataplane()
-    settings = current_app.extensions.get("servekit.settings")
     models = [_model_view(name, model) for name, model in sorted(dp.models.items())]
     html = render_template_string(
         _TEMPLATE.read_text(),
@@ -60,7 +59,7 @@ def status_page():
         draining=dp.draining,
         models=models,
         examples={m["name"]: m["examples"] for m in models},
-        needs_key=bool(settings and settings.api_key),
+        needs_key="servekit.api_key" in current_app.extensions,
     )
     return current_app.response_class(html, mimetype="text/html", headers=_VARY)
 
