@@ -111,7 +111,9 @@ class Owner:
 
     def acknowledge(self, link: Link, generation: int, states: States) -> None:
         with self._acks:
-            link.generation, link.states = generation, states
+            # a join that raced a publish may deliver the older plan last: it never counts back
+            if generation >= link.generation:
+                link.generation, link.states = generation, states
             self._acks.notify_all()
 
     # -- polling --------------------------------------------------------------------
@@ -219,7 +221,7 @@ class Owner:
         """Run ``change`` on the planner, publish the new plan, wait until every follower applied it.
 
         :returns: every follower's states, by label.
-        :raises ServiceUnavailable: a follower did not apply it in time.
+        :raises ApplyTimeout: a follower did not apply it in time (503).
         """
         with self._changes:
             change()
@@ -244,7 +246,7 @@ class Owner:
 
     def call(self, op: str, **kwargs: Any) -> Any:
         """A control call by name (what a worker sends): ``load``, ``unload``, ``replace``,
-        ``reload_config`` or ``plan``."""
+        ``reload_config``, ``ensure`` or ``plan``."""
         if op == "plan":
             return self.planner.plan
         if op in ("load", "unload", "replace", "reload_config", "ensure"):
