@@ -210,11 +210,19 @@ class ModelRepository:
         models = dict(self.models)
         for name, doc in wanted.items():
             model = models.get(name)
-            if model is None or str(model.base_path) != doc["base_path"]:
-                if model is not None:
-                    self._unload_all(model)
+            if model is None:  # listed at once: its requests see it LOADING, not unknown
                 model = models[name] = Model(name, Path(doc["base_path"]), doc["versioned"])
                 self.models = dict(models)
+            elif str(model.base_path) != doc["base_path"]:
+                # a new folder for the name (files sent with a load): it loads beside the
+                # old one, which serves until the new one takes its place
+                fresh = Model(name, Path(doc["base_path"]), doc["versioned"])
+                self._apply_model(fresh, doc)
+                models[name] = fresh
+                self.models = dict(models)
+                if model is not None:
+                    self._unload_all(model)
+                continue
             self._apply_model(model, doc)
         for name in [n for n in models if n not in wanted]:
             self._unload_all(models.pop(name))
