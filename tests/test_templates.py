@@ -617,3 +617,28 @@ def test_detect_extras_of_the_framework_plugins(tmp_path):
 def test_detect_extras_of_an_mlflow_folder(tmp_path):
     (tmp_path / "MLmodel").write_text("flavors:\n  python_function: {}\n  lightgbm: {data: model.lgb}\n")
     assert scaffold.detect_extras(tmp_path) == ["mlflow", "lightgbm"]
+
+
+def test_build_takes_tls_and_key_secrets_from_the_command_line(model_folder, capsys):
+    assert (
+        cli(
+            [
+                "build",
+                str(model_folder),
+                "--context-only",
+                "--no-wheel",
+                "--tls-secret",
+                "iris-tls",
+                "--tls-client-ca",
+                "--api-keys-secret",
+                "iris-keys",
+            ]
+        )
+        == 0
+    )
+    manifest = (model_folder / "deploy" / "kubernetes.yaml").read_text()
+    assert "secretName: iris-tls" in manifest and "secretName: iris-keys" in manifest
+    assert "SERVEKIT_TLS_CLIENT_CA" in manifest
+    capsys.readouterr()
+    assert cli(["build", str(model_folder), "--context-only", "--no-wheel", "--tls-client-ca"]) == 2
+    assert "--tls-client-ca needs --tls-secret" in capsys.readouterr().err

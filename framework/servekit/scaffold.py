@@ -465,6 +465,17 @@ def add_commands(sub: Any) -> None:
     build_.add_argument("--python-version", default=DEFAULT_PYTHON, help="Python of the CPU image")
     build_.add_argument("--cuda-version", default=DEFAULT_CUDA, help="CUDA of the GPU image")
     build_.add_argument(
+        "--tls-secret",
+        default="",
+        help="Kubernetes TLS Secret (tls.crt, tls.key) the manifests serve HTTP and gRPC from",
+    )
+    build_.add_argument(
+        "--tls-client-ca", action="store_true", help="with --tls-secret: its ca.crt verifies client certificates"
+    )
+    build_.add_argument(
+        "--api-keys-secret", default="", help="Kubernetes Secret whose api-keys entry is --api-key-file"
+    )
+    build_.add_argument(
         "--context-only",
         "--no-docker",
         dest="context_only",
@@ -541,7 +552,12 @@ def _build(args: Any) -> int:
         image=args.tag,
         python_version=args.python_version,
         cuda_version=args.cuda_version,
+        tls_secret=args.tls_secret,
+        tls_client_ca=args.tls_client_ca,
+        api_keys_secret=args.api_keys_secret,
     )
+    if args.tls_client_ca and not args.tls_secret:
+        raise ScaffoldError("--tls-client-ca needs --tls-secret (its ca.crt)", 2)
     return build(folder, options, run_docker=False if args.context_only else None, wheel=args.wheel)
 
 
