@@ -226,7 +226,7 @@ def test_tf_serving_config_reload_adds_and_removes_models(tmp_path):
     from servekit.testing import free_port
 
     http, grpc_port = free_port(), free_port()
-    env = {**os.environ, "SERVEKIT_WORKERS": "2"}
+    env = {**os.environ, "SERVEKIT_WORKERS": "2", "SERVEKIT_HOST": "127.0.0.1"}  # loopback only
     cmd = [
         "tensorflow_model_server",
         f"--port={grpc_port}",
@@ -341,7 +341,7 @@ def test_tf_serving_harness_never_finds_a_model_loading_after_wait_for_server_re
     cmd = ["tensorflow_model_server", f"--port={port}", f"--rest_api_port={http}", "--model_name=iris"]
     proc = subprocess.Popen(
         [*cmd, f"--model_base_path={base}"],
-        env={**os.environ, "SERVEKIT_WORKERS": "2"},
+        env={**os.environ, "SERVEKIT_WORKERS": "2", "SERVEKIT_HOST": "127.0.0.1"},  # loopback only
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -14,6 +14,7 @@ does, and check the answers as its ``VerifyPredictRequest`` does: the output in
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -260,7 +261,8 @@ class TFServing:
             f"--grpc_socket_path={self.socket}",
             *flags,
         ]
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "SERVEKIT_HOST": "127.0.0.1"}  # tensorflow_model_server binds every address
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.wait_ready()
 
     def wait_ready(self, attempts: int = 240) -> None:
