@@ -162,6 +162,10 @@ class ModelRepository:
             self.planner.refresh()
             self._apply(self.planner.plan)
 
+    def mark_ready(self) -> None:
+        """The first load is over even though no plan was applied (it failed): requests stop waiting."""
+        self._first_load_done.set()
+
     def expect_plan(self) -> None:
         """From now on the plans come from the control plane: hold requests until the first."""
         self._first_load_done.clear()

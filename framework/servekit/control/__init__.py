@@ -111,9 +111,10 @@ class ControlPlane:
 
     def _run_alone(self, owner: Owner) -> None:
         try:
-            owner.refresh_now()
-        finally:
-            self.repository.apply(self.repository.planner.plan)  # ready even when a load failed
+            owner.refresh_now()  # its one follower, the repository, applies the plan
+        except Exception:
+            log.exception("the first load failed")
+            self.repository.mark_ready()  # answers (with the errors) rather than waiting for ever
         owner.start()
 
     def load_now(self) -> None:
@@ -122,8 +123,7 @@ class ControlPlane:
         if owner is None:
             self.repository.apply(transport.call("plan"))
         elif owner is self._own:
-            owner.refresh_now()
-            self.repository.apply(owner.planner.plan)
+            owner.refresh_now()  # its one follower, the repository, applies the plan
         else:
             self.repository.apply(owner.planner.plan)
 
@@ -133,10 +133,11 @@ class ControlPlane:
 
     # -- control calls ----------------------------------------------------------------
 
-    def call(self, op: str, **kwargs: Any) -> Any:
+    def call(self, op: str, timeout: float | None = None, **kwargs: Any) -> Any:
+        """``op`` on the owner, wherever it runs; ``timeout`` bounds the wait for another process's."""
         owner = self._owner()
         if owner is None:
-            return transport.call(op, **kwargs)
+            return transport.call(op, timeout=timeout, **kwargs)
         return owner.call(op, **kwargs)
 
     def load(self, name: str, config: Any = None, files: dict[str, bytes] | None = None) -> None:
@@ -157,10 +158,7 @@ class ControlPlane:
         :raises NotResident: it did not load in time (503 with ``Retry-After``).
         """
         try:
-            if transport.address() is not None:
-                transport.call("ensure", timeout=self.request_timeout, name=name)
-            else:
-                self.call("ensure", name=name)
+            self.call("ensure", timeout=self.request_timeout, name=name)
         except (errors.Timeout, errors.NotReady) as exc:
             raise errors.NotResident(f"model {name!r} is loading again (memory budget): {exc.message}") from None
 
