@@ -19,7 +19,7 @@ from servekit.codecs import bounds, tensor_proto, v2, v2_grpc
 from servekit.errors import PayloadTooLarge, RequestTimeout
 from servekit.limits import LimitsMiddleware
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as pb
-from servekit.watchdog import Watchdog
+from servekit.watchdog import Readers, ReadTimedOut, Watchdog
 
 
 def _echo(environ, start_response):
@@ -112,6 +112,56 @@ def test_a_released_read_is_never_cut():
     while not later.fired:
         time.sleep(0.01)
     assert not cut.is_set()
+
+
+def test_a_shorter_timeout_wakes_a_watchdog_asleep_on_a_longer_one():
+    cut = threading.Event()
+    dog = Watchdog()
+    dog.watch(300, lambda: None)  # the thread now sleeps for up to 300 s
+    dog.watch(0.05, cut.set)
+    assert cut.wait(5)
+
+
+def test_a_read_watched_after_the_queue_went_empty_is_still_cut():
+    dog = Watchdog()
+    dog.release(dog.watch(0.05, lambda: None))
+    time.sleep(0.02)  # the thread finds nothing watched and sleeps for one timeout
+    cut = threading.Event()
+    dog.watch(0.05, cut.set)
+    assert cut.wait(5)
+
+
+def test_released_reads_leave_nothing_behind():
+    dog = Watchdog()
+    for _ in range(1000):
+        dog.release(dog.watch(60, lambda: None))
+    kept = dog.watch(60, lambda: None)
+    assert dog.watched() == 1
+    dog.release(kept)
+    assert dog.watched() == 0
+
+
+def test_body_readers_read_raise_and_give_up_at_the_deadline():
+    readers = Readers(2)
+    assert readers.read(io.BytesIO(b"abc"), 2, 5) == b"ab"
+
+    class Broken:
+        def read(self, size):
+            raise ValueError("malformed chunk")
+
+    with pytest.raises(ValueError, match="malformed chunk"):
+        readers.read(Broken(), 10, 5)
+    arrived = threading.Event()
+
+    class Stalled:
+        def read(self, size):
+            arrived.wait(10)
+            return b"late"
+
+    with pytest.raises(ReadTimedOut):
+        readers.read(Stalled(), 10, 0.05)
+    assert readers.read(io.BytesIO(b"next"), 10, 5) == b"next"  # the second thread answers meanwhile
+    arrived.set()
 
 
 # -- declared shapes --------------------------------------------------------------------

@@ -50,7 +50,7 @@ from .errors import (
     render,
 )
 from .routes import UNQUEUED_PATHS
-from .watchdog import WATCHDOG, Guard, shut_reading
+from .watchdog import WATCHDOG, Guard, Readers, ReadTimedOut, shut_reading
 from .wsgi_body import ClosingBody, Once
 
 log = logging.getLogger("servekit.limits")
@@ -105,7 +105,7 @@ class LimitsMiddleware:
         self._waiting = 0
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._readers: ThreadPoolExecutor | None = None  # body reads under a deadline (granian)
+        self._readers: Readers | None = None  # body reads under a deadline (granian)
         self.running = 0  # requests holding a slot, for tests and the status page
 
     # -- entry ----------------------------------------------------------------
@@ -209,11 +209,10 @@ class LimitsMiddleware:
         if self._readers is None:
             with self._lock:
                 if self._readers is None:
-                    self._readers = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="servekit-body")
-        future = self._readers.submit(stream.read, size)
+                    self._readers = Readers(self.max_inflight)
         try:
-            return future.result(timeout=max(0.0, guard.deadline - time.monotonic()))
-        except FutureTimeout:
+            return self._readers.read(stream, size, guard.deadline - time.monotonic())
+        except ReadTimedOut:
             guard.fired = True
             raise RequestTimeout(f"request body not received within {guard.timeout:g}s (--body-timeout)") from None
 

@@ -52,6 +52,9 @@ class HeaderTimeoutWorker(ThreadWorker):
         waiting = self._headers_waiting(conn)
         if waiting is not None:
             return waiting
+        if getattr(conn, "servekit_headers_in", False):  # read in the poller: nothing left to wait for
+            conn.servekit_headers_in = False
+            return super().handle(conn)
         guard = WATCHDOG.watch(HEADER_TIMEOUT, lambda: shut_reading(conn.sock))
         _current.guard = guard
         try:
@@ -86,16 +89,17 @@ class HeaderTimeoutWorker(ThreadWorker):
             return False  # the client left mid-request
         done, headers_in = _complete(head)
         if done:
-            return self._hand_over(conn, head)
+            return self._hand_over(conn, head, headers_in)
         now = time.monotonic()
         first = getattr(conn, "servekit_first_byte", None) or now
         conn.servekit_head, conn.servekit_first_byte = head, first
         allowed = HEADER_TIMEOUT + (BODY_TIMEOUT if headers_in else 0.0)
         return False if now - first > allowed else _DEFER
 
-    def _hand_over(self, conn: Any, head: bytearray) -> None:
-        """The headers are all here: give them to gunicorn's parser and parse in this thread."""
+    def _hand_over(self, conn: Any, head: bytearray, headers_in: bool) -> None:
+        """The headers are here (or too many to wait for): give them to gunicorn's parser, in this thread."""
         conn.servekit_head = None
+        conn.servekit_headers_in = headers_in
         conn.sock.setblocking(True)
         conn.init()  # plain TCP: makes the parser; nothing is read
         conn.parser.unreader.unread(bytes(head))
