@@ -37,7 +37,7 @@ def protocol_of(path: str) -> str:
         return "logs"
     if path in ("/predict", "/explain"):
         return "generic"
-    if path == "/metrics":
+    if path == "/metrics" or path.startswith("/metrics/"):
         return "metrics"
     if path in ("/", "/docs", "/openapi.json"):
         return "ui"

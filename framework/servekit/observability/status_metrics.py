@@ -1,0 +1,152 @@
+"""``GET /metrics/summary``: the few numbers the status page charts, summed over workers and hosts.
+
+One small JSON document read from the same values ``/metrics`` serves (the
+multiprocess folder every worker and model host writes), so any worker answers
+for the whole server.  Counters are totals since the server started; the page
+takes the difference of two readings for rates, and of two histograms'
+buckets for p50/p99, as Prometheus's ``rate()`` and ``histogram_quantile()`` do::
+
+    {"time": 1764633600.1, "latency_bounds": [0.001, ..., "+Inf"], "batch_bounds": [...],
+     "server": {"requests": 120, "statuses": {"200": 118, "503": 2}, "latency": [cumulative counts],
+                "in_flight": 3, "queue": 3, "batch": [rows, calls], "resident_bytes": 512000000},
+     "models": {"iris": {"ready": true, "requests": ..., "statuses": ..., "latency": [...],
+                         "queue": 0, "batch": [rows, calls], "resident_bytes": 2048}}}
+
+Queue depth per model is :data:`QUEUE_SERIES` (requests a model host holds), and
+for the server the requests in flight; a model in its workers has no queue of
+its own to read, so it shows 0 there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, current_app
+
+from . import metrics
+
+bp = Blueprint("status_metrics", __name__)
+
+#: The series each number comes from (without ``_total``/``_bucket``), easy to point elsewhere.
+REQUESTS_SERIES = "servekit_requests"
+LATENCY_SERIES = "servekit_request_duration_seconds"
+BATCH_SERIES = "servekit_batch_size"
+IN_FLIGHT_SERIES = "servekit_requests_in_flight"
+QUEUE_SERIES = "servekit_host_queue_depth"
+RESIDENT_SERIES = "servekit_model_resident_bytes"
+
+
+def _families(dataplane: Any) -> list[Any]:
+    from prometheus_client import REGISTRY, CollectorRegistry
+
+    metrics.metrics()
+    metrics.flush()  # this worker's latest requests
+    if os.environ.get(metrics.ENV):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry(auto_describe=False)
+        multiprocess.MultiProcessCollector(registry)
+        found = list(registry.collect())
+    else:
+        found = list(REGISTRY.collect())
+    return found + list(metrics.ModelStateCollector(dataplane).collect())
+
+
+def _entry() -> dict[str, Any]:
+    return {
+        "requests": 0,
+        "statuses": {},
+        "latency": [0] * (len(metrics.LATENCY_BUCKETS) + 1),
+        "queue": 0,
+        "batch": [0.0, 0],
+        "resident_bytes": 0,
+    }
+
+
+def summary(dataplane: Any) -> dict[str, Any]:
+    """The document described above."""
+    server = _entry()
+    server["in_flight"] = 0
+    models: dict[str, dict[str, Any]] = {}
+    for name, model in sorted(dataplane.models.items()):
+        models[name] = {**_entry(), "ready": bool(model.available())}
+
+    def of(model: str) -> dict[str, Any] | None:
+        return models.get(model)
+
+    latency_slot = {_bound(b): i for i, b in enumerate([*metrics.LATENCY_BUCKETS, float("inf")])}
+    for family in _families(dataplane):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            model = of(labels.get("model", ""))
+            if name == REQUESTS_SERIES + "_total":
+                status = labels.get("status", "")
+                for entry in (server, model):
+                    if entry is not None:
+                        entry["requests"] += int(value)
+                        entry["statuses"][status] = entry["statuses"].get(status, 0) + int(value)
+            elif name == LATENCY_SERIES + "_bucket":
+                slot = latency_slot.get(_bound(float(labels["le"])))
+                if slot is not None:
+                    for entry in (server, model):
+                        if entry is not None:
+                            entry["latency"][slot] += int(value)
+            elif name in (BATCH_SERIES + "_sum", BATCH_SERIES + "_count"):
+                index = 0 if name.endswith("_sum") else 1
+                for entry in (server, model):
+                    if entry is not None:
+                        entry["batch"][index] += value
+            elif name == IN_FLIGHT_SERIES:
+                server["in_flight"] += int(value)
+            elif name == QUEUE_SERIES and model is not None:
+                model["queue"] += int(value)
+            elif name == RESIDENT_SERIES and model is not None:
+                model["resident_bytes"] += int(value)
+    server["in_flight"] = max(0, server["in_flight"] - 1)  # not counting this request
+    server["queue"] = server["in_flight"]
+    server["resident_bytes"] = resident_bytes()
+    return {
+        "time": time.time(),
+        "latency_bounds": [*metrics.LATENCY_BUCKETS, "+Inf"],
+        "server": server,
+        "models": models,
+    }
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))
+
+
+def resident_bytes() -> int:
+    """Resident memory of the server: every process writing metrics (workers, model hosts) and
+    their parent (the engine's top process), from ``/proc``; this process alone elsewhere."""
+    pids = {os.getpid()}
+    folder = os.environ.get(metrics.ENV)
+    if folder:
+        pids.add(os.getppid())
+        for path in Path(folder).glob("*.db"):
+            pid = path.stem.rpartition("_")[2]
+            if pid.isdigit():
+                pids.add(int(pid))
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or not Linux
+    if total == 0:
+        import resource
+
+        total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return total
+
+
+@bp.get("/metrics/summary")
+def summary_route():
+    document = summary(current_app.extensions["servekit"])
+    return current_app.response_class(json.dumps(document), mimetype="application/json")
