@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, current_app
@@ -38,6 +37,7 @@ BATCH_SERIES = "servekit_batch_size"
 IN_FLIGHT_SERIES = "servekit_requests_in_flight"
 QUEUE_SERIES = "servekit_host_queue_depth"
 RESIDENT_SERIES = "servekit_model_resident_bytes"
+SERVER_RESIDENT_SERIES = "servekit_resident_bytes"
 
 
 def _families(dataplane: Any) -> list[Any]:
@@ -106,9 +106,10 @@ def summary(dataplane: Any) -> dict[str, Any]:
                 model["queue"] += int(value)
             elif name == RESIDENT_SERIES and model is not None:
                 model["resident_bytes"] += int(value)
+            elif name == SERVER_RESIDENT_SERIES:
+                server["resident_bytes"] = int(value)
     server["in_flight"] = max(0, server["in_flight"] - 1)  # not counting this request
     server["queue"] = server["in_flight"]
-    server["resident_bytes"] = resident_bytes()
     return {
         "time": time.time(),
         "latency_bounds": [*metrics.LATENCY_BUCKETS, "+Inf"],
@@ -119,31 +120,6 @@ def summary(dataplane: Any) -> dict[str, Any]:
 
 def _bound(value: float) -> str:
     return repr(float(value))
-
-
-def resident_bytes() -> int:
-    """Resident memory of the server: every process writing metrics (workers, model hosts) and
-    their parent (the engine's top process), from ``/proc``; this process alone elsewhere."""
-    pids = {os.getpid()}
-    folder = os.environ.get(metrics.ENV)
-    if folder:
-        pids.add(os.getppid())
-        for path in Path(folder).glob("*.db"):
-            pid = path.stem.rpartition("_")[2]
-            if pid.isdigit():
-                pids.add(int(pid))
-    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-    total = 0
-    for pid in pids:
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-        except (OSError, ValueError, IndexError):
-            continue  # gone, or not Linux
-    if total == 0:
-        import resource
-
-        total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return total
 
 
 @bp.get("/metrics/summary")
