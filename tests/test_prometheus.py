@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from servekit.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).parent.parent
@@ -58,7 +57,9 @@ def test_alert_rules_fire_when_they_should_and_only_then(tmp_path):
         # 'good': all 200s within 10 ms, AVAILABLE
         _series("servekit_requests_total", {**good, "protocol": "v1", "status": "200"}, "0+100x30"),
         *[
-            _series("servekit_request_duration_seconds_bucket", {**good, "protocol": "v1", "status": "200", "le": le}, v)
+            _series(
+                "servekit_request_duration_seconds_bucket", {**good, "protocol": "v1", "status": "200", "le": le}, v
+            )
             for le, v in (("0.01", "0+100x30"), ("2.5", "0+100x30"), ("+Inf", "0+100x30"))
         ],
         _series("servekit_model_state", {**good, "version": "1", "state": "AVAILABLE"}, "1x30"),
@@ -77,17 +78,29 @@ def test_alert_rules_fire_when_they_should_and_only_then(tmp_path):
                     {
                         "eval_time": "20m",
                         "alertname": "ServekitHigh5xxRatio",
-                        "exp_alerts": [{"exp_labels": {**alert, "job": "servekit", "model": "bad"}, "exp_annotations": ANNOTATIONS["5xx"]}],
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**alert, "job": "servekit", "model": "bad"},
+                                "exp_annotations": ANNOTATIONS["5xx"],
+                            }
+                        ],
                     },
                     {
                         "eval_time": "20m",
                         "alertname": "ServekitHighP99Latency",
-                        "exp_alerts": [{"exp_labels": {"severity": "warn", "job": "servekit", "model": "bad"}, "exp_annotations": ANNOTATIONS["p99"]}],
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warn", "job": "servekit", "model": "bad"},
+                                "exp_annotations": ANNOTATIONS["p99"],
+                            }
+                        ],
                     },
                     {
                         "eval_time": "20m",
                         "alertname": "ServekitQueueDeep",
-                        "exp_alerts": [{"exp_labels": {"severity": "warn", **job}, "exp_annotations": ANNOTATIONS["queue"]}],
+                        "exp_alerts": [
+                            {"exp_labels": {"severity": "warn", **job}, "exp_annotations": ANNOTATIONS["queue"]}
+                        ],
                     },
                     {
                         "eval_time": "20m",
@@ -243,7 +256,8 @@ def test_prometheus_scrapes_a_two_worker_server_and_sees_the_load_sent(tmp_path)
             rate, seconds, clients = 15.0, 20.0, 2  # 30 req/s in all, each answer 20 ms
             latencies: list[float] = []
             load = [
-                threading.Thread(target=_paced_load, args=(server.url, rate, seconds, latencies)) for _ in range(clients)
+                threading.Thread(target=_paced_load, args=(server.url, rate, seconds, latencies))
+                for _ in range(clients)
             ]
             for t in load:
                 t.start()
@@ -267,8 +281,10 @@ def test_prometheus_scrapes_a_two_worker_server_and_sees_the_load_sent(tmp_path)
             }
             latencies.sort()
             client_p50 = latencies[len(latencies) // 2]
-            print(f"\nsent {sent:.0f} req/s, Prometheus rate() {measured:.1f}; p50 {quantiles[0.5] * 1000:.1f} ms "
-                  f"(the client saw {client_p50 * 1000:.1f} ms), p99 {quantiles[0.99] * 1000:.1f} ms")
+            print(
+                f"\nsent {sent:.0f} req/s, Prometheus rate() {measured:.1f}; p50 {quantiles[0.5] * 1000:.1f} ms "
+                f"(the client saw {client_p50 * 1000:.1f} ms), p99 {quantiles[0.99] * 1000:.1f} ms"
+            )
             assert 0.7 * sent < measured < 1.3 * sent
             # every answer sleeps 20 ms: the median lies in the (10, 25] ms bucket, under what the client saw
             assert 0.010 < quantiles[0.5] <= 0.025 and quantiles[0.5] <= client_p50 + 0.005
@@ -276,7 +292,10 @@ def test_prometheus_scrapes_a_two_worker_server_and_sees_the_load_sent(tmp_path)
             # the memory of the whole server (two workers and the master), not of the answering worker alone
             resident = float(prometheus.query("servekit_resident_bytes", at)[0]["value"][1])
             assert resident > 3 * 30e6
-            assert float(prometheus.query('sum(servekit_model_state{model="sleeper",state="AVAILABLE"})')[0]["value"][1]) == 1
+            assert (
+                float(prometheus.query('sum(servekit_model_state{model="sleeper",state="AVAILABLE"})')[0]["value"][1])
+                == 1
+            )
             # every query the dashboard makes is valid PromQL on the live data
             for panel in json.loads(DASHBOARD.read_text())["panels"]:
                 for target in panel["targets"]:
@@ -290,7 +309,12 @@ def test_prometheus_scrapes_a_two_worker_server_and_sees_the_load_sent(tmp_path)
             # the alert rules loaded and evaluate cleanly, none firing on a healthy server
             groups = requests.get(prometheus.url + "/api/v1/rules", timeout=10).json()["data"]["groups"]
             rules = {r["name"]: r for g in groups for r in g["rules"]}
-            assert set(rules) == {"ServekitHigh5xxRatio", "ServekitHighP99Latency", "ServekitQueueDeep", "ServekitModelNotReady"}
+            assert set(rules) == {
+                "ServekitHigh5xxRatio",
+                "ServekitHighP99Latency",
+                "ServekitQueueDeep",
+                "ServekitModelNotReady",
+            }
             assert all(r["health"] == "ok" and r["state"] == "inactive" for r in rules.values()), rules
         finally:
             prometheus.stop()

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import requests
 from postgres_server import start_postgres
-
 from servekit.cli import main
 from servekit.log_commands import _differs, replay
 from servekit.observability.log_search import moment, query_from
@@ -137,10 +136,15 @@ def test_a_store_made_before_versions_and_traces_gets_the_columns(tmp_path):
             "created DOUBLE PRECISION, method VARCHAR(8), path TEXT, protocol VARCHAR(16), model VARCHAR(128), "
             "status INTEGER, duration_ms DOUBLE PRECISION, request_body TEXT, response_body TEXT)"
         )
-        db.execute("INSERT INTO servekit_request_logs VALUES ('old', 'q', 1.0, 'POST', '/p', 'v2', 'm', 200, 1.0, '', '')")
+        db.execute(
+            "INSERT INTO servekit_request_logs VALUES ('old', 'q', 1.0, 'POST', '/p', 'v2', 'm', 200, 1.0, '', '')"
+        )
     backend = open_backend(f"sqlite:///{path}")
     backend.write([record(1, trace_id="ab" * 16)])
-    assert [(r.request_log_id, r.version) for r in backend.search(Query(oldest_first=True))] == [("old", ""), ("r1", "1")]
+    assert [(r.request_log_id, r.version) for r in backend.search(Query(oldest_first=True))] == [
+        ("old", ""),
+        ("r1", "1"),
+    ]
     assert backend.get("r1").trace_id == "ab" * 16
 
 
@@ -237,17 +241,41 @@ def test_postgresql_store_search_and_replay_against_another_build(tmp_path, caps
             # (server a logs the replayed requests too: later commands read the log up to now)
             until = str(time.time())
             same = replay(
-                [r.to_json(predictions=False) | {"requestBody": r.request_body, "responseBody": r.response_body} for r in logged],
+                [
+                    r.to_json(predictions=False) | {"requestBody": r.request_body, "responseBody": r.response_body}
+                    for r in logged
+                ],
                 a.url,
                 rate=50,
             )
             assert (same.sent, same.same, same.differences, same.failed) == (13, 13, [], [])
-            assert main(["replay", "--store", url, "--status", "2xx", "--until", until, "--to", b.url, "--rate", "50", "--json"]) == 1
+            assert (
+                main(
+                    [
+                        "replay",
+                        "--store",
+                        url,
+                        "--status",
+                        "2xx",
+                        "--until",
+                        until,
+                        "--to",
+                        b.url,
+                        "--rate",
+                        "50",
+                        "--json",
+                    ]
+                )
+                == 1
+            )
             report = json.loads(capsys.readouterr().out)
             assert (report["sent"], report["same"], report["different"]) == (12, 0, 12)
             assert report["differences"][0]["what"].startswith("/outputs/0/data/")  # 2x -> 3x
             assert report["latency_ms"]["replayed"]["p50"] > 0 and report["latency_ms"]["logged"]["p50"] > 0
-            assert main(["replay", "--server", a.url, "--status", "2xx", "--until", until, "--to", a.url, "--rate", "0"]) == 0
+            assert (
+                main(["replay", "--server", a.url, "--status", "2xx", "--until", until, "--to", a.url, "--rate", "0"])
+                == 0
+            )
             assert capsys.readouterr().out.startswith("replayed 12 request(s)")
     finally:
         stop()

@@ -120,4 +120,3 @@ def test_status_page_charts_live_numbers_in_headless_chromium(iris_repo, tmp_pat
     assert server["memory"] > 50  # MB: two workers and the master
     assert iris["batch"] == pytest.approx(1.0)  # one row per call, no batching
     assert shot.startswith(b"\x89PNG") and len(shot) > 20_000
-

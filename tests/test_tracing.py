@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import requests
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from servekit.observability import tracing
 from servekit.observability.logging import JsonFormatter, RequestIdFilter
 
@@ -123,7 +122,11 @@ def test_a_v2_request_continues_the_callers_trace_with_a_span_per_stage(servekit
         assert found[child].parent.span_id == server.context.span_id, child
         assert server.start_time <= found[child].start_time <= found[child].end_time <= server.end_time
     predict = found["servekit.predict"].attributes
-    assert (predict["servekit.model"], predict["servekit.model_version"], predict["servekit.rows"]) == ("double", "1", 3)
+    assert (predict["servekit.model"], predict["servekit.model_version"], predict["servekit.rows"]) == (
+        "double",
+        "1",
+        3,
+    )
     assert predict["servekit.batch_size"] == 3 and predict["servekit.device"] == "auto"
     # the request log keeps the trace id beside the request id
     logged = client.get(f"/v1/logs/requests/{r.headers['X-Request-Log-Id']}").get_json()
@@ -190,7 +193,7 @@ class Receiver(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: Receiver
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
             ExportTraceServiceResponse,
@@ -245,7 +248,6 @@ def _wait_for(receiver: Receiver, trace_id: str, names: set[str], timeout: float
 def test_one_v2_request_through_a_model_host_exported_over_otlp_http(tmp_path):
     import numpy as np
     import tritonclient.grpc as grpcclient
-
     from servekit.testing import ServerProcess
 
     receiver = Receiver()
@@ -258,13 +260,21 @@ def test_one_v2_request_through_a_model_host_exported_over_otlp_http(tmp_path):
     repo = model_repo(tmp_path, "placement: process\nbatching: {max_batch_size: 8, max_batch_time_ms: 2}\n")
     try:
         with ServerProcess(repo, workers=2, grpc_port="auto", env=env) as server:
-            r = requests.post(server.url + "/v2/models/double/infer", json=V2_BODY, headers={"traceparent": TRACEPARENT})
+            r = requests.post(
+                server.url + "/v2/models/double/infer", json=V2_BODY, headers={"traceparent": TRACEPARENT}
+            )
             assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 4.0, 6.0]
             http = _wait_for(
                 receiver,
                 TRACE_ID,
-                {"POST /v2/models/{name}/infer", "servekit.decode", "servekit.host", "servekit.host.serve",
-                 "servekit.predict", "servekit.encode"},
+                {
+                    "POST /v2/models/{name}/infer",
+                    "servekit.decode",
+                    "servekit.host",
+                    "servekit.host.serve",
+                    "servekit.predict",
+                    "servekit.encode",
+                },
             )
             # gRPC: the traceparent travels in the metadata
             grpc_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -276,8 +286,14 @@ def test_one_v2_request_through_a_model_host_exported_over_otlp_http(tmp_path):
             grpc = _wait_for(
                 receiver,
                 grpc_trace,
-                {"inference.GRPCInferenceService/ModelInfer", "servekit.decode", "servekit.host", "servekit.host.serve",
-                 "servekit.predict", "servekit.encode"},
+                {
+                    "inference.GRPCInferenceService/ModelInfer",
+                    "servekit.decode",
+                    "servekit.host",
+                    "servekit.host.serve",
+                    "servekit.predict",
+                    "servekit.encode",
+                },
             )
     finally:
         receiver.shutdown()

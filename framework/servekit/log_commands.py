@@ -118,9 +118,9 @@ def _records(args: argparse.Namespace, *, oldest_first: bool) -> list[dict[str, 
     """Matching records as the HTTP route gives them (``RequestLog.to_json`` without predictions)."""
     filters = _filters(args, oldest_first)
     if args.server:
-        query = urllib.parse.urlencode({k: v for k, v in filters.items() if v is not None})
+        text = urllib.parse.urlencode({k: v for k, v in filters.items() if v is not None})
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        status, body, _ = _http("GET", args.server.rstrip("/") + "/v1/logs/requests?" + query, None, headers)
+        status, body, _ = _http("GET", args.server.rstrip("/") + "/v1/logs/requests?" + text, None, headers)
         if status != 200:
             raise RuntimeError(f"{args.server} answered {status}: {body[:500].decode(errors='replace')}")
         return json.loads(body)["requests"]
@@ -308,32 +308,42 @@ def _compare(record: dict[str, Any], status: int, answer: bytes, tolerance: floa
 
 
 def _differs(a: Any, b: Any, tolerance: float, where: str) -> str | None:
+    """Where ``b`` first differs from ``a`` (a JSON path and both values), ``None`` when it does not."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if key in IGNORED_FIELDS:
-                continue
-            if key not in a or key not in b:
-                return f"{where}/{key}: {'added' if key not in a else 'missing'}"
-            found = _differs(a[key], b[key], tolerance, f"{where}/{key}")
-            if found:
-                return found
-        return None
+        return _differs_in_object(a, b, tolerance, where)
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return f"{where or '/'}: {len(a)} items -> {len(b)}"
         for i, (x, y) in enumerate(zip(a, b)):
-            found = _differs(x, y, tolerance, f"{where}/{i}")
-            if found:
+            if found := _differs(x, y, tolerance, f"{where}/{i}"):
                 return found
         return None
-    numbers = (int, float)
-    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+    return _differs_in_value(a, b, tolerance, where)
+
+
+def _differs_in_object(a: dict, b: dict, tolerance: float, where: str) -> str | None:
+    for key in sorted(set(a) | set(b)):
+        if key in IGNORED_FIELDS:
+            continue
+        if key not in a or key not in b:
+            return f"{where}/{key}: {'added' if key not in a else 'missing'}"
+        if found := _differs(a[key], b[key], tolerance, f"{where}/{key}"):
+            return found
+    return None
+
+
+def _differs_in_value(a: Any, b: Any, tolerance: float, where: str) -> str | None:
+    if _is_number(a) and _is_number(b):
         if math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance):
             return None
         return f"{where or '/'}: {a} -> {b}"
     if a != b or isinstance(a, bool) != isinstance(b, bool):  # True == 1 in Python, not in JSON
         return f"{where or '/'}: {json.dumps(a)[:80]} -> {json.dumps(b)[:80]}"
     return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _http(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:

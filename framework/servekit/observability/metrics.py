@@ -298,9 +298,9 @@ def resident_bytes() -> int:
     if folder:
         pids.add(os.getppid())
         for path in Path(folder).glob("*.db"):
-            pid = path.stem.rpartition("_")[2]
-            if pid.isdigit():
-                pids.add(int(pid))
+            stem = path.stem.rpartition("_")[2]
+            if stem.isdigit():
+                pids.add(int(stem))
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
     total = 0
     for pid in pids:
@@ -313,7 +313,6 @@ def resident_bytes() -> int:
 
         total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return total
-
 
 
 def render(dataplane: Served) -> tuple[bytes, str]:

@@ -69,45 +69,11 @@ def _entry() -> dict[str, Any]:
 
 def summary(dataplane: Any) -> dict[str, Any]:
     """The document described above."""
-    server = _entry()
-    server["in_flight"] = 0
-    models: dict[str, dict[str, Any]] = {}
-    for name, model in sorted(dataplane.models.items()):
-        models[name] = {**_entry(), "ready": bool(model.available())}
-
-    def of(model: str) -> dict[str, Any] | None:
-        return models.get(model)
-
-    latency_slot = {_bound(b): i for i, b in enumerate([*metrics.LATENCY_BUCKETS, float("inf")])}
+    server = {**_entry(), "in_flight": 0}
+    models = {name: {**_entry(), "ready": bool(model.available())} for name, model in sorted(dataplane.models.items())}
     for family in _families(dataplane):
         for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, sample.value
-            model = of(labels.get("model", ""))
-            if name == REQUESTS_SERIES + "_total":
-                status = labels.get("status", "")
-                for entry in (server, model):
-                    if entry is not None:
-                        entry["requests"] += int(value)
-                        entry["statuses"][status] = entry["statuses"].get(status, 0) + int(value)
-            elif name == LATENCY_SERIES + "_bucket":
-                slot = latency_slot.get(_bound(float(labels["le"])))
-                if slot is not None:
-                    for entry in (server, model):
-                        if entry is not None:
-                            entry["latency"][slot] += int(value)
-            elif name in (BATCH_SERIES + "_sum", BATCH_SERIES + "_count"):
-                index = 0 if name.endswith("_sum") else 1
-                for entry in (server, model):
-                    if entry is not None:
-                        entry["batch"][index] += value
-            elif name == IN_FLIGHT_SERIES:
-                server["in_flight"] += int(value)
-            elif name == QUEUE_SERIES and model is not None:
-                model["queue"] += int(value)
-            elif name == RESIDENT_SERIES and model is not None:
-                model["resident_bytes"] += int(value)
-            elif name == SERVER_RESIDENT_SERIES:
-                server["resident_bytes"] = int(value)
+            _add(sample.name, sample.labels, sample.value, server, models.get(sample.labels.get("model", "")))
     server["in_flight"] = max(0, server["in_flight"] - 1)  # not counting this request
     server["queue"] = server["in_flight"]
     return {
@@ -118,8 +84,30 @@ def summary(dataplane: Any) -> dict[str, Any]:
     }
 
 
-def _bound(value: float) -> str:
-    return repr(float(value))
+_LATENCY_SLOT = {repr(float(b)): i for i, b in enumerate([*metrics.LATENCY_BUCKETS, float("inf")])}
+
+
+def _add(name: str, labels: dict[str, str], value: float, server: dict, model: dict | None) -> None:
+    """One sample into the server's numbers and its model's (``None``: no served model)."""
+    both = [entry for entry in (server, model) if entry is not None]
+    if name == REQUESTS_SERIES + "_total":
+        status = labels.get("status", "")
+        for entry in both:
+            entry["requests"] += int(value)
+            entry["statuses"][status] = entry["statuses"].get(status, 0) + int(value)
+    elif name == LATENCY_SERIES + "_bucket":
+        slot = _LATENCY_SLOT.get(repr(float(labels["le"])))
+        for entry in both if slot is not None else []:
+            entry["latency"][slot] += int(value)
+    elif name in (BATCH_SERIES + "_sum", BATCH_SERIES + "_count"):
+        for entry in both:
+            entry["batch"][0 if name.endswith("_sum") else 1] += value
+    elif name == IN_FLIGHT_SERIES:
+        server["in_flight"] += int(value)
+    elif name == SERVER_RESIDENT_SERIES:
+        server["resident_bytes"] = int(value)
+    elif model is not None and name in (QUEUE_SERIES, RESIDENT_SERIES):
+        model["queue" if name == QUEUE_SERIES else "resident_bytes"] += int(value)
 
 
 @bp.get("/metrics/summary")
