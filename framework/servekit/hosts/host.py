@@ -269,6 +269,7 @@ class Host:
         if owner_gone:  # nobody else will clean up after the server
             channel.sweep(runtime.shm_prefix())
             _remove_if_last(folder)
+        tracing.shutdown()  # os._exit runs no atexit: export the spans still queued
         logging.shutdown()
         os._exit(0)
 
