@@ -10,6 +10,11 @@ variants run in turn, round after round (``--rounds``), so a noisy neighbour
 hits every variant alike; the medians are reported.  Traces go to a small
 OTLP/HTTP receiver in this process that reads each export and answers 200
 (the exporter's work is measured, no collector's).
+
+On a shared machine ``wrk``'s numbers swing with the neighbours, so each variant
+also reports its CPU time per request: the app called in one process (no HTTP
+server, no client), ``--cpu-requests`` V2 requests, ``time.process_time()`` of
+the whole process (the span exporter's thread included) divided by their number.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ WORK = HERE / "results" / "tracing"
 class _Sink(BaseHTTPRequestHandler):
     spans_bytes = 0
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         _Sink.spans_bytes += len(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
@@ -70,12 +75,62 @@ def serve(tree: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
     return proc
 
 
+_CPU_PROBE = """
+import json, sys, time
+from pathlib import Path
+from servekit.server.app import create_app
+from servekit.settings import Settings
+try:
+    from servekit.observability import tracing
+except ImportError:  # a baseline from before traces
+    tracing = None
+app = create_app(Settings(paths=[sys.argv[1]], poll_interval=0, request_log_url="off"), start=False)
+app.extensions["servekit"].repository.load_now()
+body = Path(sys.argv[2]).read_bytes()
+environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/v2/models/iris/infer", "CONTENT_TYPE": "application/json",
+           "CONTENT_LENGTH": str(len(body)), "SERVER_NAME": "bench", "SERVER_PORT": "80", "wsgi.url_scheme": "http"}
+import io
+def one():
+    env = dict(environ, **{"wsgi.input": io.BytesIO(body)})
+    out = app(env, lambda status, headers, exc_info=None: None)
+    b"".join(out)
+    getattr(out, "close", lambda: None)()
+for _ in range(500):
+    one()
+n = int(sys.argv[3])
+began = time.process_time()
+for _ in range(n):
+    one()
+if tracing is not None:
+    tracing.force_flush()  # the exporter's work for these requests counts too
+print(json.dumps({"cpu_us": (time.process_time() - began) / n * 1e6, "traced": bool(tracing and tracing.ON)}))
+"""
+
+
+def cpu_per_request(tree: Path, env: dict[str, str], requests: int) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PROMETHEUS_MULTIPROC_DIR"))}
+    path = f"{tree / 'framework'}:{tree / 'plugins'}"
+    body = WORK / "bodies" / "iris-1-v2.json"
+    out = subprocess.run(
+        [sys.executable, "-c", _CPU_PROBE, str(WORK / "models" / "iris"), str(body), str(requests)],
+        env={**clean, "PYTHONPATH": path, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", type=Path, help="another checkout to measure as it is (no tracing)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per wrk run")
     parser.add_argument("--port", type=int, default=18580)
+    parser.add_argument("--cpu-requests", type=int, default=5000, help="requests per CPU-time probe")
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU-time probes, no wrk")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     bodies(WORK, fit(WORK))
@@ -92,7 +147,12 @@ def main() -> None:
     body = WORK / "bodies" / "iris-1-v2.json"
     url = f"http://127.0.0.1:{args.port}/v2/models/iris/infer"
     results: dict[str, dict[int, list[dict]]] = {name: {8: [], 64: []} for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for round_ in range(args.rounds):
+        for name, (tree, env) in variants.items():
+            cpu[name].append(cpu_per_request(tree, env, args.cpu_requests)["cpu_us"])
+            print(f"round {round_ + 1} {name:9} CPU {cpu[name][-1]:.0f} us per request")
+    for round_ in range(0 if args.cpu_only else args.rounds):
         for name, (tree, env) in variants.items():
             proc = serve(tree, args.port, env)
             try:
@@ -100,10 +160,20 @@ def main() -> None:
                 for connections in (8, 64):
                     cell = wrk(url, body, connections, args.duration)
                     results[name][connections].append(cell)
-                    print(f"round {round_ + 1} {name:9} c={connections:<3} {cell['rps']:8.0f}/s p99 {cell['p99_ms']} ms")
+                    print(
+                        f"round {round_ + 1} {name:9} c={connections:<3} {cell['rps']:8.0f}/s p99 {cell['p99_ms']} ms"
+                    )
             finally:
                 proc.terminate()
                 proc.wait(30)
+    reference = "baseline" if args.baseline else "off"
+    cpu_median = {name: statistics.median(values) for name, values in cpu.items()}
+    print(f"\nCPU time per request, in one process (medians of {args.rounds}, vs {reference}):")
+    for name, value in cpu_median.items():
+        print(f"  {name:9} {value:.0f} us ({value / cpu_median[reference]:.2f}x)")
+    if args.cpu_only:
+        (WORK / "results.json").write_text(json.dumps({"cpu_us": cpu}, indent=2))
+        return
     summary = {
         name: {
             c: {
@@ -115,7 +185,6 @@ def main() -> None:
         }
         for name, cells in results.items()
     }
-    reference = "baseline" if args.baseline else "off"
     print(f"\nmedians of {args.rounds} rounds, iris 1 row V2 JSON, {args.duration:g} s each (vs {reference}):")
     for name, cells in summary.items():
         parts = [
@@ -124,7 +193,7 @@ def main() -> None:
         ]
         print(f"  {name:9} " + "; ".join(parts))
     print(f"  exported {_Sink.spans_bytes / 1e6:.1f} MB of OTLP protobuf")
-    (WORK / "results.json").write_text(json.dumps({"runs": results, "medians": summary}, indent=2))
+    (WORK / "results.json").write_text(json.dumps({"runs": results, "medians": summary, "cpu_us": cpu}, indent=2))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ ON = False
 
 _tracer: Any = None
 _provider: Any = None
+#: the OpenTelemetry API modules, imported by :func:`configure` (never while traces are off)
+trace: Any = None
+context: Any = None
+propagate: Any = None
 _NOOP = contextlib.nullcontext()
 
 #: attribute names used on servekit's spans
@@ -78,10 +82,11 @@ def configure(exporters: list[Any] | None = None, *, simple: bool = False) -> bo
     with exporters replaces the first (the SDK's global provider is set once, so
     servekit keeps its own).
     """
-    global ON, _tracer, _provider
+    global ON, _tracer, _provider, trace, context, propagate
     if exporters is None and (ON or not wanted()):
         return ON  # configured already (the app and the gRPC server share the process's provider)
     try:
+        from opentelemetry import context, propagate, trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -164,14 +169,11 @@ def span(name: str, attributes: dict[str, Any] | None = None) -> Any:
 def set_attributes(attributes: dict[str, Any]) -> None:
     """Add attributes to the current span (nothing when traces are off)."""
     if ON:
-        from opentelemetry import trace
-
         trace.get_current_span().set_attributes(attributes)
 
 
 def extract(carrier: Mapping[str, str]) -> Any:
     """The caller's context from W3C ``traceparent``/``tracestate`` (keys lower case)."""
-    from opentelemetry import propagate
 
     return propagate.extract(carrier)
 
@@ -196,20 +198,16 @@ class ServerSpan:
     __slots__ = ("span", "_token")
 
     def __init__(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any] | None = None):
-        from opentelemetry import trace
 
-        self.span = _tracer.start_span(
-            name, context=extract(carrier), kind=trace.SpanKind.SERVER, attributes=attributes
-        )
+        caller = extract(carrier) if carrier else None  # no header: a new trace
+        self.span = _tracer.start_span(name, context=caller, kind=trace.SpanKind.SERVER, attributes=attributes)
         self._token: Any = None
 
     def enter(self) -> None:
-        from opentelemetry import context, trace
 
         self._token = context.attach(trace.set_span_in_context(self.span))
 
     def leave(self) -> None:
-        from opentelemetry import context
 
         if self._token is not None:
             with contextlib.suppress(ValueError):  # detached in another context: nothing to undo
@@ -225,16 +223,15 @@ class ServerSpan:
             self.leave()
 
     def end(self, status_code: int | None = None, error: str | None = None, attributes: dict | None = None) -> None:
-        from opentelemetry.trace import Status, StatusCode
 
         if attributes:
             self.span.set_attributes(attributes)
         if status_code is not None:
             self.span.set_attribute("http.response.status_code", status_code)
             if status_code >= 500:
-                self.span.set_status(Status(StatusCode.ERROR, error))
+                self.span.set_status(trace.Status(trace.StatusCode.ERROR, error))
         elif error:
-            self.span.set_status(Status(StatusCode.ERROR, error))
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, error))
         self.span.end()
 
     @property
@@ -246,7 +243,6 @@ def inject() -> dict[str, str]:
     """The current context as ``traceparent`` (and ``tracestate``) for a call to another process."""
     if not ON:
         return {}
-    from opentelemetry import propagate
 
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
@@ -259,7 +255,6 @@ def continued(carrier: Mapping[str, str] | None, name: str, attributes: dict[str
     if not ON or not carrier:
         yield None
         return
-    from opentelemetry import trace
 
     with _tracer.start_as_current_span(
         name, context=extract(carrier), kind=trace.SpanKind.SERVER, attributes=attributes
@@ -271,7 +266,6 @@ def client_span(name: str, attributes: dict[str, Any] | None = None) -> Any:
     """A CLIENT span (a call handed to another process), current inside; no-op when off."""
     if not ON:
         return _NOOP
-    from opentelemetry import trace
 
     return _tracer.start_as_current_span(name, kind=trace.SpanKind.CLIENT, attributes=attributes)
 
@@ -280,7 +274,6 @@ def current_ids() -> tuple[str, str]:
     """The current trace and span ids in hex, ``("", "")`` outside a recorded span."""
     if not ON:
         return "", ""
-    from opentelemetry import trace
 
     ctx = trace.get_current_span().get_span_context()
     if not ctx.is_valid:
