@@ -285,15 +285,13 @@ def _record(rid: str, request_body: bytes, status: int) -> RequestLog:
 
 
 def _version(path: str) -> str:
-    """The version that answered, else the one the path names."""
+    """The version that answered, else the one the path names (a request refused before resolving)."""
     answered = labels.answering_version.get()
     if answered is not None:
         return str(answered)
-    for marker in ("/versions/", "/labels/"):
-        if marker in path:
-            rest = path.split(marker, 1)[1]
-            return rest.split("/", 1)[0].split(":", 1)[0] if marker == "/versions/" else ""
-    return ""
+    if "/versions/" not in path:
+        return ""
+    return path.split("/versions/", 1)[1].split("/", 1)[0].split(":", 1)[0]
 
 
 def _hook_impls(app: Flask) -> list[Any]:
