@@ -15,4 +15,12 @@ fi
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium; its test will skip"
 fi
+# The Prometheus test (and promtool's checks of the alert rules) and the PostgreSQL request-log
+# test use Debian's packages; as root, install them when missing (else those tests skip).
+if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null) || echo "could not install prometheus; its tests will skip"
+fi
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || echo "could not install postgresql; its test will skip"
+fi
 exec python -m pytest "$@"

@@ -1,4 +1,4 @@
-"""``servekit``: serve models, list plugins, create and build model containers."""
+"""``servekit``: serve models, list plugins, create and build model containers, search and replay the request log."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--plugin", action="append", default=[], help="also load this plugin module or file")
     listing.add_argument("--json", action="store_true", help="print JSON")
 
-    from . import scaffold
+    from . import log_commands, scaffold
 
     scaffold.add_commands(sub)
+    log_commands.add_commands(sub)
     from . import tfserving_cli  # `servekit tfserving`: tensorflow_model_server's flags
 
     tfserving = tfserving_cli.add_command(sub)
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command in scaffold.COMMANDS:
         return scaffold.run_command(args)
+    if args.command in log_commands.COMMANDS:
+        return log_commands.run_command(args)
     return _plugins(args)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from . import batching, statistics
 from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
 from .inference import InferRequest
+from .observability import labels, tracing
 from .repository import ModelRepository, ModelVersion
 from .streams import close, is_stream
 from .types import Executor, ModelMetadata, Tensors
@@ -114,6 +115,11 @@ class DataPlane:
         return self.repository.wait_ready(timeout)
 
     def resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
+        mv = self._resolve(name, version, label)
+        labels.answering_version.set(mv.version)  # the request log's version
+        return mv
+
+    def _resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
         if not self.repository.ready:
             # Another worker may already answer ready while this one still loads:
             # hold the request briefly rather than fail it.
@@ -170,7 +176,11 @@ class DataPlane:
         inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
-        outputs = run(inputs) if batcher is None or options is None else batcher.submit(inputs, run, options)
+        if batcher is None or options is None:
+            outputs = run(inputs)
+        else:
+            with tracing.span("servekit.queue"):
+                outputs = batcher.submit(inputs, run, options)  # waits for batch-mates, then the call
         return self._outputs(mv, stat, outputs, parameters)
 
     def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
@@ -225,6 +235,13 @@ class DataPlane:
         inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
 
         def run(batch: Tensors) -> Any:
+            if tracing.ON:
+                attributes = _model_call(mv, statistics.rows_of(inputs), statistics.rows_of(batch))
+                with tracing.span("servekit.predict", attributes):
+                    return call(batch)
+            return call(batch)
+
+        def call(batch: Tensors) -> Any:
             return stat.execution(
                 statistics.rows_of(batch),
                 lambda: self._call(
@@ -371,6 +388,17 @@ class DataPlane:
             raise
         except Exception as exc:
             raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+
+
+def _model_call(mv: ModelVersion, rows: int, batch_rows: int) -> dict[str, Any]:
+    """The model call span's attributes: the request's rows within the batch the model was given."""
+    return {
+        tracing.MODEL: mv.name,
+        tracing.VERSION: str(mv.version),
+        tracing.ROWS: rows,
+        tracing.BATCH_SIZE: batch_rows,
+        tracing.DEVICE: str(getattr(mv.config, "device", "") or "auto"),
+    }
 
 
 def check_inputs(mv: ModelVersion, inputs: Tensors, signature_name: str | None) -> None:

@@ -142,26 +142,35 @@ class RequestLog:
     request_body: str
     response_body: str
     predictions: list[PredictionLog] = field(default_factory=list)
+    #: the version that answered ("" when the request failed before one was chosen)
+    version: str = ""
+    #: the request's OpenTelemetry trace id in hex ("" when traces are off)
+    trace_id: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, predictions: bool = True) -> dict[str, Any]:
+        doc = {
             "requestLogId": self.request_log_id,
             "requestId": self.request_id,
+            "traceId": self.trace_id,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created)),
+            "created": self.created,
             "method": self.method,
             "path": self.path,
             "protocol": self.protocol,
             "model": self.model,
+            "version": self.version,
             "status": self.status,
             "durationMs": round(self.duration_ms, 3),
             "request": maybe_json(self.request_body),
             "response": maybe_json(self.response_body),
             "predictionLogIds": [p.prediction_log_id for p in self.predictions],
-            "predictions": [
+        }
+        if predictions:
+            doc["predictions"] = [
                 {"predictionLogId": p.prediction_log_id, "index": p.index, "output": maybe_json(p.output)}
                 for p in self.predictions
-            ],
-        }
+            ]
+        return doc
 
 
 def maybe_json(text: str) -> Any:

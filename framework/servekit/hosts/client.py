@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import errors
+from ..observability import tracing
 from . import channel, runtime
 
 log = logging.getLogger("servekit.hosts")
@@ -218,7 +219,13 @@ class HostClient:
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         replica = self._pick()
-        conn = self._send(replica, {"op": op}, list(args), kwargs)
+        if tracing.ON:  # the trace crosses into the host: its spans continue this one
+            with tracing.client_span("servekit.host", {tracing.HOST_REPLICA: replica.index, "servekit.op": op}):
+                return self._call(replica, {"op": op, "trace": tracing.inject()}, list(args), kwargs)
+        return self._call(replica, {"op": op}, list(args), kwargs)
+
+    def _call(self, replica: Replica, header: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+        conn = self._send(replica, header, args, kwargs)
         try:
             reply = conn.reply()
         except TimeoutError:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hookspecs import hookimpl
+from ..observability import tracing
 from . import channel, runtime
 
 log = logging.getLogger("servekit.hosts")
@@ -79,6 +80,7 @@ class Host:
         if not self.mv.ready:
             raise RuntimeError(self.mv.error or "the model did not load")
         self.dataplane = DataPlane(repo)
+        tracing.configure()  # the OTEL_* variables the server was started with
         self.gauges = host_metrics.host_metrics(spec["name"], str(spec["version"]), str(spec["replica"]))
 
     def serve(self, sock_path: str) -> None:
@@ -146,6 +148,22 @@ class Host:
             slabs["in"] = channel.Slab.attach(request["in"])
 
     def answer(self, conn: socket.socket, request: dict[str, Any], slabs: dict[str, channel.Slab]) -> None:
+        if tracing.ON and request.get("trace"):
+            with tracing.continued(request["trace"], "servekit.host.serve", self.span_attributes()):
+                self._answer(conn, request, slabs)
+            return
+        self._answer(conn, request, slabs)
+
+    def span_attributes(self) -> dict[str, Any]:
+        """What a host's span says about where it ran."""
+        return {
+            tracing.HOST_PID: os.getpid(),
+            tracing.HOST_REPLICA: int(self.spec["replica"]),
+            tracing.MODEL: self.spec["name"],
+            tracing.VERSION: str(self.spec["version"]),
+        }
+
+    def _answer(self, conn: socket.socket, request: dict[str, Any], slabs: dict[str, channel.Slab]) -> None:
         self.take_slab(request, slabs)
         self.busy(+1)
         try:
@@ -251,6 +269,7 @@ class Host:
         if owner_gone:  # nobody else will clean up after the server
             channel.sweep(runtime.shm_prefix())
             _remove_if_last(folder)
+        tracing.shutdown()  # os._exit runs no atexit: export the spans still queued
         logging.shutdown()
         os._exit(0)
 

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..observability import tracing
 from ..streams import is_stream
 from . import channel
 from .channel import arguments, error_of
@@ -177,13 +178,20 @@ class Loop:
                 peers.append(peer)
             except Exception as exc:
                 self._send(peer, {"error": error_of(exc)})
+        spans = self._spans([message for _, message in waiting]) if tracing.ON else []
         host.busy(len(calls))
         try:
+            if spans:  # the shared call shows under the first request's trace
+                spans[0].enter()
             outcomes = host.dataplane.predict_together(host.mv, calls)
         except BaseException as exc:  # a fault of the loop itself: every waiting request hears of it
             outcomes = [(None, exc)] * len(calls)
         finally:
+            if spans:
+                spans[0].leave()
             host.busy(-len(calls))
+        for span in spans:
+            span.end(attributes={tracing.BATCH_SIZE: len(calls)})
         for peer, (result, error) in zip(peers, outcomes):
             if error is not None:
                 self._send(peer, {"error": error_of(error)})
@@ -194,6 +202,11 @@ class Loop:
                     host.reply(peer.sock, result, peer.slabs)
                 except (channel.PeerGone, OSError):
                     self._drop(peer)
+
+    def _spans(self, messages: list[dict[str, Any]]) -> list[tracing.ServerSpan]:
+        """One host span per traced request of a shared call, each in its caller's trace."""
+        attributes = self.host.span_attributes()
+        return [tracing.ServerSpan("servekit.host.serve", m["trace"], attributes) for m in messages if m.get("trace")]
 
     def _send(self, peer: Peer, header: dict[str, Any]) -> None:
         try:

@@ -1,23 +1,25 @@
-"""Observability: Prometheus metrics, request ids in logs, and the request/prediction log.
+"""Observability: Prometheus metrics, traces, request ids in logs, and the request/prediction log.
 
 :func:`install` wires all of it into an app made by ``create_app``: the
 outermost WSGI layer (:class:`ObserveMiddleware`) gives every request its id,
 counts it and times it exactly as the client saw it, including the answers the
-limits give before Flask runs; Flask hooks carry the id into log lines and write
-the request log; the metrics and log routes are ordinary blueprints.
+limits give before Flask runs, and, when traces are on (:mod:`.tracing`), holds
+its server span; Flask hooks carry the id into log lines and write the request
+log; the metrics, log and status routes are ordinary blueprints.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from logging import getLogger  # the name `logging` is our submodule here
 from typing import Any
 
 from flask import Flask, request
 
+from ..streams import close
 from ..wsgi_body import ClosingBody, Once
-from . import labels, metrics, request_log
+from . import labels, log_search, metrics, request_log, status_metrics, tracing
 from .logging import REQUEST_ID_HEADER, current_request_id, request_id_from
 
 access_log = getLogger("servekit.access")
@@ -43,16 +45,35 @@ class ObserveMiddleware:
             return start_response(status, headers, exc_info)
 
         metrics.request_started()
-        finish = Once(lambda: self._finish(environ, seen, started))
+        traced = self._server_span(environ) if tracing.ON else None
+        finish = Once(lambda: self._finish(environ, seen, started, traced))
         try:
             body = self.app(environ, start)
         except BaseException:
             seen.setdefault("status", "500")
             finish()
             raise
+        finally:
+            if traced is not None:
+                traced.leave()
+        if traced is not None:
+            body = _InSpan(body, traced)  # a stream's items are made under the request's span
         return ClosingBody(body, finish)
 
-    def _finish(self, environ: dict, seen: dict[str, str], started: float) -> None:
+    def _server_span(self, environ: dict) -> tracing.ServerSpan:
+        method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
+        model = labels.model_of(path, self.dataplane.models)
+        route = path.replace("/" + model, "/{name}", 1) if model else path  # few span names, not one per model
+        traced = tracing.ServerSpan(
+            f"{method} {route}",
+            tracing.environ_carrier(environ),
+            {"http.request.method": method, "url.path": path, tracing.MODEL: model},
+        )
+        traced.enter()
+        environ["servekit.trace_id"] = traced.trace_id
+        return traced
+
+    def _finish(self, environ: dict, seen: dict[str, str], started: float, traced: Any = None) -> None:
         seconds = time.perf_counter() - started
         metrics.request_finished()
         path = environ.get("PATH_INFO", "")
@@ -60,6 +81,8 @@ class ObserveMiddleware:
         model = environ.get("servekit.model") or labels.model_of(path, self.dataplane.models)
         status = int(seen.get("status", "500").split(" ", 1)[0])
         metrics.observe_request(model, protocol, status, seconds)
+        if traced is not None:
+            traced.end(status, attributes={"servekit.request_id": environ["servekit.request_id"]})
         if self.log_access:
             access_log.info(
                 "%s %s %d %.1fms",
@@ -75,8 +98,31 @@ class ObserveMiddleware:
                     "duration_ms": round(seconds * 1000, 3),
                     "protocol": protocol,
                     "model": model,
+                    **({"trace_id": environ["servekit.trace_id"]} if "servekit.trace_id" in environ else {}),
                 },
             )
+
+
+class _InSpan:
+    """A response body whose items are produced with the request's span current (a stream's work)."""
+
+    def __init__(self, body: Iterable[bytes], traced: tracing.ServerSpan):
+        self._body, self._traced = body, traced
+
+    def __iter__(self) -> Iterator[bytes]:
+        items = iter(self._body)
+        while True:
+            self._traced.enter()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                self._traced.leave()
+            yield item
+
+    def close(self) -> None:
+        close(self._body)
 
 
 def _bind_request_id() -> None:
@@ -101,6 +147,9 @@ def install(app: Flask, settings: Any) -> None:
     app.before_request(_bind_request_id)
     app.teardown_request(_unbind_request_id)
     app.register_blueprint(metrics.bp)
+    app.register_blueprint(status_metrics.bp)
+    app.register_blueprint(log_search.bp)
+    tracing.configure()
     pm = dp.plugins
     if pm.get_plugin("servekit.metrics") is None:
         pm.register(metrics.BatchSizePlugin(dp), name="servekit.metrics")

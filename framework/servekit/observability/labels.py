@@ -8,8 +8,14 @@ from clients never become label values.
 from __future__ import annotations
 
 from collections.abc import Container
+from contextvars import ContextVar
+from typing import Any
 
 from ..routes import OPENAI_ROUTES
+
+#: The version that answers the current request, set when the data plane resolves it
+#: (the request log stores it; ``None`` until one is resolved).
+answering_version: ContextVar[Any] = ContextVar("servekit_answering_version", default=None)
 
 #: The OpenAI routes under ``/v1`` and bare (``/openai/...`` is told by its prefix).
 OPENAI_PATHS = frozenset(prefix + route for prefix in ("/v1", "") for route in OPENAI_ROUTES)
@@ -31,7 +37,7 @@ def protocol_of(path: str) -> str:
         return "logs"
     if path in ("/predict", "/explain"):
         return "generic"
-    if path == "/metrics":
+    if path == "/metrics" or path.startswith("/metrics/"):
         return "metrics"
     if path in ("/", "/docs", "/openapi.json"):
         return "ui"

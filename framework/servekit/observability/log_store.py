@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import servekit
@@ -35,11 +37,15 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS servekit_request_logs (
         id VARCHAR(64) PRIMARY KEY, request_id VARCHAR(128), created DOUBLE PRECISION,
         method VARCHAR(8), path TEXT, protocol VARCHAR(16), model VARCHAR(128), status INTEGER,
-        duration_ms DOUBLE PRECISION, request_body TEXT, response_body TEXT)""",
+        duration_ms DOUBLE PRECISION, request_body TEXT, response_body TEXT,
+        version VARCHAR(32), trace_id VARCHAR(32))""",
     """CREATE TABLE IF NOT EXISTS servekit_prediction_logs (
         id VARCHAR(80) PRIMARY KEY, request_log_id VARCHAR(64), idx INTEGER, output TEXT)""",
     "CREATE INDEX IF NOT EXISTS servekit_prediction_logs_request ON servekit_prediction_logs (request_log_id)",
+    "CREATE INDEX IF NOT EXISTS servekit_request_logs_created ON servekit_request_logs (created)",
 )
+#: columns added after the first release: a store made before gets them on open
+_ADDED_COLUMNS = (("version", "VARCHAR(32)"), ("trace_id", "VARCHAR(32)"))
 _REQUEST_COLUMNS = (
     "id",
     "request_id",
@@ -52,6 +58,8 @@ _REQUEST_COLUMNS = (
     "duration_ms",
     "request_body",
     "response_body",
+    "version",
+    "trace_id",
 )
 
 
@@ -68,6 +76,8 @@ def _request_row(r: RequestLog) -> tuple:
         r.duration_ms,
         r.request_body,
         r.response_body,
+        r.version,
+        r.trace_id,
     )
 
 
@@ -85,6 +95,8 @@ def _from_rows(row: tuple, predictions: list[tuple]) -> RequestLog:
         duration_ms=values["duration_ms"],
         request_body=values["request_body"] or "",
         response_body=values["response_body"] or "",
+        version=values["version"] or "",
+        trace_id=values["trace_id"] or "",
         predictions=[PredictionLog(pid, idx, out or "") for pid, idx, out in predictions],
     )
 
@@ -96,7 +108,12 @@ class SqliteBackend:
         self.path = path
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            for statement in _SCHEMA:
+            db.execute(_SCHEMA[0])
+            have = {row[1] for row in db.execute("PRAGMA table_info(servekit_request_logs)")}
+            for column, kind in _ADDED_COLUMNS:
+                if column not in have:
+                    db.execute(f"ALTER TABLE servekit_request_logs ADD COLUMN {column} {kind}")
+            for statement in _SCHEMA[1:]:
                 db.execute(statement)
 
     def _connect(self) -> sqlite3.Connection:
@@ -110,7 +127,8 @@ class SqliteBackend:
         try:
             db.execute("BEGIN IMMEDIATE")
             db.executemany(
-                f"INSERT OR REPLACE INTO servekit_request_logs VALUES ({','.join('?' * 11)})",
+                f"INSERT OR REPLACE INTO servekit_request_logs ({','.join(_REQUEST_COLUMNS)}) "
+                f"VALUES ({','.join('?' * len(_REQUEST_COLUMNS))})",
                 [_request_row(r) for r in records],
             )
             db.executemany(
@@ -136,6 +154,19 @@ class SqliteBackend:
             return _from_rows(row, predictions)
         finally:
             db.close()
+
+    def search(self, query: Query) -> list[RequestLog]:
+        where, params = query.sql("?")
+        db = self._connect()
+        try:
+            rows = db.execute(
+                f"SELECT {','.join(_REQUEST_COLUMNS)} FROM servekit_request_logs{where} "
+                f"ORDER BY created {'ASC' if query.oldest_first else 'DESC'} LIMIT {int(query.limit)}",
+                params,
+            ).fetchall()
+        finally:
+            db.close()
+        return [_from_rows(row, []) for row in rows]
 
     def request_of(self, prediction_log_id: str) -> str | None:
         db = self._connect()
@@ -175,6 +206,9 @@ class SqlAlchemyBackend:
             sa.Column("duration_ms", sa.Float),
             sa.Column("request_body", sa.Text),
             sa.Column("response_body", sa.Text),
+            sa.Column("version", sa.String(32)),
+            sa.Column("trace_id", sa.String(32)),
+            sa.Index("servekit_request_logs_created", "created"),
         )
         self.predictions = sa.Table(
             "servekit_prediction_logs",
@@ -188,6 +222,19 @@ class SqlAlchemyBackend:
             meta.create_all(self.engine)
         except sa.exc.SQLAlchemyError:
             meta.create_all(self.engine)  # another worker created them at the same moment
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        """Columns a store made by an older servekit lacks."""
+        sa = self.sa
+        have = {c["name"] for c in sa.inspect(self.engine).get_columns("servekit_request_logs")}
+        for column, kind in _ADDED_COLUMNS:
+            if column not in have:
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(sa.text(f"ALTER TABLE servekit_request_logs ADD COLUMN {column} {kind}"))
+                except sa.exc.SQLAlchemyError:
+                    pass  # another worker added it first
 
     def write(self, records: list[RequestLog]) -> None:
         rows = [dict(zip(_REQUEST_COLUMNS, _request_row(r))) for r in records]
@@ -215,11 +262,88 @@ class SqlAlchemyBackend:
             ).fetchall()
         return _from_rows(tuple(row), [tuple(r) for r in predictions])
 
+    def search(self, query: Query) -> list[RequestLog]:
+        sa, c = self.sa, self.requests.c
+        statement = sa.select(*[c[name] for name in _REQUEST_COLUMNS])
+        for condition in query.conditions(c):
+            statement = statement.where(condition)
+        order = c.created.asc() if query.oldest_first else c.created.desc()
+        with self.engine.connect() as conn:
+            rows = conn.execute(statement.order_by(order).limit(query.limit)).fetchall()
+        return [_from_rows(tuple(row), []) for row in rows]
+
     def request_of(self, prediction_log_id: str) -> str | None:
         sa, p = self.sa, self.predictions.c
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(p.request_log_id).where(p.id == prediction_log_id)).fetchone()
         return row[0] if row else None
+
+
+@dataclass
+class Query:
+    """What ``servekit logs`` and ``GET /v1/logs/requests`` search by; every field optional.
+
+    ``status`` is one code (``503``) or a class (``5xx``); latencies are in
+    milliseconds and times are Unix seconds, both bounds inclusive.
+    """
+
+    model: str | None = None
+    version: str | None = None
+    status: str | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    since: float | None = None
+    until: float | None = None
+    limit: int = 100
+    oldest_first: bool = False
+
+    def __post_init__(self) -> None:
+        if self.status is not None and not STATUS.match(self.status):
+            raise ValueError(f"status must be a code (503) or a class (5xx), found {self.status!r}")
+        if not 1 <= int(self.limit) <= MAX_LIMIT:
+            raise ValueError(f"limit must be between 1 and {MAX_LIMIT}, found {self.limit}")
+
+    def status_range(self) -> tuple[int, int] | None:
+        if self.status is None:
+            return None
+        if self.status[1:].lower() == "xx":
+            low = int(self.status[0]) * 100
+            return low, low + 99
+        return int(self.status), int(self.status)
+
+    def _bounds(self) -> list[tuple[str, str, Any]]:
+        found: list[tuple[str, str, Any]] = []
+        if self.model is not None:
+            found.append(("model", "=", self.model))
+        if self.version is not None:
+            found.append(("version", "=", self.version))
+        if (statuses := self.status_range()) is not None:
+            found += [("status", ">=", statuses[0]), ("status", "<=", statuses[1])]
+        for column, op, value in (
+            ("duration_ms", ">=", self.min_ms),
+            ("duration_ms", "<=", self.max_ms),
+            ("created", ">=", self.since),
+            ("created", "<=", self.until),
+        ):
+            if value is not None:
+                found.append((column, op, value))
+        return found
+
+    def sql(self, mark: str) -> tuple[str, list[Any]]:
+        """A ``WHERE`` clause with ``mark`` placeholders, and its parameters."""
+        bounds = self._bounds()
+        if not bounds:
+            return "", []
+        return " WHERE " + " AND ".join(f"{c} {op} {mark}" for c, op, _ in bounds), [v for _, _, v in bounds]
+
+    def conditions(self, columns: Any) -> list[Any]:
+        """The same bounds as SQLAlchemy conditions on ``columns``."""
+        ops = {"=": lambda a, b: a == b, ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
+        return [ops[op](columns[c], v) for c, op, v in self._bounds()]
+
+
+STATUS = re.compile(r"^[1-5]([0-9]{2}|xx|XX)$")
+MAX_LIMIT = 100_000
 
 
 def open_backend(url: str) -> SqliteBackend | SqlAlchemyBackend:
@@ -258,6 +382,11 @@ class SqlRequestLog:
     def get(self, request_log_id: str) -> RequestLog | None:
         self.flush()
         return self.backend.get(request_log_id)
+
+    def search(self, query: Query) -> list[RequestLog]:
+        """Records matching ``query``, newest first, without their predictions."""
+        self.flush()
+        return self.backend.search(query)
 
     def get_by_prediction(self, prediction_log_id: str) -> RequestLog | None:
         self.flush()

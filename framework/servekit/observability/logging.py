@@ -19,6 +19,8 @@ from typing import Any
 
 from gunicorn import glogging
 
+from . import tracing
+
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
 
@@ -27,6 +29,7 @@ current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("servek
 
 # Attributes every LogRecord has; anything else was passed with ``extra=`` and is kept.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "request_id"}
+_STANDARD |= {"trace_id", "span_id"}
 
 
 def request_id_from(header: str | None) -> str:
@@ -51,11 +54,14 @@ def new_request_id() -> str:
 
 
 class RequestIdFilter(logging.Filter):
-    """Adds ``record.request_id`` so both formats (and user formats) can print it."""
+    """Adds ``record.request_id`` (and, while traces are on, ``trace_id`` and ``span_id``)
+    so both formats (and user formats) can print them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
             record.request_id = current_request_id.get()
+        if tracing.ON and not getattr(record, "trace_id", ""):
+            record.trace_id, record.span_id = tracing.current_ids()
         return True
 
 
@@ -72,6 +78,9 @@ class JsonFormatter(logging.Formatter):
         request_id = getattr(record, "request_id", None) or current_request_id.get()
         if request_id:
             entry["request_id"] = request_id
+        for key in ("trace_id", "span_id"):
+            if value := getattr(record, key, ""):
+                entry[key] = value
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value
@@ -87,6 +96,9 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         request_id = getattr(record, "request_id", None) or current_request_id.get()
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            return f"{line} [request_id={request_id} trace_id={trace_id}]"
         return f"{line} [request_id={request_id}]" if request_id else line
 
 

@@ -19,6 +19,8 @@ What is measured:
 - ``servekit_model_state{model,version,state}`` and
   ``servekit_model_load_seconds{model,version}``, read from the answering
   worker's repository at scrape time;
+- ``servekit_resident_bytes``: resident memory of every process of the server, read
+  from ``/proc`` at scrape time;
 - ``servekit_request_log_dropped_total``: request logs dropped by a full queue;
 - ``servekit_host_queue_depth``, ``servekit_host_batch_size`` and
   ``servekit_host_restarts_total{model,version,replica}`` for model hosts
@@ -280,6 +282,37 @@ class ModelStateCollector:
         yield state
         yield load
         yield resident
+        server = GaugeMetricFamily(
+            "servekit_resident_bytes",
+            "resident memory of the server's processes: workers, model hosts and the engine's top process",
+        )
+        server.add_metric([], float(resident_bytes()))
+        yield server
+
+
+def resident_bytes() -> int:
+    """Resident memory of the server: every process writing metrics (workers, model hosts) and
+    their parent (the engine's top process), from ``/proc``; this process alone elsewhere."""
+    pids = {os.getpid()}
+    folder = os.environ.get(ENV)
+    if folder:
+        pids.add(os.getppid())
+        for path in Path(folder).glob("*.db"):
+            stem = path.stem.rpartition("_")[2]
+            if stem.isdigit():
+                pids.add(int(stem))
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or not Linux
+    if total == 0:
+        import resource
+
+        total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return total
 
 
 def render(dataplane: Served) -> tuple[bytes, str]:

@@ -31,7 +31,7 @@ from flask import Blueprint, Flask, Response, current_app, g, has_request_contex
 from ..errors import NotFound
 from ..streams import close
 from ..types import PredictionLog, RequestLog, maybe_json
-from . import labels
+from . import labels, tracing
 from .logging import current_request_id
 
 if TYPE_CHECKING:
@@ -224,6 +224,7 @@ def _before() -> None:
         g.servekit_log_tee = request.environ["wsgi.input"] = _TeeInput(request.environ["wsgi.input"])
         g.servekit_predictions = Predictions(request_log_id(), keep=True)
         _logging.set(g.servekit_predictions)
+        labels.answering_version.set(None)  # set again when the data plane resolves this request's version
 
 
 def _teardown(_exc: BaseException | None) -> None:
@@ -278,7 +279,19 @@ def _record(rid: str, request_body: bytes, status: int) -> RequestLog:
         duration_ms=0.0,
         request_body=_clip(request_body),
         response_body="",
+        version=_version(request.path),
+        trace_id=tracing.current_trace_id(),
     )
+
+
+def _version(path: str) -> str:
+    """The version that answered, else the one the path names (a request refused before resolving)."""
+    answered = labels.answering_version.get()
+    if answered is not None:
+        return str(answered)
+    if "/versions/" not in path:
+        return ""
+    return path.split("/versions/", 1)[1].split("/", 1)[0].split(":", 1)[0]
 
 
 def _hook_impls(app: Flask) -> list[Any]:

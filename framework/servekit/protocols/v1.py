@@ -15,6 +15,7 @@ from flask import Blueprint, Response, request
 from ..codecs import tf_json
 from ..dataplane import DataPlane
 from ..errors import BadRequest, NotFound
+from ..observability import tracing
 from . import tf_documents as documents
 from .http import (
     Answer,
@@ -109,12 +110,14 @@ def infer_answer(dp: DataPlane, target: str, raw: bytes, stream_query: str | Non
             return json_answer({"results": [[[str(label), float(score)] for label, score in r] for r in results]})
         results = dp.regress(mv, examples, parameters=parameters, signature_name=signature)
         return json_answer({"results": [float(v) for v in results]})
-    inputs, row_format = tf_json.decode_predict_request(body)
+    with tracing.span("servekit.decode"):
+        inputs, row_format = tf_json.decode_predict_request(body)
     if verb == "explain":
         explanations = dp.explain(mv, inputs, parameters=parameters, signature_name=signature)
         return json_answer(tf_json.encode_explain_response(explanations, row_format))
     outputs = dp.predict(mv, inputs, parameters=parameters, signature_name=signature)
-    return predict_answer(outputs, row_format, stream_requested(body, stream_query))
+    with tracing.span("servekit.encode"):  # a stream's items encode as it is sent, under the request's span
+        return predict_answer(outputs, row_format, stream_requested(body, stream_query))
 
 
 def signature_name(body: dict[str, Any]) -> str | None:

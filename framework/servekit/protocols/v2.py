@@ -33,6 +33,7 @@ from ..codecs import v2 as codec
 from ..dataplane import DataPlane, check_inputs
 from ..errors import BadRequest, NotReady
 from ..model_control import require_model_control
+from ..observability import tracing
 from ..observability.request_log import logged
 from . import v2_documents as documents
 from .http import Answer, control, dataplane, json_response
@@ -96,7 +97,8 @@ def infer_answer(
 ) -> Answer:
     """``.../infer`` or ``.../explain``: the raw body in, the encoded answer out (Flask and the fast lane)."""
     mv = dp.resolve(name, version)
-    req = codec.decode_infer_request(body, header_length)
+    with tracing.span("servekit.decode"):
+        req = codec.decode_infer_request(body, header_length)
     if explain:
         check_inputs(mv, req.inputs, req.signature_name)
         outputs = _explanation_tensors(
@@ -104,14 +106,15 @@ def infer_answer(
         )
     else:
         outputs = dp.infer(mv, req)  # V2 over HTTP does not stream: one answer joining every item
-    arrays = {n: codec.as_v2_array(v, n) for n, v in outputs.items()}
-    if (handed := logged()) is not None:  # the request log is on: one prediction per batch row
-        handed.add_rows(arrays)
-    requested = {o.name: o.binary for o in req.outputs or []}
-    binary = {n: b if (b := requested.get(n)) is not None else req.binary_output for n in arrays}
-    encoded, binary_length = codec.encode_infer_response(
-        arrays, model_name=name, model_version=str(mv.version), request_id=req.id, binary=binary
-    )
+    with tracing.span("servekit.encode"):
+        arrays = {n: codec.as_v2_array(v, n) for n, v in outputs.items()}
+        if (handed := logged()) is not None:  # the request log is on: one prediction per batch row
+            handed.add_rows(arrays)
+        requested = {o.name: o.binary for o in req.outputs or []}
+        binary = {n: b if (b := requested.get(n)) is not None else req.binary_output for n in arrays}
+        encoded, binary_length = codec.encode_infer_response(
+            arrays, model_name=name, model_version=str(mv.version), request_id=req.id, binary=binary
+        )
     if binary_length is None:
         return Answer(encoded)
     return Answer(encoded, content_type="application/octet-stream", headers={codec.HEADER_LENGTH: str(binary_length)})

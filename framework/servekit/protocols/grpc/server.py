@@ -29,9 +29,11 @@ from ... import tls
 from ...auth import ApiKey
 from ...dataplane import DataPlane
 from ...errors import ServekitError
+from ...observability import tracing
 from ...settings import Settings, channel_arguments
 from . import tf_serving, v2
 from .decoding import DecodeInterceptor
+from .tracing import TracingInterceptor
 
 log = logging.getLogger("servekit.grpc")
 
@@ -80,6 +82,8 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
     keys = ApiKey.from_settings(settings)
     interceptors: list[grpc.ServerInterceptor] = [ApiKeyInterceptor(keys)] if keys is not None else []
     interceptors.append(DecodeInterceptor())  # inside the key check: an unknown caller learns nothing
+    if tracing.configure():  # outermost: the span covers the key check and decoding too
+        interceptors.insert(0, TracingInterceptor())
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"),
         options=server_options(settings),

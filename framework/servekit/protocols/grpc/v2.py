@@ -28,6 +28,7 @@ from ...codecs import v2_grpc as codec
 from ...dataplane import DataPlane
 from ...errors import BadRequest, NotFound, NotReady, ServekitError
 from ...model_control import require_model_control
+from ...observability import tracing
 from ...repository import ModelVersion
 from .. import v2_documents as documents
 from .common import control_of, rpc, streaming_rpc
@@ -113,7 +114,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _infer(self, request: pb.ModelInferRequest, *, stream: bool) -> Iterator[pb.ModelInferResponse]:
         """Run one request; a streaming model gives one response per item when ``stream``."""
         mv = self.dp.resolve(request.model_name, version_of(request.model_version))
-        req = codec.decode_infer_request(request)
+        with tracing.span("servekit.decode"):
+            req = codec.decode_infer_request(request)
         req.parameters.pop(_EMPTY_FINAL, None)
         if not stream:
             yield _response(request, mv, self.dp.infer(mv, req))
@@ -166,8 +168,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.ModelInferResponse:
-    response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(mv.version), id=request.id)
-    codec.encode_outputs(response, outputs)
+    with tracing.span("servekit.encode"):
+        response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(mv.version), id=request.id)
+        codec.encode_outputs(response, outputs)
     return response
 
 
