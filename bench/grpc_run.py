@@ -21,16 +21,18 @@ machine.  servekit servers also answer the same 1-row cells over HTTP (V2 JSON,
 
 The line-up (``--only``):
 
-- ``servekit``: the defaults (gunicorn, ``--workers auto``, gRPC on the
-  asyncio engine);
-- ``servekit-threads``: ``--grpc-engine threads`` (grpc.server and its thread
-  pool, dispatch trimmed); ``servekit-threads-pool``: the same with
-  ``--grpc-inline-ms 0``-free threads engine is the "before" when
-  ``SERVEKIT_BENCH_GRPC_BEFORE`` names a commit; see docs/performance.md;
-- ``servekit-granian``: ``--server granian``;
-- ``servekit-batch``: ``--max-batch-size 32 --max-batch-time-ms 2`` (1 row);
+- ``servekit``: the defaults (gunicorn, ``--workers auto``), every cell, V2 and
+  TF Serving, plus ``ModelStreamInfer``/``PredictStreamed`` with many messages
+  on one stream and a py-spy profile under iris 1 row at 64 streams;
+- ``servekit-before``: the same server from an earlier tree (``--before DIR``, a
+  checkout or ``git archive`` of an older commit, its ``framework`` and ``plugins``
+  put first on ``PYTHONPATH``), profiled the same way: the before and after;
+- ``servekit-granian``: ``--server granian``; ``servekit-batch``:
+  ``--max-batch-size 32 --max-batch-time-ms 2`` (1-row V2 cells);
 - ``mlserver`` and ``mlserver-batch`` (adaptive batching), V2 only;
-- ``kserve``: KServe's gRPC server (1 worker), V2 only.
+- ``kserve``: KServe's gRPC server (``peers/kserve_server.py``, 1 worker), V2 only;
+- ``big``: a 1M-element FP32 tensor through the echo model, V2 JSON, the binary
+  extension and gRPC raw contents (bench/big_tensor.py).
 
 Writes ``bench/results/grpc.json`` and ``bench/results/grpc.md``.
 """
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -166,7 +169,11 @@ def h2load(port: int, method: str, body: Path, connections: int, streams: int, s
             f"--log-file={log.name}",
             f"http://127.0.0.1:{port}{method}",
         ]
-        out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+        load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # past the warm-up: every connection is open
+        split = connection_split(port)
+        stdout, stderr = load.communicate(timeout=seconds + 60)
+        out = subprocess.CompletedProcess(command, load.returncode, stdout, stderr)
         times = sorted(int(line.split("\t")[2]) for line in log.read().splitlines() if line.count("\t") == 2)
     text = out.stdout
     try:
@@ -175,7 +182,18 @@ def h2load(port: int, method: str, body: Path, connections: int, streams: int, s
         finished = float(text.split("finished in ")[1].split("s,")[0])
     except (IndexError, ValueError):
         raise RuntimeError(f"h2load failed: {text[-800:]} {out.stderr[-400:]}") from None
-    return {"done": done, "data_bytes": data, "seconds": finished, "times_us": times}
+    return {"done": done, "data_bytes": data, "seconds": finished, "times_us": times, "split": split}
+
+
+def connection_split(port: int) -> list[int]:
+    """Established connections to ``port`` per server process, most first: how SO_REUSEPORT spread them."""
+    out = subprocess.run(
+        ["ss", "-Htnp", "state", "established", f"( sport = :{port} )"], capture_output=True, text=True
+    ).stdout
+    counts: dict[str, int] = {}
+    for pid in re.findall(r"pid=(\d+)", out):
+        counts[pid] = counts.get(pid, 0) + 1
+    return sorted(counts.values(), reverse=True)
 
 
 def percentile(times: list[int], q: float) -> float:
@@ -206,6 +224,7 @@ def measure(server: Server, running: Running, grpc_port: int, protocol: str, mod
             "requests": raw["done"],
             "errors": max(0, raw["done"] - answered),
             "cpu_us_per_request": round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, answered), 1),
+            "connections_per_process": raw["split"],
         }
         runs.append(cell)
         report(server, cell)
@@ -239,6 +258,7 @@ def report(server: Server, cell: dict) -> None:
         f"   {cell['wire']:4s} {cell['protocol']:7s} {cell['model']:4s} rows={cell['rows']:<3d} "
         f"streams={cell['streams']:<2d} {cell['rps']:8.1f} req/s p50 {cell['p50_ms']:6.2f} ms "
         f"p99 {cell['p99_ms']:7.2f} ms  cpu {cell['cpu_us_per_request']:6.1f} us/req"
+        + (f"  split {cell['connections_per_process']}" if cell.get("connections_per_process") else "")
         + (f"  ERRORS {cell['errors']}" if cell["errors"] else ""),
         flush=True,
     )
@@ -291,7 +311,7 @@ def profile(server: Server, running: Running, grpc_port: int, py_spy: str, secon
 # ---------------------------------------------------------------------------
 
 
-def lineup(sk: str, port: int) -> list[tuple[Server, int, dict]]:
+def lineup(sk: str, port: int, before: Path | None = None) -> list[tuple[Server, int, dict]]:
     """(server, its gRPC port, what to measure)."""
     grpc_port = port + 1
     paths = [WORK / "models" / "iris", WORK / "models" / "rf"]
@@ -302,17 +322,17 @@ def lineup(sk: str, port: int) -> list[tuple[Server, int, dict]]:
     one_row = {"protocols": ("v2",), "rows": (1,), "http": True}
     servers = [
         (
-            Server("servekit", "servekit", serve, port, note="defaults: gunicorn, --workers auto, gRPC engine asyncio"),
+            Server("servekit", "servekit", serve, port, note="defaults: gunicorn, --workers auto"),
             grpc_port,
             {**everything, "profile": True, "streams": True},
         ),
-        (
-            Server(
-                "servekit-threads", "servekit", serve + ["--grpc-engine", "threads"], port, note="--grpc-engine threads"
-            ),
-            grpc_port,
-            {**everything, "profile": True},
-        ),
+    ]
+    if before is not None:
+        tree = f"{before / 'framework'}{os.pathsep}{before / 'plugins'}"
+        note = f"the defaults from {before} (an earlier tree, first on PYTHONPATH)"
+        server = Server("servekit-before", "servekit", serve, port, env={"PYTHONPATH": tree}, note=note)
+        servers.append((server, grpc_port, {**everything, "profile": True}))
+    servers += [
         (
             Server("servekit-granian", "servekit", serve + ["--server", "granian"], port, note="--server granian"),
             grpc_port,
@@ -429,6 +449,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per h2load run (default 4)")
     parser.add_argument("--only", help="comma-separated server names")
     parser.add_argument("--port", type=int, default=18800)
+    parser.add_argument("--before", type=Path, help="an earlier tree (framework/, plugins/) to run as servekit-before")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "", help="py-spy to profile with")
     args = parser.parse_args()
     ensure_h2load()
@@ -438,7 +459,7 @@ def main() -> None:
     if not (WORK / "bodies").exists():
         WORK.mkdir(parents=True, exist_ok=True)
         subprocess.run([sk, str(HERE / "models.py"), str(WORK)], check=True)
-    servers = lineup(sk, args.port)
+    servers = lineup(sk, args.port, args.before)
     if args.only:
         wanted = {n.strip() for n in args.only.split(",")}
         servers = [s for s in servers if s[0].name in wanted or (s[0].name == "servekit-big" and "big" in wanted)]
