@@ -329,7 +329,7 @@ def lineup(sk: str, port: int, before: Path | None = None) -> list[tuple[Server,
     ]
     if before is not None:
         tree = f"{before / 'framework'}{os.pathsep}{before / 'plugins'}"
-        note = f"the defaults from {before} (an earlier tree, first on PYTHONPATH)"
+        note = f"the defaults from the earlier tree given with --before ({before.name}), first on PYTHONPATH"
         server = Server("servekit-before", "servekit", serve, port, env={"PYTHONPATH": tree}, note=note)
         servers.append((server, grpc_port, {**everything, "profile": True}))
     servers += [
