@@ -44,11 +44,12 @@ class MethodTable:
     def decoded(self) -> dict[str, dict[str, grpc.RpcMethodHandler]]:
         """Each handler wrapped by :class:`DecodeInterceptor`, once."""
         decode = DecodeInterceptor()
+
+        def wrapped(service: str, name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+            return decode.intercept_service(lambda _details: handler, _Details(f"/{service}/{name}"))
+
         return {
-            service: {
-                name: decode.intercept_service(lambda _details, h=handler: h, _Details(f"/{service}/{name}"))
-                for name, handler in handlers.items()
-            }
+            service: {name: wrapped(service, name, handler) for name, handler in handlers.items()}
             for service, handlers in self.services.items()
         }
 
