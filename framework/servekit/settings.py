@@ -97,7 +97,7 @@ class Settings:
     )
     grpc_threads: int = _opt(
         0,
-        "threads per worker running gRPC calls (0: --threads); fewer threads contend less for the GIL with cheap models",
+        "threads per worker running gRPC calls (0: as --threads)",
     )
     grpc_tensor_content: bool = _opt(
         False,

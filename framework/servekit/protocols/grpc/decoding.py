@@ -25,17 +25,12 @@ class DecodeInterceptor(grpc.ServerInterceptor):
         return _decoding(handler, handler.request_deserializer, details.method)
 
 
-def parse_request(parse: Callable[[bytes], Any], raw: bytes, method: str) -> Any:
-    """``raw`` parsed by the method's deserializer, or :class:`BadRequest`."""
-    try:
-        return parse(raw)
-    except Exception:  # protobuf's DecodeError, or anything a custom deserializer raises
-        raise BadRequest(f"the request is not a valid message for {method}") from None
-
-
 def _decoding(handler: grpc.RpcMethodHandler, parse: Callable[[bytes], Any], method: str) -> grpc.RpcMethodHandler:
     def decode(raw: bytes) -> Any:
-        return parse_request(parse, raw, method)
+        try:
+            return parse(raw)
+        except Exception:  # protobuf's DecodeError, or anything a custom deserializer raises
+            raise BadRequest(f"the request is not a valid message for {method}") from None
 
     def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
         try:

@@ -18,6 +18,7 @@ interceptor runs on every call.  Both cost more than they need to:
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable
@@ -28,6 +29,8 @@ import grpc
 
 from .decoding import DecodeInterceptor
 
+log = logging.getLogger("servekit.grpc")
+
 
 class MethodTable:
     """What ``add_*Servicer_to_server`` registers, by service: method name -> handler."""
@@ -36,7 +39,7 @@ class MethodTable:
         self.services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
 
     def add_generic_rpc_handlers(self, handlers: Iterable[Any]) -> None:
-        pass  # the same handlers arrive by name through add_registered_method_handlers
+        pass  # generated code (grpcio-tools >= 1.63) also registers every handler by name, below
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         self.services.setdefault(service, {}).update(handlers)
@@ -91,8 +94,8 @@ class _Call:
     def run(self) -> None:
         try:
             self.function(*self.args, **self.kwargs)
-        except BaseException:  # gRPC's own functions report their errors; keep the thread
-            pass
+        except Exception:  # gRPC's call functions catch their own; keep the thread whatever
+            log.exception("gRPC call failed outside its handler")
         finally:
             with self.lock:
                 self.done = True
@@ -110,8 +113,8 @@ class _Call:
 class LeanPool(futures.ThreadPoolExecutor):
     """``max_workers`` threads taking calls from one queue; threads start as calls first need them.
 
-    A ``ThreadPoolExecutor`` by type (``grpc.server`` and ``grpc.aio`` accept it), with
-    ``submit`` and ``shutdown`` of its own.
+    A ``ThreadPoolExecutor`` by type (what ``grpc.server`` expects), with ``submit`` and
+    ``shutdown`` of its own.
     """
 
     def __init__(self, max_workers: int, thread_name_prefix: str = "servekit-grpc"):
