@@ -1,11 +1,12 @@
 """gRPC: servekit's V2 ``ModelInfer`` and TF Serving ``Predict`` beside MLServer's and KServe's gRPC, one run.
 
     python bench/grpc_run.py                      # everything (about 10 minutes on 2 cores)
-    python bench/grpc_run.py --only servekit,servekit-threads --duration 2
+    python bench/grpc_run.py --only servekit,kserve --duration 2
+    python bench/grpc_run.py --before /tmp/main-tree    # beside an earlier tree: git archive OLD framework plugins | tar -x -C /tmp/main-tree
 
 Run it with servekit's Python (it builds the protobuf bodies with servekit's
-messages); the peers' virtualenvs are bench/run.py's (``bench/.venvs``), used
-when they exist.  The load generator is ``h2load`` (Debian's ``nghttp2-client``,
+messages); the peers' virtualenvs are bench/run.py's (``bench/.venvs``, built by
+running it once), used when they exist.  The load generator is ``h2load`` (Debian's ``nghttp2-client``,
 installed when missing): one thread of C sending a fixed, length-prefixed
 protobuf body per unary call (``content-type: application/grpc``, ``te:
 trailers``), 8 connections with 1 stream each (8 streams) and with 8 each (64).
@@ -15,8 +16,8 @@ prediction per row, the answer's size) and after it: h2load counts the DATA
 bytes it received, and an answer that is not a whole successful message (a
 ``grpc-status`` other than 0 arrives as trailers alone) is an error.  p50/p99
 come from h2load's per-request log; the server's CPU time per request (all its
-processes, from /proc) is the cost least disturbed by other work on the
-machine.  servekit servers also answer the same 1-row cells over HTTP (V2 JSON,
+processes, from /proc) is less disturbed by other work on the machine than
+throughput, though not immune (docs/performance.md uses callgrind for that).  servekit servers also answer the same 1-row cells over HTTP (V2 JSON,
 ``wrk``, as bench/run.py), so the two wires compare in the same run.
 
 The line-up (``--only``):
