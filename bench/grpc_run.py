@@ -2,7 +2,7 @@
 
     python bench/grpc_run.py                      # everything (about 10 minutes on 2 cores)
     python bench/grpc_run.py --only servekit,kserve --duration 2
-    python bench/grpc_run.py --before /tmp/main-tree    # beside an earlier tree: git archive OLD framework plugins | tar -x -C /tmp/main-tree
+    python bench/grpc_run.py --before OLD_TREE   # beside an earlier tree: git archive OLD framework plugins | tar -x -C OLD_TREE
 
 Run it with servekit's Python (it builds the protobuf bodies with servekit's
 messages); the peers' virtualenvs are bench/run.py's (``bench/.venvs``, built by
