@@ -179,7 +179,12 @@ PROTOCOL_HELPERS = {
     "servekit.protocols.grpc.predict_stream",
 }
 #: What assembles the gRPC server from its services (as server/app.py does for HTTP).
-GRPC_ASSEMBLY = {"servekit.protocols.grpc", "servekit.protocols.grpc.server", "servekit.protocols.grpc.generate"}
+GRPC_ASSEMBLY = {
+    "servekit.protocols.grpc",
+    "servekit.protocols.grpc.server",
+    "servekit.protocols.grpc.dispatch",
+    "servekit.protocols.grpc.generate",
+}
 
 
 def test_protocols_do_not_import_each_other():

@@ -32,6 +32,7 @@ def test_defaults():
         (["--log-level", "verbose"], "--log-level"),
         (["--http-port", "99999"], "--http-port"),
         (["--grpc-port", "-1"], "--grpc-port"),
+        (["--grpc-threads", "-1"], "--grpc-threads"),
         (["--workers", "0"], "--workers"),
         (["--workers", "many"], "--workers"),
     ],

@@ -1,6 +1,7 @@
 """The KServe peer: a custom ``kserve.Model`` loading the same joblib files, as KServe users write it.
 
     python kserve_server.py --model_dir BASE --http_port 8080 --workers 1 --enable_grpc false
+    python kserve_server.py --model_dir BASE --http_port 8080 --grpc_port 8081 --enable_grpc true
 
 Serves every ``BASE/NAME/1/model.joblib`` as NAME on V1 (``instances``) and V2.
 """
@@ -38,4 +39,4 @@ if __name__ == "__main__":
     parser.add_argument("--model_dir", required=True)
     args, _ = parser.parse_known_args()
     models = [SKLearnModel(p.parent.parent.name, p) for p in sorted(Path(args.model_dir).glob("*/1/model.joblib"))]
-    ModelServer(workers=args.workers, enable_grpc=False).start(models)
+    ModelServer(workers=args.workers, enable_grpc=args.enable_grpc).start(models)

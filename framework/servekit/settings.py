@@ -95,6 +95,10 @@ class Settings:
     grpc_channel_arguments: str = _opt(
         "", "extra gRPC server arguments as key=value,key=value (TF Serving's --grpc_channel_arguments)"
     )
+    grpc_threads: int = _opt(
+        0,
+        "threads per worker running gRPC calls (0: as --threads)",
+    )
     grpc_tensor_content: bool = _opt(
         False,
         "TF Serving gRPC answers in tensor_content instead of the typed fields (TF Serving's --enable_serialization_as_tensor_content)",
@@ -247,6 +251,10 @@ def _validate(settings: Settings) -> None:
             f"--grpc-port: expected a port between 1 and 65535 (0 disables gRPC), found {settings.grpc_port}"
         )
     channel_arguments(settings.grpc_channel_arguments)
+    if settings.grpc_threads < 0:
+        raise ValueError(
+            f"--grpc-threads: expected 0 (as --threads) or a positive number, found {settings.grpc_threads}"
+        )
     from .tls import files_of
 
     files_of(settings, "grpc")  # a cert without its key, an unreadable file

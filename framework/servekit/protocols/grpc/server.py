@@ -20,7 +20,6 @@ import logging
 import os
 import stat
 import threading
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -31,8 +30,7 @@ from ...dataplane import DataPlane
 from ...errors import ServekitError
 from ...observability import tracing
 from ...settings import Settings, channel_arguments
-from . import tf_serving, v2
-from .decoding import DecodeInterceptor
+from . import dispatch, tf_serving, v2
 from .tracing import TracingInterceptor
 
 log = logging.getLogger("servekit.grpc")
@@ -71,6 +69,18 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
     ]
 
 
+def add_services(server: Any, dataplane: DataPlane, settings: Settings, control: Any) -> None:
+    """TF Serving's and V2's services, on a ``grpc.Server`` or a :class:`dispatch.MethodTable`."""
+    tf_serving.add_to_server(
+        server,
+        dataplane,
+        tensor_content=settings.grpc_tensor_content,
+        control=control,
+        model_control_mode=settings.model_control_mode,
+    )
+    v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode, control=control)
+
+
 def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) -> tuple[grpc.Server, int]:
     """A started ``grpc.Server`` on ``settings.host:settings.grpc_port``; returns it and its port.
 
@@ -80,23 +90,18 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
     :raises RuntimeError: the port cannot be bound.
     """
     keys = ApiKey.from_settings(settings)
+    # Parsing is wrapped once per method (dispatch.MethodTable); only the key check reads each call.
+    table = dispatch.MethodTable()
+    add_services(table, dataplane, settings, control)
     interceptors: list[grpc.ServerInterceptor] = [ApiKeyInterceptor(keys)] if keys is not None else []
-    interceptors.append(DecodeInterceptor())  # inside the key check: an unknown caller learns nothing
     if tracing.configure():  # outermost: the span covers the key check and decoding too
         interceptors.insert(0, TracingInterceptor())
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max(2, settings.threads), thread_name_prefix="servekit-grpc"),
+        dispatch.LeanPool(max(2, settings.grpc_threads or settings.threads)),
         options=server_options(settings),
         interceptors=interceptors,
     )
-    tf_serving.add_to_server(
-        server,
-        dataplane,
-        tensor_content=settings.grpc_tensor_content,
-        control=control,
-        model_control_mode=settings.model_control_mode,
-    )
-    v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode, control=control)
+    table.add_to(server)
     host = settings.host
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
     files = tls.files_of(settings, "grpc")
@@ -107,6 +112,7 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
     except RuntimeError:
         port = 0
     if not port:
+        server.stop(None)
         raise RuntimeError(
             f"cannot bind gRPC to {address}: port {settings.grpc_port} is in use or not allowed "
             "(another server holds it?); choose a free port with --grpc-port"

@@ -1,0 +1,168 @@
+"""How RPCs reach the servicers: handlers prepared once per method, the lean pool, --grpc-threads."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+from grpc_support import ECHO_MODEL
+from servekit import settings as settings_module
+from servekit.protocols.grpc import dispatch
+from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as v2
+from servekit.protocols.grpc.protos.inference import grpc_service_pb2_grpc as v2_grpc
+from servekit.protocols.grpc.protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from servekit.protocols.grpc.server import add_services, build_server
+from servekit.server.app import build_dataplane
+from servekit.settings import Settings
+
+# -- the pool ------------------------------------------------------------------------------
+
+
+def test_lean_pool_runs_each_call_once_and_then_its_callbacks():
+    pool = dispatch.LeanPool(3)
+    ran: list[int] = []
+    done = threading.Event()
+    seen: list[object] = []
+    try:
+        calls = [pool.submit(ran.append, i) for i in range(50)]
+        last = pool.submit(done.set)
+        assert done.wait(10)
+        last.add_done_callback(seen.append)  # after the call finished: runs at once
+        assert seen == [last]
+        for call in calls:
+            finished = threading.Event()
+            call.add_done_callback(lambda _call, f=finished: f.set())
+            assert finished.wait(10)
+        assert sorted(ran) == list(range(50))
+        assert len(pool.workers) <= 3
+    finally:
+        pool.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(print)
+
+
+def test_lean_pool_never_runs_more_calls_at_once_than_its_threads():
+    pool = dispatch.LeanPool(2)
+    lock, running, most = threading.Lock(), [0], [0]
+    release = threading.Event()
+
+    def call() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(10)
+        with lock:
+            running[0] -= 1
+
+    try:
+        calls = [pool.submit(call) for _ in range(6)]
+        threading.Timer(0.3, release.set).start()
+        finished = [threading.Event() for _ in calls]
+        for call_, event in zip(calls, finished, strict=True):
+            call_.add_done_callback(lambda _c, e=event: e.set())
+        assert all(event.wait(10) for event in finished)
+        assert most[0] == 2
+    finally:
+        pool.shutdown()
+
+
+def test_a_failing_call_keeps_its_thread_and_still_finishes():
+    pool = dispatch.LeanPool(1)
+    try:
+        failed = pool.submit(lambda: 1 / 0)
+        finished = threading.Event()
+        failed.add_done_callback(lambda _c: finished.set())
+        assert finished.wait(10)
+        after = threading.Event()
+        pool.submit(after.set)
+        assert after.wait(10)
+    finally:
+        pool.shutdown()
+
+
+def test_lean_pool_is_a_thread_pool_executor_for_grpc():
+    assert isinstance(dispatch.LeanPool(1), futures.ThreadPoolExecutor)
+
+
+# -- the method table -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dataplane(tmp_path_factory):
+    base = tmp_path_factory.mktemp("dispatch")
+    (base / "echo" / "1").mkdir(parents=True)
+    (base / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    dp = build_dataplane(Settings(paths=[str(base)], poll_interval=0))
+    dp.repository.load_now()
+    yield dp
+    dp.repository.stop()
+
+
+def test_method_table_holds_every_rpc_of_both_services(dataplane):
+    table = dispatch.MethodTable()
+    add_services(table, dataplane, Settings(), None)
+    assert {"inference.GRPCInferenceService", "tensorflow.serving.PredictionService"} <= set(table.services)
+    assert "ModelInfer" in table.services["inference.GRPCInferenceService"]
+    assert "Predict" in table.services["tensorflow.serving.PredictionService"]
+    decoded = table.decoded()
+    for service, handlers in decoded.items():
+        assert handlers.keys() == table.services[service].keys()
+        for handler in handlers.values():
+            assert handler.request_deserializer is None  # the handler parses: a bad message is the client's error
+
+
+def test_grpc_threads_defaults_to_threads():
+    def parse(argv: list[str]) -> Settings:
+        parser = argparse.ArgumentParser()
+        settings_module.add_arguments(parser)
+        return settings_module.resolve(parser.parse_args(argv), {})
+
+    assert parse(["m"]).grpc_threads == 0
+    assert parse(["m", "--grpc-threads", "3"]).grpc_threads == 3
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_concurrent_calls_each_get_their_own_answer(dataplane):
+    """Many calls at once through two threads: every answer is its own request's, on both services."""
+    server, port = build_server(dataplane, Settings(host="127.0.0.1", grpc_port=0, grpc_threads=2))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            v2_stub = v2_grpc.GRPCInferenceServiceStub(channel)
+            tf_stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+            def v2_call(i: int) -> bool:
+                request = v2.ModelInferRequest(model_name="echo", id=str(i))
+                request.inputs.add(name="x", datatype="FP32", shape=[3])
+                request.raw_input_contents.append(np.full(3, i, dtype="<f4").tobytes())
+                response = v2_stub.ModelInfer(request, timeout=30)
+                values = np.frombuffer(response.raw_output_contents[0], dtype="<f4")
+                return response.id == str(i) and values.tolist() == [float(i)] * 3
+
+            def tf_call(i: int) -> bool:
+                request = predict_pb2.PredictRequest()
+                request.model_spec.name = "echo"
+                tensor = request.inputs["x"]
+                tensor.dtype = 1  # DT_FLOAT
+                tensor.tensor_shape.dim.add().size = 2
+                tensor.tensor_content = np.full(2, i, dtype="<f4").tobytes()
+                response = tf_stub.Predict(request, timeout=30)
+                out = response.outputs["x"]
+                return list(out.float_val) == [float(i)] * 2 or out.tensor_content == tensor.tensor_content
+
+            with futures.ThreadPoolExecutor(16) as clients:
+                results = list(clients.map(v2_call, range(200))) + list(clients.map(tf_call, range(200)))
+            assert all(results)
+            garbage = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            with pytest.raises(grpc.RpcError) as info:
+                garbage(b"\xff\xff\xff", timeout=30)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a valid message" in info.value.details()
+    finally:
+        server.stop(None)
