@@ -177,6 +177,8 @@ class Scheduler:
         self.gauges = gauges
         self.waiting: deque[Sequence] = deque()
         self.batch = Batch()
+        #: sequences admitted at the current step, being prefilled (counted as running)
+        self.joining: list[Sequence] = []
         self.lock = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopping = False
@@ -191,9 +193,10 @@ class Scheduler:
         with self.lock:
             if self.stopping:
                 raise NotReady("the model is being unloaded")
-            if self.max_queued is not None and len(self.waiting) >= self.max_queued:
+            queued = len(self.waiting) + len(self.batch) - self.max_num_seqs  # beyond the batch's room
+            if self.max_queued is not None and queued >= self.max_queued:
                 raise TooManyRequests(
-                    f"{len(self.waiting)} generations are already waiting for a place in the batch "
+                    f"the batch is full and {max(queued, 0)} generations are waiting for a place in it "
                     f"(options.max_queued: {self.max_queued}); retry later"
                 )
             self.waiting.append(seq)
@@ -208,7 +211,7 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return len(self.batch)
+        return len(self.batch) + len(self.joining)
 
     @property
     def queued(self) -> int:
@@ -232,7 +235,8 @@ class Scheduler:
                         self.lock.wait()
                     if self.stopping:
                         break
-                    joining = self._admit()
+                    joining = self.joining = self._admit()
+                self._gauge()
                 try:
                     self._step(joining)
                 except Exception as exc:  # the model failed: every sequence in this step gets the error
@@ -241,6 +245,7 @@ class Scheduler:
                     for seq in [*self.batch.seqs, *joining]:
                         seq.events.put(failure)
                     self.batch.keep([])
+                self.joining = []
                 self._gauge()
         gone = NotReady("the model was unloaded while generating; retry")
         with self.lock:
@@ -298,7 +303,7 @@ class Scheduler:
 
     def _gauge(self) -> None:
         if self.gauges is not None:
-            self.gauges.running.set(len(self.batch))
+            self.gauges.running.set(self.running)
             self.gauges.queued.set(len(self.waiting))
 
 
