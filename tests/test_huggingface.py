@@ -250,3 +250,35 @@ def test_completion_with_explain_through_the_app(gpt_dir):
     (explanation,) = r.json["explanations"]
     assert len(explanation["tokens"]) == len(explanation["attributions"])
     assert isinstance(explanation["target"], str)
+
+
+def test_concurrent_embeddings_requests_share_forward_passes(tmp_path):
+    from servekit.server.app import create_app
+    from servekit.settings import Settings
+
+    (tmp_path / "minilm").symlink_to(minilm_folder(), target_is_directory=True)
+    app = create_app(
+        Settings(paths=[str(tmp_path / "minilm")], poll_interval=0, max_batch_size=64, max_batch_time_ms=50),
+        start=False,
+    )
+    app.extensions["servekit"].repository.load_now()
+    client = app.test_client()
+    texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(24)]
+    alone = [client.post("/v1/embeddings", json={"input": t, "encoding_format": "float"}).json for t in texts]
+    ids = loader.load_folder(minilm_folder(), ModelConfig()).tokenizer("a sentence sent as ids")["input_ids"]
+    as_ids = client.post("/v1/embeddings", json={"input": ids, "encoding_format": "float"}).json
+    barrier = threading.Barrier(len(texts) + 1)
+
+    def embed(body):
+        barrier.wait()
+        return client.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json
+
+    with ThreadPoolExecutor(len(texts) + 1) as pool:
+        together = list(pool.map(embed, [{"input": t} for t in texts] + [{"input": ids}]))
+    mv = app.extensions["servekit"].repository.resolve("minilm")
+    assert mv.batcher.stats.largest > 1  # requests were merged
+    for one, other in zip([*alone, as_ids], together):
+        assert np.allclose(one["data"][0]["embedding"], other["data"][0]["embedding"], atol=1e-5)
+        assert one["usage"] == other["usage"]
+    too_long = client.post("/v1/embeddings", json={"input": "word " * 400})
+    assert too_long.status_code == 400 and "at most 256" in too_long.json["error"]["message"]
