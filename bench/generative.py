@@ -11,7 +11,10 @@ chat streams run at once through the ``openai`` client (spread over four
 client processes, so the client's own parsing is not the bottleneck), each asking for
 ``--tokens`` new tokens (``ignore_eos``), and the script prints total tokens
 per second, time to first token p50/p99 and the gap between streamed chunks
-(inter-token latency) p50/p99, side by side, and writes the numbers as JSON
+(inter-token latency) p50/p99, side by side; then all-MiniLM-L6-v2 answers
+``--embeddings`` concurrent single-text embeddings requests without and with
+adaptive batching (``batching: {max_batch_size: 64}``).  The numbers are also
+written as JSON
 beside this file (``results/generative.json``).
 """
 
@@ -122,6 +125,46 @@ def level(clients: ProcessPoolExecutor, url: str, model: str, streams: int, toke
     }
 
 
+EMBED_MODELS = {"minilm": "{}\n", "minilm-batched": "batching: {max_batch_size: 64, max_batch_time_ms: 5}\n"}
+
+
+def build_embedders(base: Path) -> None:
+    from generative_models import minilm_folder
+
+    for name, settings in EMBED_MODELS.items():
+        folder = base / name
+        folder.mkdir()
+        for item in minilm_folder().iterdir():
+            if item.name != "servekit.yaml":
+                (folder / item.name).symlink_to(item)
+        (folder / "servekit.yaml").write_text(settings)
+
+
+def _embeddings(url: str, model: str, count: int, rounds: int) -> int:
+    """``count`` threads each sending ``rounds`` single-text requests."""
+    global _client
+    import openai
+
+    if _client is None:
+        _client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+
+    def worker(i: int) -> int:
+        for r in range(rounds):
+            _client.embeddings.create(model=model, input=f"request {i} round {r}: the quick brown fox")
+        return rounds
+
+    with ThreadPoolExecutor(count) as pool:
+        return sum(pool.map(worker, range(count)))
+
+
+def embed_level(clients: ProcessPoolExecutor, url: str, model: str, concurrent: int, rounds: int) -> dict:
+    share = [concurrent // CLIENT_PROCESSES] * CLIENT_PROCESSES
+    start = time.perf_counter()
+    done = sum(f.result() for f in [clients.submit(_embeddings, url, model, n, rounds) for n in share])
+    wall = time.perf_counter() - start
+    return {"model": model, "concurrent": concurrent, "requests": done, "requests_per_s": done / wall}
+
+
 def table(rows: list[dict], levels: list[int]) -> str:
     lines = [
         "| streams | model | tokens/s | vs generate | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
@@ -144,6 +187,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--workers", default="auto")
     parser.add_argument("--threads", type=int, default=32, help="per worker: enough for every stream to be in flight")
+    parser.add_argument("--embeddings", type=int, default=64, help="concurrent single-text embeddings requests")
     args = parser.parse_args()
     levels = [int(n) for n in args.levels.split(",")]
 
@@ -153,7 +197,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         build(base)
+        build_embedders(base)
         env = {"HF_HUB_OFFLINE": "1"}
+        embed_rows: list[dict] = []
         server = ServerProcess(base, workers=args.workers, threads=args.threads, env=env)
         with server, ProcessPoolExecutor(CLIENT_PROCESSES) as clients:
             url = server.url + "/v1"
@@ -163,10 +209,20 @@ def main() -> int:
                 for model in MODELS:
                     rows.append(level(clients, url, model, n, args.tokens))
                     print(json.dumps(rows[-1]), flush=True)
+            for model in EMBED_MODELS:
+                embed_level(clients, url, model, CLIENT_PROCESSES * 2, 2)  # warm up
+                embed_rows.append(embed_level(clients, url, model, args.embeddings, 8))
+                print(json.dumps(embed_rows[-1]), flush=True)
     out = HERE / "results" / "generative.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"tokens": args.tokens, "workers": args.workers, "rows": rows}, indent=1))
+    document = {"tokens": args.tokens, "workers": args.workers, "rows": rows, "embeddings": embed_rows}
+    out.write_text(json.dumps(document, indent=1))
     print(table(rows, levels))
+    unbatched, batched = (r["requests_per_s"] for r in embed_rows)
+    print(
+        f"\nembeddings, {args.embeddings} concurrent single-text requests: {unbatched:,.0f}/s unbatched, "
+        f"{batched:,.0f}/s batched ({batched / unbatched:.2f}x)"
+    )
     return 0
 
 

@@ -100,9 +100,11 @@ def test_max_num_seqs_bounds_the_batch_and_everyone_is_served(gpt_dir):
     with ThreadPoolExecutor(8) as pool:
         texts = list(
             pool.map(
-                lambda _: model.complete(
-                    GenerationRequest(prompt="hello", max_tokens=10, temperature=0, options={"ignore_eos": True})
-                ).text,
+                lambda _: (
+                    model.complete(
+                        GenerationRequest(prompt="hello", max_tokens=10, temperature=0, options={"ignore_eos": True})
+                    ).text
+                ),
                 range(8),
             )
         )

@@ -152,7 +152,9 @@ def test_stream_matches_whole_text_and_reports_usage(mode, request_fixture):
     for prompt in ("hello world", "hi", "the quick"):
         for options in ({"ignore_eos": True}, {}):
             whole = model.complete(request(prompt, max_tokens=30, temperature=1.0, seed=4, options=options))
-            chunks = list(model.complete(request(prompt, max_tokens=30, temperature=1.0, seed=4, stream=True, options=options)))
+            chunks = list(
+                model.complete(request(prompt, max_tokens=30, temperature=1.0, seed=4, stream=True, options=options))
+            )
             assert "".join(c.text for c in chunks) == whole.text
             assert chunks[-1].finish_reason == whole.finish_reason
             assert chunks[-1].completion_tokens == whole.completion_tokens
