@@ -124,20 +124,26 @@ def test_max_batched_tokens_spreads_prefills_over_steps(gpt_dir):
     model.close()
 
 
-def open_stream(model, **kw):
+@pytest.fixture(scope="module")
+def long_gpt_dir(tmp_path_factory) -> Path:
+    """A context long enough that a stream runs for thousands of steps unless it is cancelled."""
+    return build_tiny_gpt2(tmp_path_factory.mktemp("long") / "gpt", n_positions=4096)
+
+
+def open_stream(model, max_tokens: int = 100, **kw):
     stream = model.complete(
-        GenerationRequest(prompt="hello", max_tokens=100, temperature=1.0, seed=1, stream=True, **kw)
+        GenerationRequest(prompt="hello", max_tokens=max_tokens, temperature=1.0, seed=1, stream=True, **kw)
     )
     first = next(stream)
     return stream, first
 
 
-def test_cancelling_a_stream_frees_its_slot_at_the_next_step(gpt_dir):
+def test_cancelling_a_stream_frees_its_slot_at_the_next_step(long_gpt_dir):
     from prometheus_client import REGISTRY
 
-    model = load(gpt_dir, name="cancel-me", max_num_seqs=1)
+    model = load(long_gpt_dir, name="cancel-me", max_num_seqs=1)
     labels = {"model": "cancel-me", "version": "1"}
-    stream, first = open_stream(model, options={"ignore_eos": True})
+    stream, first = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
     assert first.text or first.completion_tokens
     assert model.scheduler.running == 1
     with ThreadPoolExecutor(1) as pool:
@@ -152,15 +158,16 @@ def test_cancelling_a_stream_frees_its_slot_at_the_next_step(gpt_dir):
         stream.close()  # what the server does when the client disconnects
         result = waiting.result(timeout=20)  # starts as soon as the slot is free
     assert (result.completion_tokens, result.finish_reason) == (5, "length")
+    assert model.scheduler.steps < 3900  # the cancelled stream did not run to its end
     wait_for(lambda: model.scheduler.running == 0)
     wait_for(lambda: REGISTRY.get_sample_value("servekit_generation_running", labels) == 0)
     assert REGISTRY.get_sample_value("servekit_generation_queue_depth", labels) == 0
     model.close()
 
 
-def test_a_full_queue_refuses_with_429(gpt_dir):
-    model = load(gpt_dir, max_num_seqs=1, max_queued=1)
-    stream, _ = open_stream(model, options={"ignore_eos": True})
+def test_a_full_queue_refuses_with_429(long_gpt_dir):
+    model = load(long_gpt_dir, max_num_seqs=1, max_queued=1)
+    stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(model.complete, GenerationRequest(prompt="hi", max_tokens=3, temperature=0))
         wait_for(lambda: model.scheduler.queued == 1)
@@ -183,9 +190,9 @@ def test_a_stop_sequence_ends_the_sequence_in_the_batch(gpt_dir):
     model.close()
 
 
-def test_unloading_ends_running_and_waiting_requests_with_a_clear_error(gpt_dir):
-    model = load(gpt_dir, max_num_seqs=1)
-    stream, _ = open_stream(model, options={"ignore_eos": True})
+def test_unloading_ends_running_and_waiting_requests_with_a_clear_error(long_gpt_dir):
+    model = load(long_gpt_dir, max_num_seqs=1)
+    stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
     errors: list[BaseException] = []
 
     def wait_in_queue() -> None:
