@@ -226,3 +226,10 @@ def test_unloading_ends_running_and_waiting_requests_with_a_clear_error(long_gpt
 def test_bad_scheduler_options_are_refused_at_load(gpt_dir, options, message):
     with pytest.raises(ValueError, match=message):
         load(gpt_dir, **options)
+
+
+def test_an_empty_prompt_starts_from_the_start_of_text_token(gpt_dir):
+    model = load(gpt_dir)
+    result = model.complete(GenerationRequest(prompt="", max_tokens=5, temperature=0, options={"ignore_eos": True}))
+    assert (result.prompt_tokens, result.completion_tokens) == (1, 5)
+    model.close()

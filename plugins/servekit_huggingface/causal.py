@@ -181,6 +181,11 @@ class CausalLM:
     def _sequence(self, request: GenerationRequest) -> tuple[Sequence, int]:
         """The request as the scheduler runs it (checked here, in the request's thread)."""
         ids = self._prompt(request)["input_ids"][0].tolist()
+        if not ids:  # as generate does: an empty prompt starts from the start-of-text token
+            bos = self.model.generation_config.bos_token_id
+            if bos is None:
+                raise BadRequest("the prompt is empty and the model has no start-of-text token", param="prompt")
+            ids = [bos]
         max_new = self._max_new_tokens(request, len(ids))
         penalty = request.options.get("repetition_penalty")
         stop = [s for s in request.stop if s]

@@ -239,9 +239,8 @@ class Scheduler:
                 self._gauge()
                 try:
                     self._step(joining)
-                except Exception as exc:  # the model failed: every sequence in this step gets the error
-                    log.warning("generation step failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
-                    failure = ModelFailure(f"generation failed: {type(exc).__name__}: {exc}")
+                except Exception as exc:  # the batch's forward pass failed: every sequence in it gets the error
+                    failure = _failure(exc)
                     for seq in [*self.batch.seqs, *joining]:
                         seq.events.put(failure)
                     self.batch.keep([])
@@ -278,20 +277,31 @@ class Scheduler:
             logits = batch.decode(self.forward)
             self.steps += 1
             self.most_rows = max(self.most_rows, len(batch))
-            finished = [seq.take(seq.choose(logits[i], seq.tokens)) for i, seq in enumerate(batch.seqs)]
-            if any(finished):
-                for seq, done in zip(batch.seqs, finished):
-                    if done:
-                        seq.events.put(None)
-                batch.keep([i for i, done in enumerate(finished) if not done])
+            staying = [i for i, seq in enumerate(batch.seqs) if not self._advance(seq, logits[i])]
+            if len(staying) < len(batch):
+                batch.keep(staying)
         for seq in joining:
             if seq.cancelled:
                 continue
-            cache, logits = self._prefill(seq)
-            if seq.take(seq.choose(logits, seq.tokens)):
-                seq.events.put(None)
-            else:
+            try:  # one request's prefill failing fails that request only
+                cache, logits = self._prefill(seq)
+            except Exception as exc:
+                seq.events.put(_failure(exc))
+                continue
+            if not self._advance(seq, logits):
                 batch.add(seq, cache)
+
+    @staticmethod
+    def _advance(seq: Sequence, logits: torch.Tensor) -> bool:
+        """Give ``seq`` its next token; True when it is finished (or failed) and leaves the batch."""
+        try:
+            done = seq.take(seq.choose(logits, seq.tokens))
+        except Exception as exc:  # its own sampling settings failed: only this row leaves
+            seq.events.put(_failure(exc))
+            return True
+        if done:
+            seq.events.put(None)
+        return done
 
     def _prefill(self, seq: Sequence) -> tuple[Any, torch.Tensor]:
         from transformers import DynamicCache
@@ -339,6 +349,11 @@ def check_cache(model: Any, device: str) -> None:
             f"{type(model).__name__} keeps a cache continuous batching cannot share "
             f"({type(cache).__name__}); set options.continuous_batching: false"
         )
+
+
+def _failure(exc: Exception) -> ModelFailure:
+    log.warning("generation failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
+    return ModelFailure(f"generation failed: {type(exc).__name__}: {exc}")
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
