@@ -201,6 +201,7 @@ def main() -> int:
         env = {"HF_HUB_OFFLINE": "1"}
         embed_rows: list[dict] = []
         server = ServerProcess(base, workers=args.workers, threads=args.threads, env=env)
+        server.start(timeout=900)  # five models load in every worker
         with server, ProcessPoolExecutor(CLIENT_PROCESSES) as clients:
             url = server.url + "/v1"
             for model in MODELS:  # warm up: every worker's copy, the host, every client process

@@ -54,7 +54,7 @@ class Encoder:
         """Vectors for ``texts``, in forward passes of ``batch_size`` texts of similar length."""
         rows = [self._ids(i, text) for i, text in enumerate(texts)]
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length buckets: little padding
-        vectors: np.ndarray | None = None
+        vectors = np.zeros((0, self.dimension), dtype=np.float32) if not rows else None
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
             part = self._batch([rows[i] for i in chunk])
