@@ -13,7 +13,9 @@ client processes, so the client's own parsing is not the bottleneck), each askin
 per second, time to first token p50/p99 and the gap between streamed chunks
 (inter-token latency) p50/p99, side by side; then all-MiniLM-L6-v2 answers
 ``--embeddings`` concurrent single-text embeddings requests without and with
-adaptive batching (``batching: {max_batch_size: 64}``).  The numbers are also
+adaptive batching (``batching: {max_batch_size: 64}``).  First, the same GPT-2 in this process
+without HTTP (threads calling ``complete``) shows what the model side alone
+does.  The numbers are also
 written as JSON
 beside this file (``results/generative.json``).
 """
@@ -165,6 +167,28 @@ def embed_level(clients: ProcessPoolExecutor, url: str, model: str, concurrent: 
     return {"model": model, "concurrent": concurrent, "requests": done, "requests_per_s": done / wall}
 
 
+def in_process(base: Path, levels: list[int], tokens: int) -> list[dict]:
+    """The same model without HTTP: N threads calling ``complete`` (what the model side alone can do)."""
+    from servekit.generation import GenerationRequest
+    from servekit.types import ModelConfig
+    from servekit_huggingface import loader
+
+    rows = []
+    for name, options in (("generate", {"continuous_batching": False}), ("continuous", {})):
+        model = loader.load_folder(base / "generate", ModelConfig(options=options))
+        ask = GenerationRequest(prompt="hello there", max_tokens=tokens, temperature=1.0, options={"ignore_eos": True})
+        model.complete(ask)  # warm up
+        for n in levels:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                done = sum(r.completion_tokens for r in pool.map(model.complete, [ask] * n))
+            rows.append({"model": name, "streams": n, "tokens_per_s": done / (time.perf_counter() - start)})
+            print(json.dumps(rows[-1]), flush=True)
+        if model.scheduler is not None:
+            model.scheduler.stop()
+    return rows
+
+
 def table(rows: list[dict], levels: list[int]) -> str:
     lines = [
         "| streams | model | tokens/s | vs generate | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |",
@@ -188,6 +212,7 @@ def main() -> int:
     parser.add_argument("--workers", default="auto")
     parser.add_argument("--threads", type=int, default=32, help="per worker: enough for every stream to be in flight")
     parser.add_argument("--embeddings", type=int, default=64, help="concurrent single-text embeddings requests")
+    parser.add_argument("--in-process-only", action="store_true", help="only the model side, without a server")
     args = parser.parse_args()
     levels = [int(n) for n in args.levels.split(",")]
 
@@ -197,6 +222,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         build(base)
+        local = in_process(base, levels, args.tokens)
+        print(
+            "in process, tokens/s: "
+            + "; ".join(
+                f"{n} streams: generate {g['tokens_per_s']:,.0f}, continuous {c['tokens_per_s']:,.0f} "
+                f"({c['tokens_per_s'] / g['tokens_per_s']:.2f}x)"
+                for n in levels
+                for g, c in [[r for r in local if r["streams"] == n]]
+            )
+        )
+        if args.in_process_only:
+            return 0
         build_embedders(base)
         env = {"HF_HUB_OFFLINE": "1"}
         embed_rows: list[dict] = []
@@ -216,7 +253,7 @@ def main() -> int:
                 print(json.dumps(embed_rows[-1]), flush=True)
     out = HERE / "results" / "generative.json"
     out.parent.mkdir(exist_ok=True)
-    document = {"tokens": args.tokens, "workers": args.workers, "rows": rows, "embeddings": embed_rows}
+    document = {"tokens": args.tokens, "rows": rows, "in_process": local, "embeddings": embed_rows}
     out.write_text(json.dumps(document, indent=1))
     print(table(rows, levels))
     unbatched, batched = (r["requests_per_s"] for r in embed_rows)
