@@ -61,11 +61,27 @@ SETTINGS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def loaded(request):
+    """One model per folder fixture for the module, closed at its end."""
+    models: dict[str, object] = {}
+
+    def get(kind: str):
+        if kind not in models:
+            models[kind] = load(request.getfixturevalue(kind))
+        return models[kind]
+
+    yield get
+    for model in models.values():
+        model.close()
+
+
 @pytest.mark.parametrize("settings", SETTINGS)
 @pytest.mark.parametrize("kind", ["gpt_dir", "llama_dir"])
-def test_the_same_tokens_alone_and_batched(kind, settings, request):
-    model = load(request.getfixturevalue(kind))
+def test_the_same_tokens_alone_and_batched(kind, settings, loaded):
+    model = loaded(kind)
     kw = {"max_tokens": 24, **settings, "options": {"ignore_eos": True, **settings.get("options", {})}}
+    model.scheduler.most_rows = 0
     alone = [tokens(model, p, **kw) for p in PROMPTS]
     assert model.scheduler.most_rows == 1
     rng = random.Random(0)
@@ -78,7 +94,6 @@ def test_the_same_tokens_alone_and_batched(kind, settings, request):
         batched = list(pool.map(staggered, range(15)))
     assert model.scheduler.most_rows > 1  # they did share steps
     assert batched == [alone[i % len(PROMPTS)] for i in range(15)]
-    model.close()
 
 
 def test_the_same_tokens_as_generate(llama_dir):
