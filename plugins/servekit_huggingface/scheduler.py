@@ -182,7 +182,7 @@ class Scheduler:
         self.lock = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopping = False
-        #: decoding steps run, and the rows each had (for tests and the bench)
+        #: decoding steps run, and the most rows one of them had (for tests and the bench)
         self.steps = 0
         self.most_rows = 0
 
