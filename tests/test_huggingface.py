@@ -36,8 +36,19 @@ def gpt(gpt_dir):
 
 
 @pytest.fixture(scope="module")
+def gpt_generate(gpt_dir):
+    """The same model without continuous batching: one ``generate`` per request."""
+    return loader.load_folder(gpt_dir, ModelConfig(options={"continuous_batching": False}))
+
+
+@pytest.fixture(scope="module")
 def minilm():
     return loader.load_folder(minilm_folder(), ModelConfig())
+
+
+@pytest.fixture
+def request_fixture(request):
+    return request.getfixturevalue
 
 
 def request(prompt="hello world", **kw) -> GenerationRequest:
@@ -135,16 +146,43 @@ def test_context_limits_and_unsupported_penalties(gpt):
     assert result.prompt_tokens + result.completion_tokens <= 64
 
 
-def test_stream_matches_whole_text_and_reports_usage(gpt):
-    whole = gpt.complete(request(max_tokens=12, temperature=0))
-    chunks = list(gpt.complete(request(max_tokens=12, temperature=0, stream=True)))
-    assert "".join(c.text for c in chunks) == whole.text
-    assert chunks[-1].finish_reason == whole.finish_reason
-    assert chunks[-1].completion_tokens == whole.completion_tokens
+@pytest.mark.parametrize("mode", ["gpt", "gpt_generate"])
+def test_stream_matches_whole_text_and_reports_usage(mode, request_fixture):
+    model = request_fixture(mode)
+    for prompt in ("hello world", "hi", "the quick"):
+        for options in ({"ignore_eos": True}, {}):
+            whole = model.complete(request(prompt, max_tokens=30, temperature=1.0, seed=4, options=options))
+            chunks = list(
+                model.complete(request(prompt, max_tokens=30, temperature=1.0, seed=4, stream=True, options=options))
+            )
+            assert "".join(c.text for c in chunks) == whole.text
+            assert chunks[-1].finish_reason == whole.finish_reason
+            assert chunks[-1].completion_tokens == whole.completion_tokens
     assert not generator_threads()
 
 
-def test_closing_a_stream_stops_the_generate_thread(gpt):
+def test_both_modes_give_the_same_text(gpt, gpt_generate):
+    for kw in ({"temperature": 0}, {"temperature": 1.0, "seed": 9}, {"temperature": 0.7, "top_p": 0.9, "seed": 2}):
+        for options in ({}, {"ignore_eos": True}, {"repetition_penalty": 1.3}):
+            one = gpt.complete(request("hello world", max_tokens=20, options=options, **kw))
+            other = gpt_generate.complete(request("hello world", max_tokens=20, options=options, **kw))
+            assert (one.text, one.finish_reason, one.completion_tokens) == (
+                other.text,
+                other.finish_reason,
+                other.completion_tokens,
+            )
+
+
+def test_ignore_eos_generates_max_tokens(gpt, gpt_generate):
+    for model in (gpt, gpt_generate):
+        result = model.complete(request("hello", max_tokens=40, temperature=1.0, seed=0, options={"ignore_eos": True}))
+        assert (result.completion_tokens, result.finish_reason) == (40, "length")
+    with pytest.raises(BadRequest, match="ignore_eos"):
+        gpt.complete(request(options={"ignore_eos": "yes"}))
+
+
+def test_closing_a_stream_stops_the_generate_thread(gpt_generate):
+    gpt = gpt_generate
     stream = gpt.complete(request(prompt="a", max_tokens=60, temperature=1.0, seed=1, stream=True))
     got = [next(stream), next(stream)]
     assert len(generator_threads()) == 1
@@ -154,7 +192,8 @@ def test_closing_a_stream_stops_the_generate_thread(gpt):
 
 
 def test_max_concurrent_generations_still_serves_everyone(gpt_dir):
-    limited = loader.load_folder(gpt_dir, ModelConfig(options={"max_concurrent_generations": 1}))
+    options = {"max_concurrent_generations": 1, "continuous_batching": False}
+    limited = loader.load_folder(gpt_dir, ModelConfig(options=options))
     with ThreadPoolExecutor(4) as pool:
         texts = list(pool.map(lambda _: limited.complete(request(max_tokens=5, temperature=0)).text, range(4)))
     assert len(set(texts)) == 1
@@ -213,3 +252,35 @@ def test_completion_with_explain_through_the_app(gpt_dir):
     (explanation,) = r.json["explanations"]
     assert len(explanation["tokens"]) == len(explanation["attributions"])
     assert isinstance(explanation["target"], str)
+
+
+def test_concurrent_embeddings_requests_share_forward_passes(tmp_path):
+    from servekit.server.app import create_app
+    from servekit.settings import Settings
+
+    (tmp_path / "minilm").symlink_to(minilm_folder(), target_is_directory=True)
+    app = create_app(
+        Settings(paths=[str(tmp_path / "minilm")], poll_interval=0, max_batch_size=64, max_batch_time_ms=50),
+        start=False,
+    )
+    app.extensions["servekit"].repository.load_now()
+    client = app.test_client()
+    texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(24)]
+    alone = [client.post("/v1/embeddings", json={"input": t, "encoding_format": "float"}).json for t in texts]
+    ids = loader.load_folder(minilm_folder(), ModelConfig()).tokenizer("a sentence sent as ids")["input_ids"]
+    as_ids = client.post("/v1/embeddings", json={"input": ids, "encoding_format": "float"}).json
+    barrier = threading.Barrier(len(texts) + 1)
+
+    def embed(body):
+        barrier.wait()
+        return client.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json
+
+    with ThreadPoolExecutor(len(texts) + 1) as pool:
+        together = list(pool.map(embed, [{"input": t} for t in texts] + [{"input": ids}]))
+    mv = app.extensions["servekit"].repository.resolve("minilm")
+    assert mv.batcher.stats.largest > 1  # requests were merged
+    for one, other in zip([*alone, as_ids], together):
+        assert np.allclose(one["data"][0]["embedding"], other["data"][0]["embedding"], atol=1e-5)
+        assert one["usage"] == other["usage"]
+    too_long = client.post("/v1/embeddings", json={"input": "word " * 400})
+    assert too_long.status_code == 400 and "at most 256" in too_long.json["error"]["message"]

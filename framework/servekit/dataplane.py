@@ -328,7 +328,26 @@ class DataPlane:
         return self._call(mv, "complete", request=request, parameters=parameters or {})
 
     def embed(self, mv: ModelVersion, texts: list[str], parameters: dict[str, Any] | None = None) -> Any:
-        return self._call(mv, "embed", texts=texts, parameters=parameters or {})
+        """Run ``embed``; with the version's batching on, concurrent requests share one call.
+
+        Requests whose bodies agree but for ``input`` are merged (the adaptive
+        batcher's rules, texts stacked in arrival order) and the hook then gets
+        the shared fields as ``parameters``, without ``input``: the texts it
+        embeds are ``texts``.
+        """
+        parameters = parameters or {}
+        batcher = batching.batcher_for(mv)
+        shared = {k: v for k, v in parameters.items() if k != "input"}
+        key = batching.options_key(shared, "embed", None) if batcher is not None else None
+        if batcher is None or key is None:
+            return self._call(mv, "embed", texts=texts, parameters=parameters)
+        rows = np.empty(len(texts), dtype=object)
+        rows[:] = texts  # strings (token-id inputs keep their ids) stacked like any rows
+
+        def run(stacked: Any) -> Any:
+            return self._call(mv, "embed", texts=list(stacked), parameters=shared)
+
+        return batcher.submit(rows, run, key)
 
     def tokenizer(self, mv: ModelVersion) -> Any | None:
         """The model's tokenizer (the ``tokenizer`` hook), ``None`` when it has none.

@@ -231,7 +231,10 @@ def embed(texts: list[str], parameters: dict[str, Any], model: Any, name: str, v
     unit-length rows) and encodes ``encoding_format: base64`` afterwards.
 
     :param texts: the inputs, one string each.
-    :param parameters: the request's JSON body as the client sent it.
+    :param parameters: the request's JSON body as the client sent it.  With the
+        model's ``batching`` on, concurrent requests whose bodies agree except
+        for ``input`` share one call: ``texts`` holds all their inputs and
+        ``parameters`` the shared fields, without ``input``.
     :returns: a ``numpy.ndarray`` of shape ``(len(texts), dim)``; ``None`` lets the
         next plugin try.
     """

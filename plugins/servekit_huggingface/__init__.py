@@ -9,7 +9,9 @@ loads, so the plugin costs nothing to a server without one.
 
 ``servekit.yaml`` settings: ``device`` (auto, cpu, cuda, cuda:N) and
 ``options``: ``task`` (generate | embed), ``dtype`` (auto | float32 | float16 |
-bfloat16), ``max_concurrent_generations``, and for encoders ``normalize``,
+bfloat16); for causal LMs ``continuous_batching`` (default true), ``max_num_seqs``,
+``max_batched_tokens``, ``max_queued`` (:mod:`.causal`) and, without continuous batching,
+``max_concurrent_generations``; for encoders ``normalize``,
 ``truncate``, ``batch_size``.
 """
 
@@ -32,14 +34,16 @@ __all__ = ["LoadError"]
 
 
 @servekit.hookimpl
-def load(path: Path, config: servekit.ModelConfig) -> Any | None:
-    return load_folder(path, config)
+def load(path: Path, config: servekit.ModelConfig, name: str, version: int) -> Any | None:
+    return load_folder(path, config, name, version)
 
 
 @servekit.hookimpl
 def unload(model: Any) -> bool:
     import torch
 
+    if hasattr(model, "close"):
+        model.close()  # a causal LM's scheduler: what still waits ends with a clear error
     model.model = None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

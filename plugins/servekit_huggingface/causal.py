@@ -1,17 +1,27 @@
-"""Causal language models: completions and chat through ``model.generate``.
+"""Causal language models: completions and chat, continuously batched.
 
-Concurrency: generations run at once, one per request thread (``--threads``
-per worker), sharing the weights read-only; ``options.max_concurrent_generations``
-caps them (others wait their turn).  Sampling does not use torch's global random
-generator, which concurrent requests would share: :class:`Sampler` draws each
-token with the request's own ``torch.Generator`` (seeded from ``seed``) and
-``generate`` then runs greedily over the single token left, so a seeded request
-gives the same text whatever runs beside it.
+By default every generation of a model runs in one batch
+(:mod:`.scheduler`): a request's prompt is prefilled when it joins, then one
+forward pass per step decodes the next token of every running sequence, so
+sixteen streams cost about what one does.  ``options``: ``max_num_seqs``
+(sequences in the batch, default 64), ``max_batched_tokens`` (tokens one step
+may process: prefills plus one per running sequence, default 4096) and
+``max_queued`` (requests that may wait beyond the batch; default no limit,
+beyond it 429).  ``continuous_batching: false`` runs each request's own
+``model.generate`` instead, one per request thread, capped by
+``max_concurrent_generations``.
+
+Either way each request samples with its own ``torch.Generator`` (seeded from
+``seed``), never torch's global one, so a seeded request gives the same text
+whatever runs beside it, and greedy decoding gives the same tokens alone and
+batched.
 
 Imported only when such a model loads (torch and transformers are heavy).
-Streaming runs ``generate`` in a thread feeding transformers' ``TextIteratorStreamer``;
-closing the generator (client gone, stop sequence found) sets a flag that a
-stopping criterion reads after every token, and waits for the thread to end.
+Streaming: the request's thread reads its tokens as the scheduler produces
+them and turns them into text; closing the generator (client gone, stop
+sequence found) drops the sequence from the batch at the next step.  Without
+continuous batching, ``generate`` runs in a thread feeding transformers'
+``TextIteratorStreamer`` and a stopping criterion reads a flag after every token.
 """
 
 from __future__ import annotations
@@ -26,64 +36,111 @@ from servekit.generation import GenerationChunk, GenerationRequest, GenerationRe
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
     TextIteratorStreamer,
 )
 
+from .scheduler import Scheduler, Sequence, check_cache
+
 #: ``max_tokens`` when a chat request sets none and the model has no known context length
 DEFAULT_MAX_NEW_TOKENS = 512
+#: continuous batching's defaults: sequences in the running batch, tokens one step may process
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_BATCHED_TOKENS = 4096
 
 
 class CausalLM:
-    def __init__(self, model: Any, tokenizer: Any, device: str, options: dict[str, Any]):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str,
+        options: dict[str, Any],
+        name: str = "model",
+        version: int = 1,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.context = _context_length(model.config)
-        limit = options.get("max_concurrent_generations")
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ValueError(f"options.max_concurrent_generations must be a positive integer, found {limit!r}")
+        limit = _positive(options, "max_concurrent_generations")
         self.slots = threading.BoundedSemaphore(limit) if limit else None
         eos = model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), None)
+        self.scheduler = self._scheduler(options, limit, name, version)
+
+    def _scheduler(self, options: dict[str, Any], limit: int | None, name: str, version: int) -> Scheduler | None:
+        continuous = options.get("continuous_batching", True)
+        if not isinstance(continuous, bool):
+            raise ValueError(f"options.continuous_batching must be true or false, found {continuous!r}")
+        max_num_seqs = _positive(options, "max_num_seqs") or limit or DEFAULT_MAX_NUM_SEQS
+        max_batched_tokens = _positive(options, "max_batched_tokens") or DEFAULT_MAX_BATCHED_TOKENS
+        max_queued = _positive(options, "max_queued", zero=True)
+        if not continuous:
+            return None
+        check_cache(self.model, self.device)
+        from servekit.observability.generation_metrics import generation_gauges
+
+        gauges = generation_gauges(name, str(version))
+        return Scheduler(self.model, self.device, max_num_seqs, max_batched_tokens, max_queued, gauges)
+
+    def close(self) -> None:
+        """Stop the scheduler (the model is unloaded)."""
+        if self.scheduler is not None:
+            self.scheduler.stop()
 
     # -- one request ----------------------------------------------------------------
 
     def complete(self, request: GenerationRequest) -> GenerationResult | Iterator[GenerationChunk]:
+        if self.scheduler is not None:
+            seq, prompt_tokens = self._sequence(request)
+            return self._streamed(seq, prompt_tokens) if request.stream else self._scheduled(seq, prompt_tokens)
         kwargs, prompt_tokens = self._generate_kwargs(request)
         if request.stream:
             return self._stream(kwargs, prompt_tokens)
         return self._whole(kwargs, prompt_tokens)
 
-    def _generate_kwargs(self, request: GenerationRequest) -> tuple[dict[str, Any], int]:
-        options = request.options
+    def _prompt(self, request: GenerationRequest) -> Any:
         for key in ("presence_penalty", "frequency_penalty"):
-            if options.get(key):
+            if request.options.get(key):
                 raise BadRequest(
                     f"'{key}' is not supported by Hugging Face models; use 'repetition_penalty'", param=key
                 )
-        encoded = self.tokenizer(request.prompt, return_tensors="pt", add_special_tokens=not request.is_chat)
-        prompt_tokens = int(encoded["input_ids"].shape[1])
-        max_new = self._max_new_tokens(request, prompt_tokens)
+        ignore_eos = request.options.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise BadRequest(f"'ignore_eos' must be true or false, found {ignore_eos!r}", param="ignore_eos")
+        return self.tokenizer(request.prompt, return_tensors="pt", add_special_tokens=not request.is_chat)
+
+    def _sampler(self, request: GenerationRequest) -> Sampler | None:
+        """The request's sampler (its own generator, seeded from ``seed``); ``None`` for greedy decoding."""
+        temperature = 1.0 if request.temperature is None else request.temperature
+        if temperature <= 0:
+            return None
         generator = torch.Generator(device=self.device)
         if request.seed is not None:
             generator.manual_seed(request.seed)
         else:
             generator.seed()
-        processors = []
-        temperature = 1.0 if request.temperature is None else request.temperature
-        if temperature > 0:
-            processors.append(
-                Sampler(
-                    temperature, request.top_p or 1.0, options.get("top_k") or 0, options.get("min_p") or 0.0, generator
-                )
-            )
+        options = request.options
+        return Sampler(
+            temperature, request.top_p or 1.0, options.get("top_k") or 0, options.get("min_p") or 0.0, generator
+        )
+
+    def _generate_kwargs(self, request: GenerationRequest) -> tuple[dict[str, Any], int]:
+        options = request.options
+        encoded = self._prompt(request)
+        prompt_tokens = int(encoded["input_ids"].shape[1])
+        max_new = self._max_new_tokens(request, prompt_tokens)
+        sampler = self._sampler(request)
+        processors = [sampler] if sampler is not None else []
         kwargs: dict[str, Any] = {
             **{k: v.to(self.device) for k, v in encoded.items()},
             "max_new_tokens": max_new,
-            "min_new_tokens": 0,
+            # ignore_eos: the end-of-text token is masked until max_tokens (before the sampler draws)
+            "min_new_tokens": max_new if options.get("ignore_eos") else 0,
             "do_sample": False,
             "logits_processor": LogitsProcessorList(processors),
             "pad_token_id": self.pad_id,
@@ -118,6 +175,52 @@ class CausalLM:
         if generated and generated[-1] in self.eos_ids:
             return "stop"
         return "length" if len(generated) >= max_new else "stop"
+
+    # -- continuous batching ----------------------------------------------------------
+
+    def _sequence(self, request: GenerationRequest) -> tuple[Sequence, int]:
+        """The request as the scheduler runs it (checked here, in the request's thread)."""
+        ids = self._prompt(request)["input_ids"][0].tolist()
+        if not ids:  # as generate does: an empty prompt starts from the start-of-text token
+            bos = self.model.generation_config.bos_token_id
+            if bos is None:
+                raise BadRequest("the prompt is empty and the model has no start-of-text token", param="prompt")
+            ids = [bos]
+        max_new = self._max_new_tokens(request, len(ids))
+        penalty = request.options.get("repetition_penalty")
+        stop = [s for s in request.stop if s]
+        seq = Sequence(
+            prompt_ids=ids,
+            max_new=max_new,
+            choose=Chooser(self._sampler(request), None if penalty is None else float(penalty), ids),
+            stopped=StopTail(self.tokenizer, stop) if stop else None,
+            eos_ids=frozenset() if request.options.get("ignore_eos") else frozenset(self.eos_ids),
+        )
+        return seq, len(ids)
+
+    def _scheduled(self, seq: Sequence, prompt_tokens: int) -> GenerationResult:
+        assert self.scheduler is not None
+        self.scheduler.submit(seq)
+        try:
+            for _ in seq.tokens_as_produced(self.scheduler.alive):
+                pass
+        finally:
+            seq.cancel()  # raised while waiting (unload, failure): the scheduler drops it
+        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        return GenerationResult(text, seq.finish_reason, prompt_tokens, len(seq.tokens))
+
+    def _streamed(self, seq: Sequence, prompt_tokens: int) -> Iterator[GenerationChunk]:
+        assert self.scheduler is not None
+        self.scheduler.submit(seq)
+        text = IncrementalText(self.tokenizer)
+        try:
+            for group in seq.tokens_as_produced(self.scheduler.alive):
+                piece = text.add(group)
+                if piece:
+                    yield GenerationChunk(piece, prompt_tokens=prompt_tokens, completion_tokens=len(text.ids))
+            yield GenerationChunk(text.rest(), seq.finish_reason, prompt_tokens, len(seq.tokens))
+        finally:
+            seq.cancel()  # client gone or stop sequence: the sequence leaves the batch at the next step
 
     # -- whole text -------------------------------------------------------------------
 
@@ -223,6 +326,83 @@ class Sampler(LogitsProcessor):
         return out.scatter(-1, chosen, 0.0)
 
 
+class Chooser:
+    """Picks a row's next token from its logits: repetition penalty, then the sampler's draw or the argmax.
+
+    The same processors, in the same order, as ``generate`` with this plugin's
+    :class:`Sampler`, applied to one row at a time.
+    """
+
+    def __init__(self, sampler: Sampler | None, penalty: float | None, prompt_ids: list[int]):
+        self.sampler = sampler
+        self.penalty = None if penalty is None else RepetitionPenaltyLogitsProcessor(penalty)
+        self.prompt_ids = prompt_ids
+
+    def __call__(self, logits: torch.Tensor, tokens: list[int]) -> int:
+        if self.sampler is None and self.penalty is None:
+            return int(logits.argmax())
+        scores = logits.float().unsqueeze(0)
+        if self.penalty is not None:
+            ids = torch.tensor([self.prompt_ids + tokens], device=scores.device)
+            scores = self.penalty(ids, scores)
+        if self.sampler is not None:
+            scores = self.sampler(None, scores)
+        return int(scores.argmax())
+
+
+class StopTail:
+    """Whether a stop sequence appears in the tail of the generated text (the scheduler then ends it).
+
+    The framework cuts the text exactly; this only saves the tokens after it.
+    """
+
+    def __init__(self, tokenizer: Any, stop: list[str]):
+        self.tokenizer, self.stop = tokenizer, stop
+        self.window = 2 * max(len(s) for s in stop) + 4
+
+    def __call__(self, tokens: list[int]) -> bool:
+        text = self.tokenizer.decode(tokens[-self.window :], skip_special_tokens=True)
+        return any(s in text for s in self.stop)
+
+
+class IncrementalText:
+    """Generated ids to text as they arrive, never splitting a character that spans tokens.
+
+    Each new piece is the text of the ids after a window of ids already sent,
+    minus that window's own text, so a tokenizer that decodes a token
+    differently at the start of a text (a leading space) still joins exactly;
+    text ending in an incomplete UTF-8 sequence (U+FFFD) waits for the next id
+    (up to four of them: bytes that never make a character are sent as U+FFFD).
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # the window's start
+        self.read = 0  # the window's end: ids before it are sent
+
+    def add(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        sent, text = self._texts()
+        # a character takes at most 4 bytes: past that, the replacement characters are the text
+        whole = not text.endswith("\ufffd") or len(self.ids) - self.read > 4
+        if len(text) > len(sent) and whole:
+            self.prefix, self.read = self.read, len(self.ids)
+            return text[len(sent) :]
+        return ""
+
+    def rest(self) -> str:
+        """What is left once the sequence ended."""
+        sent, text = self._texts()
+        self.prefix = self.read = len(self.ids)
+        return text[len(sent) :] if len(text) > len(sent) else ""
+
+    def _texts(self) -> tuple[str, str]:
+        decode = self.tokenizer.decode
+        window = self.ids[self.prefix : self.read]
+        return decode(window, skip_special_tokens=True), decode(self.ids[self.prefix :], skip_special_tokens=True)
+
+
 class StopFlag(StoppingCriteria):
     """Stops ``generate`` once the flag is set (the consumer went away)."""
 
@@ -272,6 +452,17 @@ class _Slot:
     def __exit__(self, *exc: Any) -> None:
         if self.held and self.slots is not None:
             self.slots.release()
+
+
+def _positive(options: dict[str, Any], key: str, zero: bool = False) -> int | None:
+    """``options[key]`` as a positive integer (or zero when allowed), ``None`` when unset."""
+    value = options.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
+        kind = "a non-negative" if zero else "a positive"
+        raise ValueError(f"options.{key} must be {kind} integer, found {value!r}")
+    return value
 
 
 def _context_length(config: Any) -> int | None:

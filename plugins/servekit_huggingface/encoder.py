@@ -6,7 +6,9 @@ modes are concatenated as sentence-transformers does) and its ``max_seq_length``
 any other encoder uses mean pooling over the attention mask.  Vectors are
 L2-normalised unless ``options.normalize`` is false.  An input longer than the
 model takes is refused (400) unless ``options.truncate`` is true, so no text is
-silently cut.  Forward passes run concurrently, one per request thread.
+silently cut.  Texts are embedded in forward passes of ``options.batch_size``
+(32), grouped by length so a batch pads little; with ``batching:`` on in
+``servekit.yaml``, concurrent requests are merged first (the adaptive batcher).
 
 An input sent as token ids (:class:`servekit.generation.TokenIds`, from the
 OpenAI API's id-array form) is embedded from those ids exactly as sent, with
@@ -49,19 +51,35 @@ class Encoder:
         self.dimension = int(getattr(model.config, "hidden_size", 0)) * len(self.pooling)
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        if not self.truncate:
-            for i, text in enumerate(texts):
-                ids = getattr(text, "token_ids", None)
-                n = len(ids if ids is not None else self.tokenizer(text)["input_ids"])
-                if n > self.max_length:
-                    raise BadRequest(
-                        f"input {i} has {n} tokens; the model takes at most {self.max_length}", param="input"
-                    )
-        rows = [self._batch(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
-        return np.concatenate(rows, axis=0)
+        """Vectors for ``texts``, in forward passes of ``batch_size`` texts of similar length."""
+        rows = [self._ids(i, text) for i, text in enumerate(texts)]
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length buckets: little padding
+        vectors = np.zeros((0, self.dimension), dtype=np.float32) if not rows else None
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            part = self._batch([rows[i] for i in chunk])
+            if vectors is None:
+                vectors = np.empty((len(rows), part.shape[1]), dtype=part.dtype)
+            vectors[chunk] = part
+        assert vectors is not None
+        return vectors
 
-    def _batch(self, texts: list[str]) -> np.ndarray:
-        encoded = self._encode(texts).to(self.device)
+    def _ids(self, index: int, text: str) -> list[int]:
+        """One input's token ids: as sent (token-id inputs), else the tokenizer's; checked against the limit."""
+        ids = getattr(text, "token_ids", None)
+        if ids is None:
+            limit = {"truncation": True, "max_length": self.max_length} if self.truncate else {}
+            ids = self.tokenizer(text, **limit)["input_ids"]
+        if len(ids) > self.max_length:
+            if not self.truncate:
+                raise BadRequest(
+                    f"input {index} has {len(ids)} tokens; the model takes at most {self.max_length}", param="input"
+                )
+            ids = ids[: self.max_length]
+        return list(ids)
+
+    def _batch(self, rows: list[list[int]]) -> np.ndarray:
+        encoded = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt").to(self.device)
         with torch.inference_mode():
             hidden = self.model(**encoded).last_hidden_state
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -69,13 +87,6 @@ class Encoder:
             if self.normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
         return vectors.cpu().numpy()
-
-    def _encode(self, texts: list[str]) -> Any:
-        ids: list[Any] = [getattr(text, "token_ids", None) for text in texts]
-        if all(row is not None for row in ids):
-            rows = {"input_ids": [row[: self.max_length] for row in ids]}
-            return self.tokenizer.pad(rows, padding=True, return_tensors="pt")
-        return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
 
 
 def _pool(mode: str, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -87,7 +87,7 @@ def pick_dtype(options: dict[str, Any], device: str) -> Any:
     return getattr(torch, name)
 
 
-def load_folder(path: Path, config: ModelConfig) -> Any | None:
+def load_folder(path: Path, config: ModelConfig, name: str = "model", version: int = 1) -> Any | None:
     """The loaded model (:class:`CausalLM` or :class:`Encoder`), or ``None`` for another plugin's folder."""
     if config.plugin not in (None, "huggingface"):
         return None
@@ -110,7 +110,8 @@ def load_folder(path: Path, config: ModelConfig) -> Any | None:
         from .causal import CausalLM
 
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-        return CausalLM(model.to(device).eval(), tokenizer, device, options)  # type: ignore[arg-type]  # transformers' typing of .to
+        causal = model.to(device).eval()  # type: ignore[arg-type]  # transformers' typing of .to
+        return CausalLM(causal, tokenizer, device, options, name, version)
     from .encoder import Encoder
 
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype)

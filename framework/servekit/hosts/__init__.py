@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ..hookspecs import hookimpl
 from .runtime import cleanup, default_placement, in_host, prepare_server
 
 __all__ = ["attach", "cleanup", "placement_of", "prepare_server"]
@@ -72,8 +73,23 @@ def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
     client.clients.add(host)
     mv.host = host
     mv.model = host
-    mv.hooks = plugins.new_manager().hook  # nothing of the model runs in this process
+    local = plugins.new_manager()  # nothing of the model runs in this process...
+    tokenizer = host.tokenizer()
+    if tokenizer is not None:  # ...but chat templates and token counts run where the request is parsed
+        local.register(_Tokenizer(tokenizer), name="servekit.hosts.tokenizer")
+    mv.hooks = local.hook
     mv.metadata = host.metadata
+
+
+class _Tokenizer:
+    """Answers the ``tokenizer`` hook in a worker with a copy of the host's model's tokenizer."""
+
+    def __init__(self, tokenizer: Any):
+        self.value = tokenizer
+
+    @hookimpl
+    def tokenizer(self) -> Any:
+        return self.value
 
 
 def plugin_specs(pm: Any) -> list[str]:

@@ -259,6 +259,20 @@ class HostClient:
     def hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
         return self.call("call", name, **kwargs)
 
+    def tokenizer(self) -> Any:
+        """A copy of the model's tokenizer (the ``tokenizer`` hook), ``None`` when it has none.
+
+        One that cannot cross to the worker (a class only the model's folder
+        defines) is ``None`` too, with a warning: chat then uses the plain format.
+        """
+        try:
+            return self.call("call", "tokenizer")
+        except errors.NotImplementedByModel:
+            return None
+        except Exception as exc:
+            log.warning("model %s: its tokenizer could not be copied from its model host: %s", self.name, exc)
+            return None
+
     def _pick(self) -> Replica:
         if len(self.replicas) == 1:
             return self.replicas[0]

@@ -19,7 +19,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_N = 128
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 #: sampling options handed to the model as sent (vLLM's extensions included)
-MODEL_OPTIONS = ("presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty")
+MODEL_OPTIONS = ("presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos")
 
 
 def _kind(value: Any) -> str:
@@ -110,6 +110,7 @@ def sampling(
     number(body, "top_k", integer=True)
     number(body, "min_p", lo=0, hi=1)
     number(body, "repetition_penalty", lo=0)
+    boolean(body, "ignore_eos")  # vLLM's: generate max_tokens even past the end-of-text token
     if body.get("repetition_penalty") == 0:
         raise BadRequest("'repetition_penalty' must be greater than 0", param="repetition_penalty")
     return Sampling(

@@ -1,0 +1,371 @@
+"""Continuous (iteration-level) batching for causal language models.
+
+One scheduler thread per loaded model owns a *running batch* of sequences and
+repeats one step:
+
+1. sequences whose client went away (or that were cancelled) leave the batch;
+2. waiting requests join while the batch has room (``max_num_seqs``) and the
+   step's token budget allows (``max_batched_tokens``: each running sequence
+   costs one token, each joining one its prompt's length).  Each joining prompt
+   is prefilled on its own, with a cache of its own, so its first token is
+   exactly what it would be alone; its keys and values are then added to the
+   batch's cache, left-padded to the batch's length;
+3. one forward pass decodes the next token of every sequence that was already
+   running: the padding is masked out of attention and each row gets its own
+   position ids, so a row computes what it would compute alone;
+4. each row's token is chosen by its own sampling settings (greedy, or a draw
+   from its own seeded ``torch.Generator``) and handed to its request; finished
+   rows (end of text, ``max_tokens``, a stop sequence) leave the batch and free
+   their cache.
+
+Requests beyond the batch's room wait in a queue (``max_queued`` bounds it:
+beyond, a request is refused with 429).  The request's own thread reads the
+tokens as they come and turns them into text, so the scheduler's thread does
+nothing but run the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from servekit.errors import ModelFailure, NotReady, TooManyRequests
+
+log = logging.getLogger("servekit.huggingface")
+
+#: how often a waiting request checks that the scheduler is still alive
+_POLL_SECONDS = 1.0
+
+
+@dataclass
+class Sequence:
+    """One request in the scheduler: its prompt, its settings and what it produced so far."""
+
+    prompt_ids: list[int]
+    max_new: int
+    #: picks a token from this row's logits (1-D); also sees the ids so far (repetition penalty)
+    choose: Callable[[torch.Tensor, list[int]], int]
+    #: ``ids -> True`` when a stop sequence appeared in the generated text (None: no stop sequences)
+    stopped: Callable[[list[int]], bool] | None = None
+    #: end-of-text ids that finish the sequence (empty for ``ignore_eos``)
+    eos_ids: frozenset[int] = frozenset()
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    #: what the request's thread reads: token ids, then ``None`` (done) or an exception
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """The client went away: the scheduler drops the sequence at its next step."""
+        self.cancelled = True
+
+    def take(self, token: int) -> bool:
+        """Record one generated token; True when the sequence is finished."""
+        self.tokens.append(token)
+        self.events.put(token)
+        if token in self.eos_ids:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= self.max_new:
+            self.finish_reason = "length"
+        elif self.stopped is not None and self.stopped(self.tokens):
+            self.finish_reason = "stop"
+        return self.finish_reason is not None
+
+    def tokens_as_produced(self, alive: Callable[[], bool]) -> Iterator[list[int]]:
+        """The generated ids in groups (all that arrived since the last group); ends when the sequence does."""
+        while True:
+            try:
+                item = self.events.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if not alive():
+                    raise NotReady("the model's scheduler stopped; retry") from None
+                continue
+            group: list[int] = []
+            while True:
+                if item is None:
+                    if group:
+                        yield group
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                group.append(item)
+                try:
+                    item = self.events.get_nowait()
+                except queue.Empty:
+                    break
+            yield group
+
+
+class Batch:
+    """The running sequences and their key/value cache: one row each, left-padded to one length."""
+
+    def __init__(self) -> None:
+        self.seqs: list[Sequence] = []
+        self.cache: Any = None  # a transformers DynamicCache holding every row
+        self.mask: torch.Tensor | None = None  # [rows, length]: 1 for a real position, 0 for padding
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def add(self, seq: Sequence, cache: Any) -> None:
+        """Join a prefilled sequence with its own cache (batch of one, no padding)."""
+        length = cache.get_seq_length()
+        mask = torch.ones((1, length), dtype=torch.long, device=_device_of(cache))
+        if self.cache is None:
+            self.seqs, self.cache, self.mask = [seq], cache, mask
+            return
+        assert self.mask is not None
+        width = max(self.mask.shape[1], length)
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)], dim=0)
+            mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)], dim=0)
+        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)], dim=0)
+        self.seqs.append(seq)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these rows (the others finished or were cancelled) and drop all-padding columns."""
+        if not rows:
+            self.seqs, self.cache, self.mask = [], None, None
+            return
+        assert self.mask is not None
+        index = torch.tensor(rows, device=self.mask.device)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(dim=0).nonzero()
+        start = int(used[0]) if used.numel() else 0
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+            layer.values = layer.values.index_select(0, index)[:, :, start:]
+        self.mask = mask[:, start:]
+        self.seqs = [self.seqs[i] for i in rows]
+
+    def decode(self, forward: Callable[..., Any]) -> torch.Tensor:
+        """One forward pass over every row's last token: the next-token logits, one row each."""
+        assert self.mask is not None
+        device = self.mask.device
+        last = torch.tensor([[s.tokens[-1]] for s in self.seqs], device=device)
+        positions = self.mask.sum(dim=1, keepdim=True)  # real tokens before this one, padding not counted
+        mask = torch.cat([self.mask, torch.ones_like(positions)], dim=1)
+        logits = forward(last, mask, self.cache, position_ids=positions)  # the cache grows in place
+        self.mask = mask
+        return logits[:, -1, :]
+
+
+class Scheduler:
+    """Runs every generation of one model in a single batch, stepping all running sequences together."""
+
+    def __init__(
+        self,
+        model: Any,
+        device: str,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        max_queued: int | None,
+        gauges: Any = None,
+    ):
+        self.model = model
+        self.device = device
+        self.forward = forward_of(model)
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.max_queued = max_queued
+        self.gauges = gauges
+        self.waiting: deque[Sequence] = deque()
+        self.batch = Batch()
+        #: sequences admitted at the current step, being prefilled (counted as running)
+        self.joining: list[Sequence] = []
+        self.lock = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        #: decoding steps run, and the most rows one of them had (for tests and the bench)
+        self.steps = 0
+        self.most_rows = 0
+
+    # -- the request side -------------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        """Queue a sequence; it joins the batch at a coming step."""
+        with self.lock:
+            if self.stopping:
+                raise NotReady("the model is being unloaded")
+            queued = len(self.waiting) + len(self.batch) - self.max_num_seqs  # beyond the batch's room
+            if self.max_queued is not None and queued >= self.max_queued:
+                raise TooManyRequests(
+                    f"the batch is full and {max(queued, 0)} generations are waiting for a place in it "
+                    f"(options.max_queued: {self.max_queued}); retry later"
+                )
+            self.waiting.append(seq)
+            if self.thread is None:  # started on first use: after the server's fork
+                self.thread = threading.Thread(target=self._run, name="servekit-hf-scheduler", daemon=True)
+                self.thread.start()
+            self.lock.notify()
+        self._gauge()
+
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def running(self) -> int:
+        return len(self.batch) + len(self.joining)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def stop(self) -> None:
+        """Stop the thread; what runs or waits ends with an error (the model is unloaded)."""
+        with self.lock:
+            self.stopping = True
+            self.lock.notify()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=30)
+
+    # -- the scheduler's thread ---------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self.lock:
+                    while not self.stopping and not self.waiting and not self.batch.seqs:
+                        self.lock.wait()
+                    if self.stopping:
+                        break
+                    joining = self.joining = self._admit()
+                self._gauge()
+                try:
+                    self._step(joining)
+                except Exception as exc:  # the batch's forward pass failed: every sequence in it gets the error
+                    failure = _failure(exc)
+                    for seq in [*self.batch.seqs, *joining]:
+                        seq.events.put(failure)
+                    self.batch.keep([])
+                self.joining = []
+                self._gauge()
+        gone = NotReady("the model was unloaded while generating; retry")
+        with self.lock:
+            for seq in [*self.batch.seqs, *self.waiting]:
+                seq.events.put(gone)
+            self.waiting.clear()
+        self.batch.keep([])
+        self._gauge()
+
+    def _admit(self) -> list[Sequence]:
+        """Waiting sequences that join at this step (called holding the lock)."""
+        for seq in [s for s in self.waiting if s.cancelled]:
+            self.waiting.remove(seq)
+        budget = self.max_batched_tokens - len(self.batch)
+        joining: list[Sequence] = []
+        while self.waiting and len(self.batch) + len(joining) < self.max_num_seqs:
+            cost = len(self.waiting[0].prompt_ids)
+            if joining and cost > budget:
+                break  # waits for the next step; a prompt over the whole budget still runs, on a step of its own
+            joining.append(self.waiting.popleft())
+            budget -= cost
+        return joining
+
+    def _step(self, joining: list[Sequence]) -> None:
+        batch = self.batch
+        keep = [i for i, s in enumerate(batch.seqs) if not s.cancelled]
+        if len(keep) < len(batch):
+            batch.keep(keep)
+        if batch.seqs:
+            logits = batch.decode(self.forward)
+            self.steps += 1
+            self.most_rows = max(self.most_rows, len(batch))
+            staying = [i for i, seq in enumerate(batch.seqs) if not self._advance(seq, logits[i])]
+            if len(staying) < len(batch):
+                batch.keep(staying)
+        for seq in joining:
+            if seq.cancelled:
+                continue
+            try:  # one request's prefill failing fails that request only
+                cache, logits = self._prefill(seq)
+            except Exception as exc:
+                seq.events.put(_failure(exc))
+                continue
+            if not self._advance(seq, logits):
+                batch.add(seq, cache)
+
+    @staticmethod
+    def _advance(seq: Sequence, logits: torch.Tensor) -> bool:
+        """Give ``seq`` its next token; True when it is finished (or failed) and leaves the batch."""
+        try:
+            done = seq.take(seq.choose(logits, seq.tokens))
+        except Exception as exc:  # its own sampling settings failed: only this row leaves
+            seq.events.put(_failure(exc))
+            return True
+        if done:
+            seq.events.put(None)
+        return done
+
+    def _prefill(self, seq: Sequence) -> tuple[Any, torch.Tensor]:
+        from transformers import DynamicCache
+
+        ids = torch.tensor([seq.prompt_ids], device=self.device)
+        cache = DynamicCache()
+        logits = self.forward(ids, torch.ones_like(ids), cache)
+        return cache, logits[0, -1, :]
+
+    def _gauge(self) -> None:
+        if self.gauges is not None:
+            self.gauges.running.set(self.running)
+            self.gauges.queued.set(len(self.waiting))
+
+
+def forward_of(model: Any) -> Callable[..., torch.Tensor]:
+    """``forward(ids, mask, cache, **kw) -> logits`` of the last position, filling ``cache`` in place.
+
+    Transformers 5 names the cache argument ``cache`` (``past_key_values`` before).
+    """
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in parameters else "past_key_values"
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor, cache: Any, **kwargs: Any) -> torch.Tensor:
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **{name: cache}, **last_only, **kwargs)
+        return out.logits
+
+    return forward
+
+
+def check_cache(model: Any, device: str) -> None:
+    """Refuse a model whose cache the scheduler cannot join rows of (a prefill of one token, at load)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.inference_mode():
+        ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+        forward_of(model)(ids, torch.ones_like(ids), cache)
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(type(layer).__name__ == "DynamicLayer" for layer in layers):
+        raise ValueError(
+            f"{type(model).__name__} keeps a cache continuous batching cannot share "
+            f"({type(cache).__name__}); set options.continuous_batching: false"
+        )
+
+
+def _failure(exc: Exception) -> ModelFailure:
+    log.warning("generation failed: %s", exc, exc_info=log.isEnabledFor(logging.DEBUG))
+    return ModelFailure(f"generation failed: {type(exc).__name__}: {exc}")
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t`` with zeros added before its sequence axis (the last-but-one of a cache, the last of a mask)."""
+    axis = -2 if t.dim() == 4 else -1
+    missing = width - t.shape[axis]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[axis] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=axis)
+
+
+def _device_of(cache: Any) -> torch.device:
+    return cache.layers[0].keys.device

@@ -1,0 +1,250 @@
+"""Continuous batching of the Hugging Face plugin, in-process: answers independent of
+the batch (greedy and seeded sampling, GPT-2 and Llama-style models, sequences
+joining mid-flight), the limits and the queue, cancellation freeing a slot,
+unloading, and the gauges ``/metrics`` reads.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from generative_models import build_tiny_gpt2, build_tiny_llama
+from servekit.errors import NotReady, TooManyRequests
+from servekit.generation import GenerationRequest
+from servekit.types import ModelConfig
+
+torch = pytest.importorskip("torch")
+from servekit_huggingface import loader
+
+PROMPTS = ["hello world", "the quick brown fox jumps over", "hi", "servekit serves models over many protocols", "a b"]
+
+
+@pytest.fixture(scope="module")
+def gpt_dir(tmp_path_factory) -> Path:
+    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt", n_positions=128)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "llama", max_position_embeddings=128)
+
+
+def load(folder: Path, name: str = "model", **options):
+    return loader.load_folder(folder, ModelConfig(options=options), name, 1)
+
+
+def tokens(model, prompt: str, **kw) -> list[int]:
+    """The ids the scheduler generated for one request (read from its sequence)."""
+    seq, prompt_tokens = model._sequence(GenerationRequest(prompt=prompt, **kw))
+    result = model._scheduled(seq, prompt_tokens)
+    assert result.completion_tokens == len(seq.tokens)
+    return seq.tokens
+
+
+def wait_for(condition, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+SETTINGS = [
+    pytest.param({"temperature": 0}, id="greedy"),
+    pytest.param({"temperature": 0, "options": {"repetition_penalty": 1.5}}, id="greedy-penalty"),
+    pytest.param({"temperature": 1.0, "seed": 11}, id="seeded"),
+    pytest.param({"temperature": 0.8, "top_p": 0.9, "seed": 3, "options": {"top_k": 40}}, id="seeded-top"),
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(request):
+    """One model per folder fixture for the module, closed at its end."""
+    models: dict[str, object] = {}
+
+    def get(kind: str):
+        if kind not in models:
+            models[kind] = load(request.getfixturevalue(kind))
+        return models[kind]
+
+    yield get
+    for model in models.values():
+        model.close()
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+@pytest.mark.parametrize("kind", ["gpt_dir", "llama_dir"])
+def test_the_same_tokens_alone_and_batched(kind, settings, loaded):
+    model = loaded(kind)
+    kw = {"max_tokens": 24, **settings, "options": {"ignore_eos": True, **settings.get("options", {})}}
+    model.scheduler.most_rows = 0
+    alone = [tokens(model, p, **kw) for p in PROMPTS]
+    assert model.scheduler.most_rows == 1
+    rng = random.Random(0)
+
+    def staggered(i: int) -> list[int]:
+        time.sleep(rng.random() * 0.05)  # rows join while others are running, with other cache lengths
+        return tokens(model, PROMPTS[i % len(PROMPTS)], **kw)
+
+    with ThreadPoolExecutor(15) as pool:
+        batched = list(pool.map(staggered, range(15)))
+    assert model.scheduler.most_rows > 1  # they did share steps
+    assert batched == [alone[i % len(PROMPTS)] for i in range(15)]
+
+
+def test_the_same_tokens_as_generate(llama_dir):
+    batched, generating = load(llama_dir), load(llama_dir, continuous_batching=False)
+    for prompt in PROMPTS:
+        for kw in ({"temperature": 0}, {"temperature": 1.0, "seed": 5}):
+            one = batched.complete(GenerationRequest(prompt=prompt, max_tokens=16, **kw))
+            other = generating.complete(GenerationRequest(prompt=prompt, max_tokens=16, **kw))
+            assert (one.text, one.completion_tokens, one.finish_reason) == (
+                other.text,
+                other.completion_tokens,
+                other.finish_reason,
+            )
+    batched.close()
+
+
+def test_max_num_seqs_bounds_the_batch_and_everyone_is_served(gpt_dir):
+    model = load(gpt_dir, max_num_seqs=3)
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(
+            pool.map(
+                lambda _: (
+                    model.complete(
+                        GenerationRequest(prompt="hello", max_tokens=10, temperature=0, options={"ignore_eos": True})
+                    ).text
+                ),
+                range(8),
+            )
+        )
+    assert len(set(texts)) == 1
+    assert model.scheduler.most_rows == 3
+    model.close()
+
+
+def test_max_batched_tokens_spreads_prefills_over_steps(gpt_dir):
+    model = load(gpt_dir, max_batched_tokens=8)
+    long_prompt = "the quick brown fox jumps over the lazy dog"
+    assert len(model.tokenizer(long_prompt)["input_ids"]) > 8
+    alone = tokens(model, long_prompt, max_tokens=6, temperature=0)  # over the budget: prefilled on its own step
+    with ThreadPoolExecutor(4) as pool:
+        batched = list(pool.map(lambda _: tokens(model, long_prompt, max_tokens=6, temperature=0), range(4)))
+    assert batched == [alone] * 4
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def long_gpt_dir(tmp_path_factory) -> Path:
+    """A context long enough that a stream runs for thousands of steps unless it is cancelled."""
+    return build_tiny_gpt2(tmp_path_factory.mktemp("long") / "gpt", n_positions=4096)
+
+
+def open_stream(model, max_tokens: int = 100, **kw):
+    stream = model.complete(
+        GenerationRequest(prompt="hello", max_tokens=max_tokens, temperature=1.0, seed=1, stream=True, **kw)
+    )
+    first = next(stream)
+    return stream, first
+
+
+def test_cancelling_a_stream_frees_its_slot_at_the_next_step(long_gpt_dir):
+    from prometheus_client import REGISTRY
+
+    model = load(long_gpt_dir, name="cancel-me", max_num_seqs=1)
+    labels = {"model": "cancel-me", "version": "1"}
+    stream, first = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
+    assert first.text or first.completion_tokens
+    assert model.scheduler.running == 1
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(
+            model.complete, GenerationRequest(prompt="hi", max_tokens=5, temperature=0, options={"ignore_eos": True})
+        )
+        wait_for(lambda: model.scheduler.queued == 1)
+        assert REGISTRY.get_sample_value("servekit_generation_queue_depth", labels) == 1
+        assert REGISTRY.get_sample_value("servekit_generation_running", labels) == 1
+        time.sleep(0.2)
+        assert not waiting.done()  # the batch is full
+        stream.close()  # what the server does when the client disconnects
+        result = waiting.result(timeout=20)  # starts as soon as the slot is free
+    assert (result.completion_tokens, result.finish_reason) == (5, "length")
+    assert model.scheduler.steps < 3900  # the cancelled stream did not run to its end
+    wait_for(lambda: model.scheduler.running == 0)
+    wait_for(lambda: REGISTRY.get_sample_value("servekit_generation_running", labels) == 0)
+    assert REGISTRY.get_sample_value("servekit_generation_queue_depth", labels) == 0
+    model.close()
+
+
+def test_a_full_queue_refuses_with_429(long_gpt_dir):
+    model = load(long_gpt_dir, max_num_seqs=1, max_queued=1)
+    stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(model.complete, GenerationRequest(prompt="hi", max_tokens=3, temperature=0))
+        wait_for(lambda: model.scheduler.queued == 1)
+        with pytest.raises(TooManyRequests, match="max_queued: 1"):
+            model.complete(GenerationRequest(prompt="hi", max_tokens=3, temperature=0))
+        stream.close()
+        assert waiting.result(timeout=20).completion_tokens >= 1
+    model.close()
+
+
+def test_a_stop_sequence_ends_the_sequence_in_the_batch(gpt_dir):
+    model = load(gpt_dir)
+    full = model.complete(GenerationRequest(prompt="hello", max_tokens=30, temperature=0, options={"ignore_eos": True}))
+    stop = full.text[4:7]
+    cut = model.complete(
+        GenerationRequest(prompt="hello", max_tokens=30, temperature=0, stop=[stop], options={"ignore_eos": True})
+    )
+    assert cut.finish_reason == "stop" and cut.completion_tokens < 30
+    assert stop in cut.text  # the plugin stops; the framework cuts the text exactly
+    model.close()
+
+
+def test_unloading_ends_running_and_waiting_requests_with_a_clear_error(long_gpt_dir):
+    model = load(long_gpt_dir, max_num_seqs=1)
+    stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
+    errors: list[BaseException] = []
+
+    def wait_in_queue() -> None:
+        try:
+            model.complete(GenerationRequest(prompt="hi", max_tokens=3, temperature=0))
+        except NotReady as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait_in_queue)
+    thread.start()
+    wait_for(lambda: model.scheduler.queued == 1)
+    model.close()
+    thread.join(timeout=20)
+    assert errors and "unloaded" in str(errors[0])
+    with pytest.raises(NotReady, match="unloaded"):
+        list(stream)
+    with pytest.raises(NotReady, match="unloaded"):
+        model.complete(GenerationRequest(prompt="hi", max_tokens=3))
+    assert not model.scheduler.alive()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"continuous_batching": "yes"}, "continuous_batching must be true or false"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be a positive integer"),
+        ({"max_batched_tokens": 1.5}, "max_batched_tokens must be a positive integer"),
+        ({"max_queued": -1}, "max_queued must be a non-negative integer"),
+    ],
+)
+def test_bad_scheduler_options_are_refused_at_load(gpt_dir, options, message):
+    with pytest.raises(ValueError, match=message):
+        load(gpt_dir, **options)
+
+
+def test_an_empty_prompt_starts_from_the_start_of_text_token(gpt_dir):
+    model = load(gpt_dir)
+    result = model.complete(GenerationRequest(prompt="", max_tokens=5, temperature=0, options={"ignore_eos": True}))
+    assert (result.prompt_tokens, result.completion_tokens) == (1, 5)
+    model.close()
