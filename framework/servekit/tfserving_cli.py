@@ -250,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
 def serve(settings: settings_mod.Settings, mirror: Mirror | None, flags: dict[str, Any]) -> int:
     from .config import ConfigError
     from .repository import discover
+    from .storage import prepare_paths
 
     try:
+        prepare_paths(settings.paths)  # --model_base_path=s3://...: mirrored into the cache now
         discover(settings.model_paths, settings.model_name)  # fail fast, before forking workers
         if mirror is not None:
             from .control import owner
