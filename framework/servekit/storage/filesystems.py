@@ -20,6 +20,7 @@ http(s) archives go through fsspec's own HTTP filesystem (aiohttp).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from .errors import StorageError
@@ -64,11 +65,45 @@ def s3_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return options
 
 
+#: environment variables a filesystem is made from: one is made again when any of them changes
+_ENV_KEYS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ANON",
+    "AWS_NO_SIGN_REQUEST",
+    "S3_ENDPOINT",
+    "S3_USE_HTTPS",
+    "S3_VERIFY_SSL",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "STORAGE_EMULATOR_HOST",
+)
+_made: dict[tuple[str, tuple[str, ...]], Any] = {}
+_lock = threading.Lock()
+
+
 def filesystem(uri: str) -> Any:
-    """A fresh fsspec filesystem for ``uri`` (not fsspec's instance cache: the environment may change).
+    """The fsspec filesystem for ``uri``'s scheme, kept between polls, its listing cache emptied.
+
+    Made again when the environment it was made from changes (new credentials).
 
     :raises StorageError: its extra is not installed.
     """
+    key = (scheme(uri), tuple(os.environ.get(k, "") for k in _ENV_KEYS))
+    with _lock:
+        fs = _made.get(key)
+        if fs is None:
+            fs = _made[key] = _make(uri)
+    fs.invalidate_cache()  # every sync sees the store as it is now
+    return fs
+
+
+def _make(uri: str) -> Any:
     kind = scheme(uri)
     if kind == "s3":
         try:
