@@ -113,10 +113,12 @@ def _make(uri: str) -> Any:
         return s3fs.S3FileSystem(skip_instance_cache=True, **s3_options())
     if kind in ("gs", "gcs"):
         try:
-            import gcsfs
+            # the plain JSON-API filesystem: gcsfs's default class first asks a gRPC API what kind
+            # of bucket it is, which emulators do not answer (a minute's timeout per bucket)
+            from gcsfs.core import GCSFileSystem
         except ImportError:
             raise StorageError(f"{uri}: gs:// model paths need gcsfs: pip install 'servekit[gcs]'") from None
-        return gcsfs.GCSFileSystem(skip_instance_cache=True)
+        return GCSFileSystem(skip_instance_cache=True)
     try:
         from fsspec.implementations.http import HTTPFileSystem
     except ImportError:  # aiohttp
