@@ -8,15 +8,21 @@ them with the real client libraries (s3fs, gcsfs, aiohttp).
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import requests
 from servekit import storage
 from servekit.control.plan import Planner
 from servekit.storage import filesystems, uris
+from servekit.testing import ServerProcess
 from storage_servers import ArchiveServer, GCSServer, S3Server
 
 
@@ -296,3 +302,142 @@ def test_a_truncated_or_escaping_archive_is_refused(archives, monkeypatch, tmp_p
         storage.prepare(f"{archives.url}/evil.zip")
     with pytest.raises(storage.StorageError, match="not found"):
         storage.prepare(f"{archives.url}/missing.tar.gz")
+
+
+# -- end to end: the real server over the real stores -----------------------------------------------
+
+SETOSA = [5.1, 3.5, 1.4, 0.2]
+
+
+@pytest.fixture(scope="module")
+def stored_iris(s3, tmp_path_factory):
+    """Iris versions 1 and 2 (``version_policy: all``) in ``s3://e2e/models/iris``."""
+    from conftest import fit_iris
+
+    build = tmp_path_factory.mktemp("iris_build")
+    fit_iris(build / "iris", 1)
+    fit_iris(build / "iris", 2)
+    (build / "iris" / "servekit.yaml").write_text("version_policy: all\n")
+    s3.client.create_bucket(Bucket="e2e")
+    s3.upload(build / "iris", "e2e", "models/iris")
+    return build / "iris"
+
+
+def predict_v1(url: str, version: int) -> requests.Response:
+    return requests.post(f"{url}/v1/models/iris/versions/{version}:predict", json={"instances": [SETOSA]}, timeout=30)
+
+
+def served_versions(url: str) -> dict[str, str]:
+    answer = requests.get(f"{url}/v1/models/iris", timeout=30).json()
+    return {s["version"]: s["state"] for s in answer.get("model_version_status", [])}
+
+
+def wait_for(condition, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.25)
+    raise TimeoutError("the condition never held")
+
+
+@pytest.mark.slow
+def test_a_model_in_s3_serves_v1_and_v2_from_two_workers_and_takes_a_new_version(s3, stored_iris, tmp_path):
+    import tritonclient.http as httpclient
+
+    env = {**s3.env(), storage.CACHE_ENV: str(tmp_path / "cache")}
+    server = ServerProcess("s3://e2e/models/iris", env=env, workers=2).start(timeout=180)
+    try:
+        for version in (1, 2):
+            answer = predict_v1(server.url, version)
+            assert answer.status_code == 200 and answer.json() == {"predictions": ["setosa"]}
+        client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+        inputs = []
+        for name, value in zip(("sepal_length", "sepal_width", "petal_length", "petal_width"), SETOSA, strict=True):
+            inputs.append(httpclient.InferInput(name, [1], "FP64"))
+            inputs[-1].set_data_from_numpy(np.array([value]))
+        assert client.infer("iris", inputs).as_numpy("predict").tolist() == [b"setosa"]
+        assert not list((tmp_path / "cache").glob("*/iris/3"))  # nothing of version 3 yet
+
+        s3.upload(stored_iris / "2", "e2e", "models/iris/3")  # a new version lands in the bucket
+        wait_for(lambda: served_versions(server.url).get("3") == "AVAILABLE")
+        # every worker serves it: twenty requests in a row answer from version 3
+        wait_for(lambda: all(predict_v1(server.url, 3).status_code == 200 for _ in range(20)))
+        assert served_versions(server.url) == {"1": "AVAILABLE", "2": "AVAILABLE", "3": "AVAILABLE"}
+    finally:
+        server.stop()
+        s3.delete("e2e", "models/iris/3")
+
+
+@pytest.mark.slow
+def test_tfserving_cli_serves_a_model_base_path_in_s3(s3, stored_iris, tmp_path):
+    grpc = pytest.importorskip("grpc")
+    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
+    from tensorflow_serving.config import model_server_config_pb2
+    from test_tfserving_cli import TFServing
+
+    env = {**s3.env(), storage.CACHE_ENV: str(tmp_path / "cache")}
+    with pytest.MonkeyPatch.context() as patch:  # the server process inherits the environment
+        for key, value in env.items():
+            patch.setenv(key, value)
+        server = TFServing(tmp_path, "--model_name=iris", "--model_base_path=s3://e2e/models/iris")
+    try:
+        rest = f"http://127.0.0.1:{server.rest_port}"
+        assert served_versions(rest) == {"1": "AVAILABLE", "2": "AVAILABLE"}
+        assert predict_v1(rest, 2).json() == {"predictions": ["setosa"]}
+        # HandleReloadConfigRequest with base paths in the bucket: a missing one is refused by name
+        config = model_server_config_pb2.ModelServerConfig()
+        entry = config.model_config_list.config.add()
+        entry.name, entry.base_path = "flowers", "s3://e2e/models/no-such-model"
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = model_service_pb2_grpc.ModelServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "s3://e2e/models/no-such-model: not found" in refused.value.details()
+            entry.base_path = "s3://e2e/models/iris"
+            reply = stub.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+        assert reply.status.error_code == 0
+        answer = requests.post(f"{rest}/v1/models/flowers:predict", json={"instances": [SETOSA]}, timeout=30)
+        assert answer.json() == {"predictions": ["setosa"]}
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("uri", "env_change", "expected"),
+    [
+        ("s3://no-such-bucket/iris", {}, "s3://no-such-bucket/iris: not found (no such bucket"),
+        ("s3://e2e/models/iris", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "s3://e2e/models/iris: access denied"),
+    ],
+)
+def test_serve_refuses_an_unreadable_uri_in_one_line(s3, stored_iris, tmp_path, uri, env_change, expected):
+    env = {**os.environ, **s3.env(**env_change), storage.CACHE_ENV: str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-m", "servekit", "serve", uri, "--host", "127.0.0.1", "--grpc-port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"servekit: {expected}"), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_an_http_archive_is_served(archives, tmp_path):
+    from conftest import fit_iris
+
+    fit_iris(tmp_path / "build" / "iris", 1)
+    with tarfile.open(archives.folder / "flowers.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "build" / "iris" / "1", arcname="1")
+    env = {storage.CACHE_ENV: str(tmp_path / "cache")}
+    server = ServerProcess(f"{archives.url}/flowers.tar.gz", env=env).start(timeout=180)
+    try:
+        answer = requests.post(f"{server.url}/v1/models/flowers:predict", json={"instances": [SETOSA]}, timeout=30)
+        assert answer.json() == {"predictions": ["setosa"]}
+    finally:
+        server.stop()
