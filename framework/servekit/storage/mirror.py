@@ -337,8 +337,8 @@ def _sync_model(fs: Any, uri: str, folder: Path, files: dict[str, dict[str, Any]
     # dropped: versions that left the store, and those the policy stopped wanting a sync ago
     keep = (set(wanted) | set(state.get("wanted", []))) & set(by_version)
     for entry in folder.iterdir():
-        version = version_of(entry)
-        if version is not None and version not in keep:
+        number = version_of(entry)
+        if number is not None and number not in keep:
             shutil.rmtree(entry, ignore_errors=True)
     fresh["versions"] = {v: m for v, m in done.items() if int(v) in keep and (folder / v).is_dir()}
     fresh["wanted"] = sorted(wanted)
