@@ -441,3 +441,53 @@ def test_an_http_archive_is_served(archives, tmp_path):
         assert answer.json() == {"predictions": ["setosa"]}
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_version_uploaded_under_64_connections_fails_no_request(s3, stored_iris, tmp_path):
+    """The issue's bar: 64 connections send requests while a new version lands in the bucket."""
+    import threading
+
+    s3.upload(stored_iris / "1", "e2e", "load/iris/1")  # latest policy: version 1 only
+    env = {**s3.env(), storage.CACHE_ENV: str(tmp_path / "cache")}
+    server = ServerProcess("s3://e2e/load/iris", env=env, workers=2).start(timeout=180)
+    body = {
+        "inputs": [
+            {"name": n, "datatype": "FP64", "shape": [1], "data": [v]}
+            for n, v in zip(("sepal_length", "sepal_width", "petal_length", "petal_width"), SETOSA, strict=True)
+        ]
+    }
+    stop = threading.Event()
+    failures: list[str] = []
+    versions: list[str] = []
+
+    def send() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                try:
+                    answer = session.post(f"{server.url}/v2/models/iris/infer", json=body, timeout=60)
+                except requests.RequestException as exc:
+                    failures.append(repr(exc))
+                    continue
+                if answer.status_code != 200:
+                    failures.append(f"{answer.status_code} {answer.text[:200]}")
+                else:
+                    versions.append(answer.json()["model_version"])
+
+    threads = [threading.Thread(target=send, daemon=True) for _ in range(64)]
+    try:
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: len(versions) > 64)
+        uploaded = time.monotonic()
+        s3.upload(stored_iris / "2", "e2e", "load/iris/2")
+        wait_for(lambda: versions[-64:].count("2") == 64, timeout=120)
+        print(f"version 2 answered every request {time.monotonic() - uploaded:.1f}s after its upload")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        server.stop()
+        s3.delete("e2e", "load/iris")
+    assert not failures, failures[:5]
+    assert versions[0] == "1" and versions[-1] == "2"
