@@ -405,6 +405,33 @@ def test_tfserving_cli_serves_a_model_base_path_in_s3(s3, stored_iris, tmp_path)
 
 
 @pytest.mark.slow
+def test_tfserving_model_config_file_with_a_base_path_in_s3(s3, stored_iris, tmp_path):
+    from test_tfserving_cli import TFServing
+
+    config = tmp_path / "models.config"
+    config.write_text(
+        'model_config_list {\n  config {\n    name: "flowers"\n    base_path: "s3://e2e/models/iris"\n'
+        "    model_version_policy { specific { versions: 1 } }\n  }\n}\n"
+    )
+    env = {**s3.env(), storage.CACHE_ENV: str(tmp_path / "cache")}
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        server = TFServing(tmp_path, f"--model_config_file={config}")
+    try:
+        rest = f"http://127.0.0.1:{server.rest_port}"
+        status = requests.get(f"{rest}/v1/models/flowers", timeout=30).json()["model_version_status"]
+        assert [(s["version"], s["state"]) for s in status] == [("1", "AVAILABLE")]
+        answer = requests.post(f"{rest}/v1/models/flowers:predict", json={"instances": [SETOSA]}, timeout=30)
+        assert answer.json() == {"predictions": ["setosa"]}
+    finally:
+        server.stop()
+    # the config's policy decided what was downloaded: version 1 only
+    (folder,) = (tmp_path / "cache").glob("*/iris")
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["1", "servekit.yaml"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("uri", "env_change", "expected"),
     [

@@ -226,7 +226,14 @@ class Mirror:
 def _sync_folder(folder: Path, model: ServedModel) -> None:
     folder.mkdir(exist_ok=True)
     base = _base_folder(model)
-    wanted = {e.name: e for e in base.iterdir() if e.name != _CONFIG} if base.is_dir() else {}
+    # of a storage cache, not its state file and downloads in flight (dot entries): the
+    # generated folder must not look like a cache folder itself
+    remote = isinstance(model.base_path, str)
+    wanted = (
+        {e.name: e for e in base.iterdir() if e.name != _CONFIG and not (remote and e.name.startswith("."))}
+        if base.is_dir()
+        else {}
+    )
     for entry in folder.iterdir():
         if entry.name != _CONFIG and entry.name not in wanted:
             entry.unlink()
