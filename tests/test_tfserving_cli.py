@@ -65,7 +65,7 @@ def test_flags_parse_as_tensorflows_parser_does():
         (["--no_such_flag=1"], "unknown flag --no_such_flag"),
         (["--port=eighty"], "--port: expected int"),
         (["--enable_batching=maybe"], "--enable_batching: expected true or false"),
-        (["--use_tflite_model=true"], "--use_tflite_model=true is not supported"),
+        (["--xla_cpu_compilation_enabled=true"], "--xla_cpu_compilation_enabled=true is not supported"),
         (["--tensorflow_intra_op_parallelism=4"], "--tensorflow_intra_op_parallelism=4 is not supported"),
         (["models/"], "unexpected argument"),
     ],

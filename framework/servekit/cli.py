@@ -80,8 +80,12 @@ def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]
     from .config import ConfigError
     from .repository import discover
     from .server.ports import PortTaken, check_ports
+    from .storage import prepare_paths
 
     try:
+        # s3://, gs:// and https:// paths: mirrored here, in the process that will own the
+        # model set, so a missing bucket or credential is this one line
+        prepare_paths(settings.paths)
         models = sorted(discover(settings.model_paths, settings.model_name))
     except ConfigError as exc:
         raise _Refused(str(exc)) from None

@@ -257,7 +257,7 @@ class ModelRepository:
             retry = current is not None and current.state is State.END and tried != (where["fingerprint"], key)
             if current is None or stale or retry:
                 model.tried[version] = (where["fingerprint"], key)
-                self._load_version(model, version, Path(where["path"]), where["fingerprint"])
+                self._load_version(model, version, Path(where["path"]), where["fingerprint"], where.get("error", ""))
         # Unload what is no longer wanted, but keep serving until every wanted
         # version is up: a broken new version must not take the old one away.
         on_disk = set(doc["on_disk"])
@@ -316,16 +316,19 @@ class ModelRepository:
             )
         model.dangling_labels = dangling
 
-    def _load_version(self, model: Model, version: int, path: Path, fingerprint: float) -> None:
-        """Load a version; it takes the place of a version of that number only once it is AVAILABLE."""
+    def _load_version(self, model: Model, version: int, path: Path, fingerprint: float, error: str = "") -> None:
+        """Load a version; it takes the place of a version of that number only once it is AVAILABLE.
+
+        ``error``: why its files are not there (a failed download from storage): it fails with that.
+        """
         mv = ModelVersion(model.name, version, path, model.config, State.LOADING, fingerprint=fingerprint)
         mv.raw_config = dict(model.raw_config)
         with self._lock:
             previous = model.versions.get(version)
             if previous is None or not previous.ready:
                 model.versions[version] = mv
-        if model.config_error:
-            self._fail(mv, model.config_error)
+        if model.config_error or error:
+            self._fail(mv, model.config_error or error)
         else:
             started = time.perf_counter()
             try:

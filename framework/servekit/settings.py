@@ -62,7 +62,13 @@ class Settings:
     request_timeout: float = _opt(
         0.0, "seconds a request may take before it is answered 504; 0 (default) sets no limit"
     )
-    poll_interval: float = _opt(1.0, "seconds between file-system polls for new model versions; 0 disables")
+    poll_interval: float = _opt(
+        1.0,
+        "seconds between polls of the model folders (and s3://, gs://, https:// paths) for new versions; 0 disables",
+    )
+    model_cache_dir: str = _opt(
+        "", "local cache of s3://, gs:// and https:// model paths (default ~/.cache/servekit/models)"
+    )
     max_batch_size: int = _opt(0, "default adaptive batch size per model; 0 disables batching")
     max_batch_time_ms: float = _opt(2.0, "default longest wait to fill a batch, in milliseconds")
     log_level: str = _opt("info", "debug, info, warning or error")
@@ -150,7 +156,11 @@ class Settings:
 
     @property
     def model_paths(self) -> list[Path]:
-        return [Path(p) for p in self.paths]
+        """The model paths as local folders: an ``s3://``, ``gs://`` or ``https://`` path as its
+        cache folder, which the server's owner fills (:func:`servekit.storage.prepare_paths`)."""
+        from . import storage
+
+        return storage.local_paths(self.paths)
 
 
 _ENV_PREFIX = "SERVEKIT_"
@@ -202,9 +212,17 @@ def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | No
     values.update(given)
     if not values.get("paths") and environ.get("MODEL_BASE_PATH"):
         model = environ.get("MODEL_NAME", "model")
-        values["paths"] = [str(Path(environ["MODEL_BASE_PATH"]) / model)]
+        base = environ["MODEL_BASE_PATH"]
+        values["paths"] = [f"{base.rstrip('/')}/{model}" if "://" in base else str(Path(base) / model)]
         values.setdefault("model_name", model)
-    return _coerce(values)
+    if not values.get("paths") and environ.get("STORAGE_URI"):  # KServe's model-server images
+        values["paths"] = [environ["STORAGE_URI"]]
+    settings = _coerce(values)
+    if settings.model_cache_dir:  # the storage cache is found through the environment by every process
+        from .storage import CACHE_ENV
+
+        os.environ[CACHE_ENV] = settings.model_cache_dir
+    return settings
 
 
 def _coerce(values: dict[str, Any]) -> Settings:

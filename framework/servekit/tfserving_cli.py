@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,8 +92,8 @@ FLAGS: dict[str, Flag] = {
     "use_alts_credentials": Flag(bool, False, False),
     "per_process_gpu_memory_fraction": Flag(float, 0.0, False),
     "saved_model_tags": Flag(str, "serve", False),
-    "use_tflite_model": Flag(bool, False, False),
-    "prefer_tflite_model": Flag(bool, False, False),
+    "use_tflite_model": Flag(bool, False),  # TF Serving's older name for --prefer_tflite_model
+    "prefer_tflite_model": Flag(bool, False),
     "xla_cpu_compilation_enabled": Flag(bool, False, False),
     "enable_signature_method_name_check": Flag(bool, False, False),
     "remove_unused_fields_from_bundle_metagraph": Flag(bool, True, False),
@@ -202,9 +203,16 @@ def settings_values(flags: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+#: read by the TensorFlow plugin in every worker: a version folder holding both a SavedModel
+#: and ``model.tflite`` serves the TF Lite model (``options.prefer_tflite`` decides per model)
+PREFER_TFLITE_ENV = "SERVEKIT_TENSORFLOW_PREFER_TFLITE"
+
+
 def build(flags: dict[str, Any]) -> tuple[settings_mod.Settings, Mirror | None]:
     """Settings for the flags, and the mirror of a ``--model_config_file`` (to close at exit)."""
     values = settings_values(flags)
+    if flags.get("prefer_tflite_model") or flags.get("use_tflite_model"):
+        os.environ[PREFER_TFLITE_ENV] = "true"
     config_file = flags.get("model_config_file", "")
     mirror = None
     if config_file:
@@ -250,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
 def serve(settings: settings_mod.Settings, mirror: Mirror | None, flags: dict[str, Any]) -> int:
     from .config import ConfigError
     from .repository import discover
+    from .storage import prepare_paths
 
     try:
+        prepare_paths(settings.paths)  # --model_base_path=s3://...: mirrored into the cache now
         discover(settings.model_paths, settings.model_name)  # fail fast, before forking workers
         if mirror is not None:
             from .control import owner

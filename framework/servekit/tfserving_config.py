@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from . import storage
 from .errors import BadRequest
 from .tf_model_config import served_model
 
@@ -55,7 +56,7 @@ class ServedModel:
     """One ``ModelConfig`` entry of a ``--model_config_file``, as servekit will serve it."""
 
     name: str
-    base_path: Path
+    base_path: Path | str  # a str: an s3://, gs:// or https:// URI (servekit.storage)
     version_policy: Any = None  # servekit.yaml's form; None: the folder's own
     labels: dict[str, int] = field(default_factory=dict)
 
@@ -79,8 +80,12 @@ def read_model_config_file(path: str) -> list[ServedModel]:
 
 def _served(doc: dict[str, Any]) -> ServedModel:
     overrides = doc["overrides"]
+    base = str(doc["base_path"])
     return ServedModel(
-        doc["name"], Path(doc["base_path"]), overrides.get("version_policy"), dict(overrides.get("labels", {}))
+        doc["name"],
+        base if storage.is_uri(base) else Path(base),
+        overrides.get("version_policy"),
+        dict(overrides.get("labels", {})),
     )
 
 
@@ -149,10 +154,16 @@ class Mirror:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def adopt(self, models: list[ServedModel]) -> dict[str, tuple[str, dict[str, Any]]]:
-        """Serve ``models`` from now on: their folders, as the control plane's ``replace`` takes them."""
+        """Serve ``models`` from now on: their folders, as the control plane's ``replace`` takes them.
+
+        :raises BadRequest: a base path in storage that cannot be read, named.
+        """
         fresh = {m.name: m for m in models}
         for model in fresh.values():
-            _sync_folder(self.root / model.name, model)
+            try:
+                _sync_folder(self.root / model.name, model)
+            except storage.StorageError as exc:
+                raise BadRequest(f"model {model.name!r}: {exc}") from None
         self.models = fresh
         return {name: (str(self.root / name), {}) for name in sorted(fresh)}
 
@@ -172,7 +183,11 @@ class Mirror:
         from .control import transport
 
         owner = transport.local_owner()
-        entries = self.adopt(fresh)
+        try:
+            entries = self.adopt(fresh)
+        except BadRequest as exc:
+            log.error("--model_config_file: %s; keeping the previous configuration", exc.message)
+            return
         if owner is None:
             log.error("--model_config_file changed, but no control plane runs here to apply it")
             return
@@ -199,7 +214,7 @@ class Mirror:
                 self.reload()
             try:
                 self.sync()
-            except OSError as exc:  # a base_path may vanish for a while; keep watching
+            except (OSError, storage.StorageError) as exc:  # a base_path may vanish for a while; keep watching
                 if not self._stop.is_set():
                     log.warning("cannot mirror a model folder: %s", exc)
 
@@ -210,8 +225,15 @@ class Mirror:
 
 def _sync_folder(folder: Path, model: ServedModel) -> None:
     folder.mkdir(exist_ok=True)
-    base = model.base_path.resolve()
-    wanted = {e.name: e for e in base.iterdir() if e.name != _CONFIG} if base.is_dir() else {}
+    base = _base_folder(model)
+    # of a storage cache, not its state file and downloads in flight (dot entries): the
+    # generated folder must not look like a cache folder itself
+    remote = isinstance(model.base_path, str)
+    wanted = (
+        {e.name: e for e in base.iterdir() if e.name != _CONFIG and not (remote and e.name.startswith("."))}
+        if base.is_dir()
+        else {}
+    )
     for entry in folder.iterdir():
         if entry.name != _CONFIG and entry.name not in wanted:
             entry.unlink()
@@ -225,6 +247,26 @@ def _sync_folder(folder: Path, model: ServedModel) -> None:
         tmp = folder / (_CONFIG + ".tmp")  # written whole, then renamed: a poll never reads half
         tmp.write_text(text)
         tmp.replace(config)
+
+
+def _base_folder(model: ServedModel) -> Path:
+    """The model's ``base_path`` as a local folder: a URI's cache folder, synced now.
+
+    Its versions are downloaded by the config's version policy (else the stored
+    folder's own), so the generated folder links to local version folders only.
+    """
+    if not isinstance(model.base_path, str):
+        return model.base_path.resolve()
+    if model.version_policy is None:
+        return storage.prepare(model.base_path)
+    from .config import parse_model_config, read_raw_config, select_versions
+
+    def policy(cached: Path) -> Any:
+        raw = {**read_raw_config(cached), "version_policy": model.version_policy}
+        chosen = parse_model_config(raw, cached).version_policy
+        return lambda versions: select_versions(chosen, versions)
+
+    return storage.prepare(model.base_path, select=policy)
 
 
 def _merged_config(base: Path, model: ServedModel) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Serves ``saved_model.pb`` (or ``.pbtxt``) + ``variables/`` folders, TF1 graphs
 and TF2 exports alike, exactly as ``tensorflow_model_server`` does: every
 SignatureDef by name (``serving_default`` when none is given), graph tensor
 names in the metadata, ``:classify``/``:regress`` through serialized
-``tf.Example`` protos.  See ``docs/tensorflow.md``.
+``tf.Example`` protos.  ``model.tflite`` folders are served through
+``tf.lite.Interpreter`` (:mod:`.tflite`).  See ``docs/tensorflow.md``.
 
 TensorFlow is imported only when a SavedModel is loaded, so a server with no
 SavedModel never pays for it.  Only ``load`` looks at a folder and returns
@@ -18,39 +19,48 @@ from pathlib import Path
 from typing import Any
 
 import servekit
-from servekit.errors import BadRequest
+from servekit.errors import BadRequest, NotImplementedByModel
 
 from . import examples as _examples
+from . import tflite
 from .inputs import feeds_for
 from .metadata import describe
 from .savedmodel import TFModel, is_saved_model
 from .savedmodel import load as _load
+from .tflite import TFLiteModel
 
 PLUGIN_NAME = "tensorflow"
 
 
 @servekit.hookimpl
-def load(path: Path, config: servekit.ModelConfig) -> TFModel | None:
+def load(path: Path, config: servekit.ModelConfig) -> TFModel | TFLiteModel | None:
+    """A SavedModel, or ``model.tflite``; a folder with both serves the SavedModel unless
+    ``--prefer_tflite_model`` (``options.prefer_tflite``) says otherwise, as TF Serving does."""
     if config.plugin not in (None, PLUGIN_NAME):
         return None
-    if not is_saved_model(path, explicit=config.plugin == PLUGIN_NAME):
+    saved = is_saved_model(path, explicit=config.plugin == PLUGIN_NAME)
+    if tflite.has_tflite(path) and (not saved or tflite.prefer_tflite(config.options or {})):
+        return tflite.load(path, config)
+    if not saved:
         return None
     return _load(path, config)
 
 
 @servekit.hookimpl
-def unload(model: TFModel) -> bool:
+def unload(model: TFModel | TFLiteModel) -> bool:
     model.close()
     return True
 
 
 @servekit.hookimpl
-def metadata(model: TFModel) -> servekit.ModelMetadata:
+def metadata(model: TFModel | TFLiteModel) -> servekit.ModelMetadata:
     return describe(model.signature_defs)
 
 
 @servekit.hookimpl
-def predict(inputs: Any, model: TFModel, signature_name: str | None, output_names: list[str] | None) -> dict[str, Any]:
+def predict(
+    inputs: Any, model: TFModel | TFLiteModel, signature_name: str | None, output_names: list[str] | None
+) -> dict[str, Any]:
     """Named outputs of one signature; the V1 codec drops the name of a single output."""
     sig_name, sig_def = model.signature_def(signature_name)
     outputs = dict(sig_def.outputs)
@@ -65,15 +75,23 @@ def predict(inputs: Any, model: TFModel, signature_name: str | None, output_name
     if sparse:
         raise BadRequest(f"output(s) {', '.join(sparse)} are sparse or composite tensors; ask for others")
     feeds = feeds_for(sig_name, sig_def, inputs)
-    values = model.run(feeds, [outputs[k].name for k in keys])
+    values = model.run(feeds, [outputs[k].name for k in keys], sig_name)
     return dict(zip(keys, values))
 
 
 @servekit.hookimpl
-def classify(examples: list[dict[str, list[Any]]], model: TFModel, signature_name: str | None) -> Any:
-    return _examples.classify(model, examples, signature_name)
+def classify(examples: list[dict[str, list[Any]]], model: TFModel | TFLiteModel, signature_name: str | None) -> Any:
+    return _examples.classify(_graph(model, "classify"), examples, signature_name)
 
 
 @servekit.hookimpl
-def regress(examples: list[dict[str, list[Any]]], model: TFModel, signature_name: str | None) -> Any:
-    return _examples.regress(model, examples, signature_name)
+def regress(examples: list[dict[str, list[Any]]], model: TFModel | TFLiteModel, signature_name: str | None) -> Any:
+    return _examples.regress(_graph(model, "regress"), examples, signature_name)
+
+
+def _graph(model: TFModel | TFLiteModel, verb: str) -> TFModel:
+    if isinstance(model, TFLiteModel):
+        raise NotImplementedByModel(
+            f"a TF Lite model answers predict only: {verb} parses tf.Example protos, which TF Lite has no ops for"
+        )
+    return model

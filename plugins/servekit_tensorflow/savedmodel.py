@@ -54,21 +54,13 @@ class TFModel:
 
     def signature_def(self, name: str | None) -> tuple[str, Any]:
         """The SignatureDef a request names (``serving_default`` when it names none)."""
-        key = name or "serving_default"
-        sig = self.signature_defs.get(key)
-        if sig is None or key == INIT_OP_SIGNATURE:
-            known = sorted(n for n in self.signature_defs if n != INIT_OP_SIGNATURE)
-            callable_names = ", ".join(known)
-            raise BadRequest(
-                f"Serving signature name: {key!r} not found in signature def; this model has {callable_names or 'none'}"
-            )
-        return key, sig
+        return lookup_signature(self.signature_defs, name)
 
     def graph_dtype(self, tensor_name: str) -> int:
         """The dtype enum of a graph tensor; it can differ from what the SignatureDef declares."""
         return self.session.graph.get_tensor_by_name(tensor_name).dtype.as_datatype_enum
 
-    def run(self, feeds: dict[str, np.ndarray], fetches: list[str]) -> list[np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], fetches: list[str], signature: str | None = None) -> list[np.ndarray]:
         """Feed graph tensors by name and fetch others, as TF Serving's ``Session::Run`` does.
 
         ``Session.run`` checks every fed value against the tensor's static shape in
@@ -99,6 +91,19 @@ class TFModel:
         with self._lock:
             self._callables.clear()
         self.session.close()
+
+
+def lookup_signature(signature_defs: dict[str, Any], name: str | None) -> tuple[str, Any]:
+    """The SignatureDef a request names (``serving_default`` when it names none), as TF Serving says it."""
+    key = name or "serving_default"
+    sig = signature_defs.get(key)
+    if sig is None or key == INIT_OP_SIGNATURE:
+        known = sorted(n for n in signature_defs if n != INIT_OP_SIGNATURE)
+        callable_names = ", ".join(known)
+        raise BadRequest(
+            f"Serving signature name: {key!r} not found in signature def; this model has {callable_names or 'none'}"
+        )
+    return key, sig
 
 
 def _first_line(message: str) -> str:

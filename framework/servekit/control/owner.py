@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from .. import storage
 from ..errors import BadRequest, NotFound, NotReady, UnknownModel
 from . import triton_config, uploads
 from .plan import UNLOADED, Planner
@@ -282,7 +283,7 @@ class Owner:
 
     def replace(self, models: dict[str, tuple[str, dict[str, Any]]]) -> None:
         """Serve exactly ``models`` (a TF Serving model config): added ones load, missing ones unload."""
-        wanted = {name: (Path(path), overrides) for name, (path, overrides) in models.items()}
+        wanted = {name: (model_folder(path), overrides) for name, (path, overrides) in models.items()}
         states = self._change(lambda: self.planner.replace(wanted))
         failures = "; ".join(f for name in sorted(models) if (f := load_failures(name, states)))
         if failures:
@@ -303,6 +304,19 @@ class Owner:
             raise NotFound(
                 f"failed to {what} {name!r}: no model folder of that name in the model repository (models: {known})"
             ) from None
+
+
+def model_folder(path: str | Path) -> Path:
+    """A model's folder: an ``s3://``, ``gs://`` or ``https://`` base path mirrored into the cache now.
+
+    :raises BadRequest: the URI cannot be read (no such bucket, no credentials, ...), named.
+    """
+    if not storage.is_uri(path):
+        return Path(path)
+    try:
+        return storage.prepare(str(path))
+    except storage.StorageError as exc:
+        raise BadRequest(f"the new model config did not load: {exc}") from None
 
 
 class ApplyTimeout(NotReady):

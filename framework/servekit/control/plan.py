@@ -13,10 +13,12 @@ folders' policies themselves, so they all serve the same thing.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import storage
 from ..config import ConfigError, parse_model_config, read_raw_config, select_versions
 from ..errors import UnknownModel
 from ..model_folders import (
@@ -29,6 +31,7 @@ from ..model_folders import (
 )
 from ..types import BatchingConfig
 
+log = logging.getLogger("servekit.control")
 #: Settings that change what a load makes; a change of one reloads the versions (labels and
 #: the version policy apply without a reload).
 RELOAD_KEYS_EXCLUDED = ("labels", "version_policy")
@@ -59,7 +62,7 @@ def config_key(raw: dict[str, Any]) -> str:
 
 
 def model_plan(entry: Entry, defaults: BatchingConfig) -> dict[str, Any]:
-    """One model's part of a plan, read from its folder now."""
+    """One model's part of a plan, read from its folder now (a stored model's synced first)."""
     doc: dict[str, Any] = {
         "base_path": str(entry.base_path),
         "versioned": entry.versioned,
@@ -73,6 +76,7 @@ def model_plan(entry: Entry, defaults: BatchingConfig) -> dict[str, Any]:
         "versions": {},
         "on_disk": [],
     }
+    stored = _sync_storage(entry, defaults) if entry.enabled and entry.resident else None
     config = None
     try:
         doc["raw"] = {**read_raw_config(entry.base_path), **entry.overrides}
@@ -83,12 +87,49 @@ def model_plan(entry: Entry, defaults: BatchingConfig) -> dict[str, Any]:
     if not entry.enabled:
         return doc
     on_disk = versions_on_disk(entry.base_path, entry.versioned)
+    if stored is not None and stored.versions:
+        on_disk = dict(stored.versions)  # the store's versions; the cache holds the wanted ones
     wanted = sorted(on_disk)[-1:] if config is None else select_versions(config.version_policy, list(on_disk))
     doc["on_disk"] = sorted(on_disk)
-    doc["bytes"] = sum(folder_bytes(on_disk[v]) for v in wanted)
+    doc["bytes"] = sum(folder_bytes(on_disk[v]) for v in wanted if on_disk[v].exists())
     if entry.resident:
         doc["versions"] = {v: {"path": str(on_disk[v]), "fingerprint": fingerprint(on_disk[v])} for v in wanted}
+        for version, error in (stored.errors if stored is not None else {}).items():
+            if version in doc["versions"]:  # its download failed: the version is END with why
+                doc["versions"][version] = {"path": str(on_disk[version]), "fingerprint": 0.0, "error": error}
     return doc
+
+
+_storage_errors: dict[str, str] = {}  # the last listing error of each stored model, logged once
+
+
+def _sync_storage(entry: Entry, defaults: BatchingConfig) -> storage.Synced | None:
+    """Bring a model folder mirrored from a store (``s3://``, ...) in step with it; ``None`` when local.
+
+    The model's version policy picks what is downloaded; a listing that fails leaves the
+    cache as it was, so the versions it holds keep serving.
+    """
+
+    def select(versions: list[int]) -> list[int]:
+        try:
+            raw = {**read_raw_config(entry.base_path), **entry.overrides}
+            return select_versions(parse_model_config(raw, entry.base_path, defaults).version_policy, versions)
+        except ConfigError:
+            return sorted(versions)[-1:]
+
+    stored = storage.sync(entry.base_path, select)
+    if stored is None:
+        return None
+    key = str(entry.base_path)
+    if stored.error and _storage_errors.get(key) != stored.error:
+        log.error("model %s: %s; serving what the cache holds", entry.name, stored.error)
+    elif not stored.error and key in _storage_errors:
+        log.info("model %s: its store answers again", entry.name)
+    if stored.error:
+        _storage_errors[key] = stored.error
+    else:
+        _storage_errors.pop(key, None)
+    return stored
 
 
 class Planner:

@@ -14,10 +14,10 @@ import pluggy
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
-from .. import hosts, limits, observability, plugins
+from .. import hosts, limits, observability, plugins, storage
 from ..auth import ApiKey
 from ..codecs import bounds
-from ..control import ControlPlane
+from ..control import ControlPlane, transport
 from ..control.plan import Planner
 from ..dataplane import DataPlane
 from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
@@ -36,6 +36,8 @@ log = logging.getLogger("servekit.server")
 
 def build_dataplane(settings: Settings, pm: pluggy.PluginManager | None = None) -> DataPlane:
     pm = pm or plugins.build_manager(settings.plugin)
+    if transport.address() is None:  # no owner elsewhere: this process fills the storage cache
+        storage.prepare_paths(settings.paths)
     folders = discover(settings.model_paths, settings.model_name)
     batching = BatchingConfig(settings.max_batch_size, settings.max_batch_time_ms)
     planner = Planner(

@@ -198,8 +198,10 @@ def start_control(settings: Settings) -> Callable[[], None]:
     """The owner of the model set, in this process (it forks the workers and outlives them)."""
     from ..control import start_owner
     from ..model_folders import discover, repository_roots
+    from ..storage import prepare_paths
     from ..types import BatchingConfig
 
+    prepare_paths(settings.paths)  # the owner fills the cache of s3://, gs://, https:// paths
     return start_owner(
         discover(settings.model_paths, settings.model_name),
         roots=repository_roots(settings.model_paths),
