@@ -442,6 +442,13 @@ def _unpack(uri: str, file: Path, into: Path) -> None:
                 archive.extractall(into)
             return
         with tarfile.open(file) as archive:
-            archive.extractall(into, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                archive.extractall(into, filter="data")
+                return
+            for entry in archive.getmembers():  # a Python before extraction filters (3.10.11, 3.11.3)
+                parts = PurePosixPath(entry.name).parts
+                if PurePosixPath(entry.name).is_absolute() or ".." in parts or entry.issym() or entry.islnk():
+                    raise StorageError(f"{uri}: the archive member {entry.name!r} leaves its folder")
+            archive.extractall(into)
     except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
         raise StorageError(f"{uri}: not a readable .tar.gz or .zip archive ({exc})") from None
