@@ -15,6 +15,7 @@ V2 :class:`~servekit.inference.InferRequest` whichever wire it came on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 from . import batching, statistics
 from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
 from .inference import InferRequest
+from .observability import load
 from .repository import ModelRepository, ModelVersion
 from .streams import close, is_stream
 from .types import Executor, ModelMetadata, Tensors
@@ -141,14 +143,26 @@ class DataPlane:
         signature_name: str | None = None,
         output_names: list[str] | None = None,
     ) -> Any:
-        """Run ``predict``; a generator result is returned as is, for streaming."""
-        return self._executor(mv).predict(
-            mv,
-            single_tensor(mv, inputs),
-            parameters=parameters or {},
-            signature_name=signature_name,
-            output_names=output_names,
-        )
+        """Run ``predict``; a generator result is returned as is, for streaming.
+
+        The request counts in the load signal (:mod:`servekit.observability.load`)
+        from here until it returns, in the process that accepted it: a model host
+        runs its workers' requests but does not count them again.
+        """
+        counted = not load.in_host()
+        if counted:
+            load.arrived(mv.name)
+        try:
+            return self._executor(mv).predict(
+                mv,
+                single_tensor(mv, inputs),
+                parameters=parameters or {},
+                signature_name=signature_name,
+                output_names=output_names,
+            )
+        finally:
+            if counted:
+                load.left(mv.name)
 
     def _executor(self, mv: ModelVersion) -> Executor:
         """Where ``mv`` runs: in this process, or in its model hosts (which record their own statistics)."""
@@ -164,13 +178,18 @@ class DataPlane:
         signature_name: str | None,
         output_names: list[str] | None,
     ) -> Any:
+        arrival = time.monotonic()
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
         stat = statistics.current()
         inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
-        outputs = run(inputs) if batcher is None or options is None else batcher.submit(inputs, run, options)
+        if batcher is None or options is None:
+            with load.running(mv.name, [arrival]):
+                outputs = run(inputs)
+        else:
+            outputs = batcher.submit(inputs, run, options, arrival=arrival)
         return self._outputs(mv, stat, outputs, parameters)
 
     def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:

@@ -59,10 +59,11 @@ class Host:
     def load(self) -> None:
         from .. import plugins
         from ..dataplane import DataPlane
-        from ..observability import host_metrics, metrics
+        from ..observability import host_metrics, load, metrics
         from ..repository import ModelRepository
         from ..types import BatchingConfig
 
+        load.serving_in_host()  # the worker that handed a request over counts its arrival
         spec = self.spec
         pm = plugins.build_manager(spec["plugins"])
         pm.register(metrics.BatchSizePlugin(None), name="servekit.metrics")  # type: ignore[arg-type]
