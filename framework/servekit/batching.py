@@ -229,11 +229,11 @@ class Batcher:
             self._close(key, batch)
         return batch, leader
 
-    def run_together(self, requests: list[tuple[Tensors, Runner, Hashable | None]]) -> list[_Member]:
+    def run_together(self, requests: list[tuple[Any, ...]]) -> list[_Member]:
         """Run requests that arrived together, now and in this thread (a model host's loop).
 
         Each entry is ``(inputs, run, options)`` as for :meth:`submit` (``options``
-        ``None``: never batched).  Requests that may share a call do, in batches of
+        ``None``: never batched), optionally followed by its ``arrival``.  Requests that may share a call do, in batches of
         at most ``max_batch_size`` rows, in arrival order; a failing batch is
         retried member by member.  Returns each request's member, in order, with
         its ``result`` or ``error`` set.
@@ -241,9 +241,9 @@ class Batcher:
         members = []
         batches: list[list[_Member]] = []
         open_: dict[Hashable, tuple[list[_Member], int]] = {}
-        for inputs, run, options in requests:
+        for inputs, run, options, *arrival in requests:
             keyed = batch_key(inputs) if self.enabled and options is not None else None
-            member = _Member(inputs, keyed[1] if keyed else 0, run)
+            member = _Member(inputs, keyed[1] if keyed else 0, run, *arrival)
             members.append(member)
             if keyed is None or keyed[1] >= self.max_batch_size:
                 batches.append([member])

@@ -178,7 +178,7 @@ class DataPlane:
         signature_name: str | None,
         output_names: list[str] | None,
     ) -> Any:
-        arrival = time.monotonic()
+        arrival = load.arrival()
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
         stat = statistics.current()
@@ -196,7 +196,7 @@ class DataPlane:
         """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).
 
         ``calls`` holds each request's inputs and keyword arguments (those of
-        :meth:`predict`); they share calls as the batcher's rules allow
+        :meth:`predict`, and ``arrival``: when it arrived in its worker); they share calls as the batcher's rules allow
         (:meth:`Batcher.run_together`).  Returns ``(result, None)`` or
         ``(None, exception)`` per request, in order; each is counted in the
         statistics like a :meth:`predict`.
@@ -217,7 +217,8 @@ class DataPlane:
                 outcomes[i] = (None, exc)
                 continue
             options = batching.options_key(parameters, signature_name, output_names)
-            prepared.append((i, stat, raw, parameters, (inputs, run, options)))
+            arrival = kwargs.get("arrival") or time.monotonic()
+            prepared.append((i, stat, raw, parameters, (inputs, run, options, arrival)))
         members = batcher.run_together([entry[-1] for entry in prepared])
         for (i, stat, raw, parameters, _), member in zip(prepared, members):
             try:

@@ -181,7 +181,10 @@ class Host:
             raise BadRequest(f"model host: unknown operation {op!r}")
         if op == "call":
             return self.dataplane.call_hook(self.mv, *args, **kwargs)
-        return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
+        from ..observability import load
+
+        with load.arrived_at(kwargs.pop("arrival", None)):
+            return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
 
     @staticmethod
     def _stream(conn: socket.socket, items: Any) -> None:

@@ -9,9 +9,11 @@ Three families, summed over every worker and model host of a replica
 - ``servekit_model_requests_running{model}``: requests inside a call of the
   model's ``predict`` now (each request of a batched call counts);
 - ``servekit_model_queue_seconds{model}``: histogram of the time from a request's
-  arrival to the start of its call (in a model host, from when the host read it);
-- ``servekit_concurrency_per_replica``: every model's waiting plus running, the
-  one number per replica an autoscaler divides by its target.
+  arrival to the start of its call (a worker hands a model host the moment it
+  arrived, on the machine-wide monotonic clock);
+- ``servekit_concurrency_per_replica``: every model's waiting plus running, plus
+  the requests waiting for a worker's slot (``--max-inflight``, before the model
+  is known): the one number per replica an autoscaler divides by its target.
 
 How the counts move.  A request *arrives* in the process that accepts it for
 the model (an HTTP or gRPC worker; :func:`arrived`): waiting +1 there, and the
@@ -21,6 +23,8 @@ When the answer is in (:func:`left`) the accepting process takes its waiting and
 concurrency back.  A model host's waiting is therefore negative while it runs a
 worker's request, and the sum over processes is right; if the host dies, its
 file is dropped and the worker's +1 stays until the worker hears of the loss.
+A host writes its counts as each call starts and ends (before the answers
+leave, so the worker's -1 never reaches the gauges first).
 
 Each process keeps plain counts and writes them into its gauges every
 :data:`servekit.tally.FLUSH_SECONDS` (and before it answers a scrape), so the
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import Iterator
@@ -96,11 +101,12 @@ class _Load(Tally):
 
     def move(self, model: str, waiting: int, running: int, concurrency: int = 0) -> None:
         with self._lock:
-            counts = self._counts.get(model)
-            if counts is None:
-                counts = self._counts[model] = [0, 0]
-            counts[0] += waiting
-            counts[1] += running
+            if waiting or running:
+                counts = self._counts.get(model)
+                if counts is None:
+                    counts = self._counts[model] = [0, 0]
+                counts[0] += waiting
+                counts[1] += running
             self._concurrency += concurrency
         self.started()
 
@@ -155,9 +161,32 @@ def arrived(model: str) -> float:
     return time.monotonic()
 
 
+_arrival: contextvars.ContextVar[float | None] = contextvars.ContextVar("servekit_arrival", default=None)
+
+
+@contextlib.contextmanager
+def arrived_at(when: float | None) -> Iterator[None]:
+    """In a model host: the request being run arrived in its worker at ``when`` (``time.monotonic``)."""
+    token = _arrival.set(when)
+    try:
+        yield
+    finally:
+        _arrival.reset(token)
+
+
+def arrival() -> float:
+    """When the request this thread runs arrived: as a model host was told, else now."""
+    return _arrival.get() or time.monotonic()
+
+
 def left(model: str) -> None:
     """The request :func:`arrived` took is answered (or failed)."""
     _load.move(model, -1, 0, -1)
+
+
+def waiting_for_slot(delta: int) -> None:
+    """A request starts (+1) or stops (-1) waiting for a free slot of its worker (``--max-inflight``)."""
+    _load.move("", 0, 0, delta)
 
 
 @contextlib.contextmanager
@@ -168,10 +197,16 @@ def running(model: str, arrivals: list[float]) -> Iterator[None]:
     for when in arrivals:
         _load.queued(model, max(0.0, now - when))
     _load.move(model, -n, n)
+    if _in_host:
+        _load.flush()  # a host's calls run back to back: written only now and then, it would look idle
     try:
         yield
     finally:
         _load.move(model, n, -n)
+        if _in_host:
+            # before the answer leaves: the worker's own -1 must never reach the
+            # gauges ahead of this +1, or a scrape in between would see waiting < 0
+            _load.flush()
 
 
 def counts() -> dict[str, tuple[int, int]]:
