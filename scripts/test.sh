@@ -15,4 +15,12 @@ fi
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium; its test will skip"
 fi
+# The scale-out rehearsal runs three replicas behind Debian's HAProxy, logging into a real
+# PostgreSQL; as root on Debian, install them when missing (without them it skips with the reason).
+for tool in haproxy:/usr/sbin/haproxy postgresql:/usr/lib/postgresql; do
+    if [ ! -e "${tool#*:}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq "${tool%%:*}" >/dev/null) \
+            || echo "could not install ${tool%%:*}; the tests that need it will skip"
+    fi
+done
 exec python -m pytest "$@"
