@@ -233,8 +233,9 @@ class Batcher:
         """Run requests that arrived together, now and in this thread (a model host's loop).
 
         Each entry is ``(inputs, run, options)`` as for :meth:`submit` (``options``
-        ``None``: never batched), optionally followed by its ``arrival``.  Requests that may share a call do, in batches of
-        at most ``max_batch_size`` rows, in arrival order; a failing batch is
+        ``None``: never batched), optionally followed by its ``arrival``.  Requests
+        that may share a call do, in batches of at most ``max_batch_size`` rows, in
+        arrival order; a failing batch is
         retried member by member.  Returns each request's member, in order, with
         its ``result`` or ``error`` set.
         """

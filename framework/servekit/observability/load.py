@@ -1,6 +1,6 @@
 """The load signal an autoscaler targets: requests waiting for and running in each model.
 
-Three families, summed over every worker and model host of a replica
+Four families, summed over every worker and model host of a replica
 (prometheus_client's multiprocess ``livesum``: a process that exits drops out):
 
 - ``servekit_model_requests_waiting{model}``: ``predict`` requests this replica
