@@ -15,12 +15,13 @@ fi
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium; its test will skip"
 fi
-# The Prometheus test (and promtool's checks of the alert rules) and the PostgreSQL request-log
-# test use Debian's packages; as root, install them when missing (else those tests skip).
-if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq prometheus >/dev/null) || echo "could not install prometheus; its tests will skip"
-fi
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || echo "could not install postgresql; its test will skip"
-fi
+# Debian's packages for the end-to-end tests of the outside world: Prometheus (and promtool's
+# checks of the alert rules), HAProxy in front of the scale-out rehearsal, and PostgreSQL for the
+# request log; as root on Debian, install them when missing (without them those tests skip).
+for tool in prometheus:/usr/bin/promtool haproxy:/usr/sbin/haproxy postgresql:/usr/lib/postgresql; do
+    if [ ! -e "${tool#*:}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && apt-get install -y -qq "${tool%%:*}" >/dev/null) \
+            || echo "could not install ${tool%%:*}; the tests that need it will skip"
+    fi
+done
 exec python -m pytest "$@"

@@ -30,6 +30,7 @@ COMMON = {
     ".gitignore",
     "Dockerfile",
     "README.md",
+    "deploy/kserve-runtime.yaml",
     "deploy/kserve.yaml",
     "deploy/kubernetes.yaml",
     "gunicorn.conf.py",

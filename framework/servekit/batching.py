@@ -42,6 +42,7 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
+from .observability import load
 from .streams import close, is_stream
 from .types import BatchingConfig, Tensors
 
@@ -131,6 +132,7 @@ class _Member:
     inputs: Tensors
     rows: int
     run: Runner
+    arrival: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -175,17 +177,20 @@ class Batcher:
         self._open: dict[Hashable, _Batch] = {}
         self._running = 0
 
-    def submit(self, inputs: Tensors, run: Runner, options: Hashable = ()) -> Any:
+    def submit(self, inputs: Tensors, run: Runner, options: Hashable = (), arrival: float | None = None) -> Any:
         """Predict ``inputs``, in a batch with concurrent requests where possible.
 
         :param run: calls the predict hook on the given inputs; the leader's
             ``run`` serves the whole batch, so it must depend only on ``options``.
         :param options: everything besides the tensors that must match
             (signature, parameters, requested outputs).
+        :param arrival: when the request arrived (``time.monotonic``; default now),
+            for the load signal's queue time.
         """
+        arrival = time.monotonic() if arrival is None else arrival
         keyed = batch_key(inputs) if self.enabled else None
         if keyed is None or keyed[1] >= self.max_batch_size:
-            return self._run_alone(inputs, run)
+            return self._run_alone(inputs, run, arrival)
         shape_key, rows = keyed
         key = (options, shape_key)
         with self._cond:
@@ -194,11 +199,12 @@ class Batcher:
                 self._running += 1
                 batch = None
             else:
-                member = _Member(inputs, rows, run)
+                member = _Member(inputs, rows, run, arrival)
                 batch, leader = self._join(key, member)
         if batch is None:
             try:
-                return run(inputs)
+                with load.running(self.name, [arrival]):
+                    return run(inputs)
             finally:
                 self._finished()
         if not leader:
@@ -223,21 +229,22 @@ class Batcher:
             self._close(key, batch)
         return batch, leader
 
-    def run_together(self, requests: list[tuple[Tensors, Runner, Hashable | None]]) -> list[_Member]:
+    def run_together(self, requests: list[tuple[Any, ...]]) -> list[_Member]:
         """Run requests that arrived together, now and in this thread (a model host's loop).
 
         Each entry is ``(inputs, run, options)`` as for :meth:`submit` (``options``
-        ``None``: never batched).  Requests that may share a call do, in batches of
-        at most ``max_batch_size`` rows, in arrival order; a failing batch is
+        ``None``: never batched), optionally followed by its ``arrival``.  Requests
+        that may share a call do, in batches of at most ``max_batch_size`` rows, in
+        arrival order; a failing batch is
         retried member by member.  Returns each request's member, in order, with
         its ``result`` or ``error`` set.
         """
         members = []
         batches: list[list[_Member]] = []
         open_: dict[Hashable, tuple[list[_Member], int]] = {}
-        for inputs, run, options in requests:
+        for inputs, run, options, *arrival in requests:
             keyed = batch_key(inputs) if self.enabled and options is not None else None
-            member = _Member(inputs, keyed[1] if keyed else 0, run)
+            member = _Member(inputs, keyed[1] if keyed else 0, run, *arrival)
             members.append(member)
             if keyed is None or keyed[1] >= self.max_batch_size:
                 batches.append([member])
@@ -280,11 +287,12 @@ class Batcher:
             self._close(key, batch)
             self._running += 1
 
-    def _run_alone(self, inputs: Tensors, run: Runner) -> Any:
+    def _run_alone(self, inputs: Tensors, run: Runner, arrival: float) -> Any:
         with self._cond:
             self._running += 1
         try:
-            return run(inputs)
+            with load.running(self.name, [arrival]):
+                return run(inputs)
         finally:
             self._finished()
 
@@ -296,40 +304,44 @@ class Batcher:
     def _execute(self, members: list[_Member]) -> None:
         """Run one batch (the running count was taken in :meth:`_wait_and_close`)."""
         try:
-            if len(members) == 1:
-                self._run_member(members[0])
-                return
-            self.stats.calls += 1
-            self.stats.requests += len(members)
-            self.stats.largest = max(self.stats.largest, len(members))
-            try:
-                outputs = members[0].run(stack([m.inputs for m in members]))
-                if is_stream(outputs):
-                    close(outputs)
-                    raise Unsplittable("the model returned a generator")
-                parts = split(outputs, [m.rows for m in members])
-            except Unsplittable as exc:
-                log.warning(
-                    "model %s: batching switched off: %s; set batching.max_batch_size: 0 for it",
-                    self.name,
-                    exc,
-                )
-                self.enabled = False
-                self._retry(members)
-                return
-            except Exception:
-                # someone in the batch broke it: each member gets its own answer or error
-                self._retry(members)
-                return
-            for member, part in zip(members, parts):
-                member.result = part
-                member.done.set()
+            with load.running(self.name, [m.arrival for m in members]):
+                self._execute_now(members)
         finally:
             for member in members:  # never leave a waiter hanging
                 if not member.done.is_set():
                     member.error = RuntimeError("batch ended without an answer")
                     member.done.set()
             self._finished()
+
+    def _execute_now(self, members: list[_Member]) -> None:
+        if len(members) == 1:
+            self._run_member(members[0])
+            return
+        self.stats.calls += 1
+        self.stats.requests += len(members)
+        self.stats.largest = max(self.stats.largest, len(members))
+        try:
+            outputs = members[0].run(stack([m.inputs for m in members]))
+            if is_stream(outputs):
+                close(outputs)
+                raise Unsplittable("the model returned a generator")
+            parts = split(outputs, [m.rows for m in members])
+        except Unsplittable as exc:
+            log.warning(
+                "model %s: batching switched off: %s; set batching.max_batch_size: 0 for it",
+                self.name,
+                exc,
+            )
+            self.enabled = False
+            self._retry(members)
+            return
+        except Exception:
+            # someone in the batch broke it: each member gets its own answer or error
+            self._retry(members)
+            return
+        for member, part in zip(members, parts):
+            member.result = part
+            member.done.set()
 
     def _retry(self, members: list[_Member]) -> None:
         self.stats.retried += len(members)

@@ -15,6 +15,7 @@ V2 :class:`~servekit.inference.InferRequest` whichever wire it came on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from . import batching, statistics
 from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
 from .inference import InferRequest
-from .observability import labels, tracing
+from .observability import labels, load, tracing
 from .repository import ModelRepository, ModelVersion
 from .streams import close, is_stream
 from .types import Executor, ModelMetadata, Tensors
@@ -147,14 +148,26 @@ class DataPlane:
         signature_name: str | None = None,
         output_names: list[str] | None = None,
     ) -> Any:
-        """Run ``predict``; a generator result is returned as is, for streaming."""
-        return self._executor(mv).predict(
-            mv,
-            single_tensor(mv, inputs),
-            parameters=parameters or {},
-            signature_name=signature_name,
-            output_names=output_names,
-        )
+        """Run ``predict``; a generator result is returned as is, for streaming.
+
+        The request counts in the load signal (:mod:`servekit.observability.load`)
+        from here until it returns, in the process that accepted it: a model host
+        runs its workers' requests but does not count them again.
+        """
+        counted = not load.in_host()
+        if counted:
+            load.arrived(mv.name)
+        try:
+            return self._executor(mv).predict(
+                mv,
+                single_tensor(mv, inputs),
+                parameters=parameters or {},
+                signature_name=signature_name,
+                output_names=output_names,
+            )
+        finally:
+            if counted:
+                load.left(mv.name)
 
     def _executor(self, mv: ModelVersion) -> Executor:
         """Where ``mv`` runs: in this process, or in its model hosts (which record their own statistics)."""
@@ -170,6 +183,7 @@ class DataPlane:
         signature_name: str | None,
         output_names: list[str] | None,
     ) -> Any:
+        arrival = load.arrival()
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
         stat = statistics.current()
@@ -177,17 +191,18 @@ class DataPlane:
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         if batcher is None or options is None:
-            outputs = run(inputs)
+            with load.running(mv.name, [arrival]):
+                outputs = run(inputs)
         else:
             with tracing.span("servekit.queue"):
-                outputs = batcher.submit(inputs, run, options)  # waits for batch-mates, then the call
+                outputs = batcher.submit(inputs, run, options, arrival=arrival)  # waits for batch-mates, then the call
         return self._outputs(mv, stat, outputs, parameters)
 
     def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
         """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).
 
         ``calls`` holds each request's inputs and keyword arguments (those of
-        :meth:`predict`); they share calls as the batcher's rules allow
+        :meth:`predict`, and ``arrival``: when it arrived in its worker); they share calls as the batcher's rules allow
         (:meth:`Batcher.run_together`).  Returns ``(result, None)`` or
         ``(None, exception)`` per request, in order; each is counted in the
         statistics like a :meth:`predict`.
@@ -208,7 +223,8 @@ class DataPlane:
                 outcomes[i] = (None, exc)
                 continue
             options = batching.options_key(parameters, signature_name, output_names)
-            prepared.append((i, stat, raw, parameters, (inputs, run, options)))
+            arrival = kwargs.get("arrival") or time.monotonic()
+            prepared.append((i, stat, raw, parameters, (inputs, run, options, arrival)))
         members = batcher.run_together([entry[-1] for entry in prepared])
         for (i, stat, raw, parameters, _), member in zip(prepared, members):
             try:

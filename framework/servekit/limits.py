@@ -49,6 +49,7 @@ from .errors import (
     UnsupportedMediaType,
     render,
 )
+from .observability import load
 from .routes import UNQUEUED_PATHS
 from .watchdog import WATCHDOG, Guard, Readers, ReadTimedOut, shut_reading
 from .wsgi_body import ClosingBody, Once
@@ -227,6 +228,7 @@ class LimitsMiddleware:
                     f"server busy: {self.max_inflight} requests running and {self._waiting} waiting; retry later"
                 )
             self._waiting += 1
+        load.waiting_for_slot(1)  # the replica's concurrency, which an autoscaler targets
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._slots.acquire(timeout=timeout):
@@ -234,6 +236,7 @@ class LimitsMiddleware:
         finally:
             with self._lock:
                 self._waiting -= 1
+            load.waiting_for_slot(-1)
 
     # -- running ------------------------------------------------------------------------
 

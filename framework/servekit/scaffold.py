@@ -99,11 +99,16 @@ def render_dockerfile(options: _render.BuildOptions) -> str:
 
 
 def render_manifests(options: _render.BuildOptions) -> dict[str, str]:
-    """``deploy/kubernetes.yaml`` and ``deploy/kserve.yaml`` for the image."""
-    return {
+    """``deploy/kubernetes.yaml``, ``deploy/kserve.yaml`` and ``deploy/kserve-runtime.yaml`` for the image (and, for
+    ``autoscale="hpa"``, ``deploy/prometheus-adapter.yaml``)."""
+    manifests = {
         "kubernetes.yaml": render("kubernetes.yaml.j2", options),
         "kserve.yaml": render("kserve.yaml.j2", options),
+        "kserve-runtime.yaml": render("kserve-runtime.yaml.j2", options),
     }
+    if _render.wanted("deploy/prometheus-adapter.yaml", options):
+        manifests["prometheus-adapter.yaml"] = render("prometheus-adapter.yaml.j2", options)
+    return manifests
 
 
 def detect_extras(folder: Path) -> list[str]:
@@ -170,6 +175,8 @@ def write_build_files(folder: Path, options: _render.BuildOptions, *, manifests:
     for name in BUILD_FILES:
         path = folder / name
         if (name.startswith("deploy/") and not manifests) or (name in _WRITE_ONCE and path.exists()):
+            continue
+        if not _render.wanted(name, options):
             continue
         if not _generated(path):
             result.kept.append(path)
@@ -476,6 +483,33 @@ def add_commands(sub: Any) -> None:
         "--api-keys-secret", default="", help="Kubernetes Secret whose api-keys entry is --api-key-file"
     )
     build_.add_argument(
+        "--autoscale",
+        choices=["keda", "hpa"],
+        default="",
+        help="scale on servekit's load signal: a KEDA ScaledObject, or an HPA with a prometheus-adapter rule "
+        "(default: an HPA on CPU); docs/scaling.md",
+    )
+    build_.add_argument(
+        "--target-concurrency",
+        type=int,
+        default=0,
+        metavar="N",
+        help="requests waiting or running per replica the autoscaler aims at (default: workers x threads)",
+    )
+    build_.add_argument("--min-replicas", type=int, default=1, metavar="N", help="fewest replicas (default 1)")
+    build_.add_argument("--max-replicas", type=int, default=4, metavar="N", help="most replicas (default 4)")
+    build_.add_argument(
+        "--prometheus-url", default=_render.PROMETHEUS_URL, help="the Prometheus KEDA's trigger queries"
+    )
+    build_.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a replica takes to load and warm up its models (default: measured by loading them "
+        "here; 600 when that fails); sizes the startup probe",
+    )
+    build_.add_argument(
         "--context-only",
         "--no-docker",
         dest="context_only",
@@ -555,10 +589,44 @@ def _build(args: Any) -> int:
         tls_secret=args.tls_secret,
         tls_client_ca=args.tls_client_ca,
         api_keys_secret=args.api_keys_secret,
+        autoscale=args.autoscale,
+        target_concurrency=args.target_concurrency,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        prometheus_url=args.prometheus_url,
+        startup_seconds=args.startup_seconds,
     )
     if args.tls_client_ca and not args.tls_secret:
         raise ScaffoldError("--tls-client-ca needs --tls-secret (its ca.crt)", 2)
+    _check_scaling(args)
+    if options.startup_seconds is None:
+        options.startup_seconds = _measured_startup(folder.resolve(), options.model_name)
     return build(folder, options, run_docker=False if args.context_only else None, wheel=args.wheel)
+
+
+def _check_scaling(args: Any) -> None:
+    if args.min_replicas < 0 or args.max_replicas < 1 or args.min_replicas > args.max_replicas:
+        raise ScaffoldError(
+            f"--min-replicas {args.min_replicas} and --max-replicas {args.max_replicas}: "
+            "expected 0 <= min <= max and max >= 1",
+            2,
+        )
+    if args.target_concurrency < 0:
+        raise ScaffoldError(f"--target-concurrency {args.target_concurrency}: expected 1 or more (0: the default)", 2)
+    if args.startup_seconds is not None and not 0 < args.startup_seconds < 86400:
+        raise ScaffoldError(f"--startup-seconds {args.startup_seconds:g}: expected a positive number of seconds", 2)
+
+
+def _measured_startup(folder: Path, model_name: str, echo=print) -> float | None:
+    """The models' load and warm-up time, measured here, for the startup probe."""
+    from . import startup_time
+
+    seconds, why = startup_time.measure(folder, model_name)
+    if seconds is None:
+        echo(f"could not time the model's start here ({why}); the startup probe allows 600 s (--startup-seconds)")
+    else:
+        echo(f"the model loaded and warmed up in {seconds:.1f} s; the startup probe allows three times that")
+    return seconds
 
 
 def _model_name_of(folder: Path) -> str:

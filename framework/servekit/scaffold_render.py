@@ -33,6 +33,26 @@ K8S_SHUTDOWN_DELAY = 10
 #: Kubelet's SIGKILL comes this long after gunicorn's own deadline (delay + drain).
 GRACE_MARGIN = 20
 TORCH_INDEX = "https://download.pytorch.org/whl/{flavour}"
+#: How the manifests scale a Deployment: ``""`` an HPA on CPU, ``hpa`` also on servekit's
+#: load signal through prometheus-adapter, ``keda`` a KEDA ScaledObject on it (docs/scaling.md).
+AUTOSCALERS = ("", "hpa", "keda")
+#: The startup probe's period; its failure threshold is sized from the model's start time.
+STARTUP_PERIOD = 5
+#: Without a measured start: ten minutes, for a large model on a cold node.
+DEFAULT_STARTUP_SECONDS = 600
+PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"
+#: The model formats (KServe's names) servekit's first-party plugins serve, with the major
+#: versions the runtime declares: ``modelFormat: {name, version}`` of an InferenceService.
+KSERVE_FORMATS = (
+    ("sklearn", ("1",)),
+    ("xgboost", ("1", "2", "3")),
+    ("lightgbm", ("3", "4")),
+    ("onnx", ("1",)),
+    ("pytorch", ("1", "2")),
+    ("tensorflow", ("1", "2")),
+    ("huggingface", ("1",)),
+    ("mlflow", ("1", "2", "3")),
+)
 #: Folder of the build context where ``servekit build`` puts a servekit wheel.
 WHEELS = "wheels"
 _K8S_NAME = re.compile(r"[^a-z0-9-]+")
@@ -67,6 +87,17 @@ class BuildOptions:
     tls_client_ca: bool = False
     #: Kubernetes Secret with an ``api-keys`` entry: the ``--api-key-file`` (docs/security.md).
     api_keys_secret: str = ""
+    #: One of :data:`AUTOSCALERS`.
+    autoscale: str = ""
+    #: Requests (waiting or running) per replica the autoscaler aims at; 0: workers x threads.
+    target_concurrency: int = 0
+    #: Seconds the autoscaler waits before it removes replicas.
+    scale_down_seconds: int = 300
+    #: Where KEDA's Prometheus trigger queries.
+    prometheus_url: str = PROMETHEUS_URL
+    #: Seconds a replica took to import, load and warm up its models (``servekit build``
+    #: measures it when it can); ``None``: not measured, :data:`DEFAULT_STARTUP_SECONDS` allowed.
+    startup_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -80,6 +111,21 @@ class BuildOptions:
     @property
     def image_ref(self) -> str:
         return self.image or f"{self.k8s_name}:latest"
+
+    @property
+    def startup_failure_threshold(self) -> int:
+        """Startup probe failures allowed: three times the measured start and a minute more, or the default."""
+        if self.startup_seconds is None:
+            allowed = float(DEFAULT_STARTUP_SECONDS)
+        else:
+            allowed = max(60.0, 3 * self.startup_seconds + 60)
+        return math.ceil(allowed / STARTUP_PERIOD)
+
+    @property
+    def startup_basis(self) -> str:
+        if self.startup_seconds is None:
+            return "the start was not measured (servekit build --startup-seconds sets it)"
+        return f"the models loaded and warmed up in {self.startup_seconds:.1f} s, allowed three times that and a minute"
 
 
 def context(options: BuildOptions) -> dict[str, Any]:
@@ -107,6 +153,15 @@ def context(options: BuildOptions) -> dict[str, Any]:
         "tls_secret": options.tls_secret,
         "tls_client_ca": options.tls_client_ca and bool(options.tls_secret),
         "api_keys_secret": options.api_keys_secret,
+        "autoscale": options.autoscale,
+        "target_concurrency": options.target_concurrency or options.workers * options.threads,
+        "scale_down_seconds": options.scale_down_seconds,
+        "prometheus_url": options.prometheus_url,
+        # Prometheus Operator and the usual kubernetes_sd relabelling keep the pod's name
+        "signal_selector": f'pod=~"{options.k8s_name}-.*"',
+        "startup_failure_threshold": options.startup_failure_threshold,
+        "startup_basis": options.startup_basis,
+        "kserve_formats": KSERVE_FORMATS,
         **options.extra,
     }
 
@@ -132,7 +187,14 @@ BUILD_FILES = {
     "gunicorn.conf.py": "gunicorn.conf.py",
     "deploy/kubernetes.yaml": "kubernetes.yaml.j2",
     "deploy/kserve.yaml": "kserve.yaml.j2",
+    "deploy/kserve-runtime.yaml": "kserve-runtime.yaml.j2",
+    "deploy/prometheus-adapter.yaml": "prometheus-adapter.yaml.j2",
 }
+
+
+def wanted(path: str, options: BuildOptions) -> bool:
+    """Whether these options render ``path``: the adapter's rule only for ``autoscale="hpa"``."""
+    return path != "deploy/prometheus-adapter.yaml" or options.autoscale == "hpa"
 
 
 def build_file(path: str, options: BuildOptions) -> str:

@@ -170,14 +170,31 @@ def env_name(name: str) -> str:
     return _ENV_PREFIX + name.upper()
 
 
+#: The arguments KServe passes a serving runtime (its ``ServingRuntime`` ``args``, and
+#: ``--workers`` it may add), as KServe's own model servers spell them (docs/scaling.md).
+KSERVE_SPELLINGS = {
+    "model_name": "--model_name",
+    "http_port": "--http_port",
+    "grpc_port": "--grpc_port",
+    "threads": "--max_threads",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every setting as a flag; defaults are left unset so precedence can be applied."""
+    parser.add_argument(
+        "--model_dir",
+        dest="model_dir",
+        default=None,
+        help="KServe's spelling of a single model folder to serve (where its storage initializer left the model)",
+    )
     for f in fields(Settings):
         meta = f.metadata
         if meta.get("positional"):
             parser.add_argument(f.name, nargs="*", default=None, help=meta["help"])
             continue
         flag = "--" + f.name.replace("_", "-")
+        flags = [flag, KSERVE_SPELLINGS[f.name]] if f.name in KSERVE_SPELLINGS else [flag]
         default = None if f.default is MISSING else f.default
         shown = "" if default in (None, "", []) or meta.get("flag") else f"default {default}; "
         help_text = f"{meta['help']} ({shown}env {env_name(f.name)})"
@@ -188,12 +205,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif meta.get("repeat"):
             parser.add_argument(flag, action="append", default=None, help=help_text)
         else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
+            parser.add_argument(*flags, dest=f.name, default=None, help=help_text)
 
 
 def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Settings:
     environ = dict(os.environ if environ is None else environ)
     given = {k: v for k, v in vars(args or argparse.Namespace()).items() if v not in (None, [])}
+    model_dir = given.pop("model_dir", None)
+    if model_dir:
+        if given.get("paths"):
+            raise ValueError("--model_dir: give the model folder once, as --model_dir or as a path, not both")
+        given["paths"] = [model_dir]
     config_file = given.get("config") or environ.get(env_name("config"))
     values: dict[str, Any] = {}
     if config_file:

@@ -66,3 +66,23 @@ class Tally:
         while True:
             time.sleep(FLUSH_SECONDS)
             self.flush()
+
+
+def add_to_histogram(child: Any, total: float, slots: list[int]) -> None:
+    """Add summed observations to a histogram child: its sum, and each bucket's count.
+
+    prometheus_client keeps a histogram as a sum and one value per bucket
+    (non-cumulative, the last one +Inf); without that layout (another version),
+    each observation is replayed at its bucket's bound.
+    """
+    buckets, value_sum = getattr(child, "_buckets", None), getattr(child, "_sum", None)
+    if buckets is not None and value_sum is not None and len(buckets) == len(slots):
+        value_sum.inc(total)
+        for bucket, count in zip(buckets, slots):
+            if count:
+                bucket.inc(count)
+        return
+    bounds = [*getattr(child, "_upper_bounds", []), float("inf")]
+    for bound, count in zip(bounds, slots):
+        for _ in range(count):
+            child.observe(bound)

@@ -251,7 +251,7 @@ class HostClient:
     # -- servekit.types.Executor: what the data plane asks of a version that runs here --------
 
     def predict(self, mv: Any, inputs: Any, **kwargs: Any) -> Any:
-        return self.call("predict", inputs, **kwargs)
+        return self.call("predict", inputs, arrival=time.monotonic(), **kwargs)  # for the host's queue time
 
     def explain(self, mv: Any, inputs: Any, **kwargs: Any) -> Any:
         return self.call("explain", inputs, **kwargs)

@@ -60,10 +60,11 @@ class Host:
     def load(self) -> None:
         from .. import plugins
         from ..dataplane import DataPlane
-        from ..observability import host_metrics, metrics
+        from ..observability import host_metrics, load, metrics
         from ..repository import ModelRepository
         from ..types import BatchingConfig
 
+        load.serving_in_host()  # the worker that handed a request over counts its arrival
         spec = self.spec
         pm = plugins.build_manager(spec["plugins"])
         pm.register(metrics.BatchSizePlugin(None), name="servekit.metrics")  # type: ignore[arg-type]
@@ -198,7 +199,10 @@ class Host:
             raise BadRequest(f"model host: unknown operation {op!r}")
         if op == "call":
             return self.dataplane.call_hook(self.mv, *args, **kwargs)
-        return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
+        from ..observability import load
+
+        with load.arrived_at(kwargs.pop("arrival", None)):
+            return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
 
     @staticmethod
     def _stream(conn: socket.socket, items: Any) -> None:

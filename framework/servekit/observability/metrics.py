@@ -22,6 +22,9 @@ What is measured:
 - ``servekit_resident_bytes``: resident memory of every process of the server, read
   from ``/proc`` at scrape time;
 - ``servekit_request_log_dropped_total``: request logs dropped by a full queue;
+- ``servekit_model_requests_waiting{model}``, ``servekit_model_requests_running{model}``,
+  ``servekit_model_queue_seconds{model}`` and ``servekit_concurrency_per_replica``: the
+  load signal an autoscaler targets (:mod:`.load`, docs/scaling.md);
 - ``servekit_host_queue_depth``, ``servekit_host_batch_size`` and
   ``servekit_host_restarts_total{model,version,replica}`` for model hosts
   (:mod:`.host_metrics`, docs/model-processes.md).
@@ -45,6 +48,7 @@ from flask import Blueprint, Response, current_app
 import servekit
 
 from ..tally import Tally
+from ..tally import add_to_histogram as _add_to_histogram
 
 
 class Served(Protocol):
@@ -222,26 +226,6 @@ class _Tally(Tally):
             self._published_in_flight = in_flight
 
 
-def _add_to_histogram(child: Any, total: float, slots: list[int]) -> None:
-    """Add summed observations to a histogram child: its sum, and each bucket's count.
-
-    prometheus_client keeps a histogram as a sum and one value per bucket
-    (non-cumulative, the last one +Inf); without that layout (another version),
-    each observation is replayed at its bucket's bound.
-    """
-    buckets, value_sum = getattr(child, "_buckets", None), getattr(child, "_sum", None)
-    if buckets is not None and value_sum is not None and len(buckets) == len(slots):
-        value_sum.inc(total)
-        for bucket, count in zip(buckets, slots):
-            if count:
-                bucket.inc(count)
-        return
-    bounds = [*getattr(child, "_upper_bounds", []), float("inf")]
-    for bound, count in zip(bounds, slots):
-        for _ in range(count):
-            child.observe(bound)
-
-
 _tally = _Tally()
 
 
@@ -319,9 +303,11 @@ def render(dataplane: Served) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
     from .. import statistics
+    from . import load
 
     metrics()  # every family appears from the first scrape on, even at zero
     flush()  # this worker's latest requests, as any scrape elsewhere will see them soon
+    load.flush()  # this worker's waiting and running requests
     statistics.flush()  # this worker's latest inference statistics, as a stats call sees them
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get(ENV):
