@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, statistics
+from . import batching, classification, statistics
 from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
 from .inference import InferRequest
 from .repository import ModelRepository, ModelVersion
@@ -250,8 +250,10 @@ class DataPlane:
         result = self._infer(mv, request)
         if is_stream(result):
             result = join_stream(named_outputs(mv, item, request.signature_name) for item in result)
-            return filter_outputs(result, request.output_names)
-        return filter_outputs(named_outputs(mv, result, request.signature_name), request.output_names)
+            return classified(mv, request, filter_outputs(result, request.output_names))
+        return classified(
+            mv, request, filter_outputs(named_outputs(mv, result, request.signature_name), request.output_names)
+        )
 
     def infer_stream(self, mv: ModelVersion, request: InferRequest) -> Iterator[dict[str, np.ndarray]]:
         """A V2 request's named outputs, one dict per item a streaming model yields."""
@@ -259,7 +261,8 @@ class DataPlane:
         items = result if is_stream(result) else iter([result])
         try:
             for item in items:
-                yield filter_outputs(named_outputs(mv, item, request.signature_name), request.output_names)
+                named = filter_outputs(named_outputs(mv, item, request.signature_name), request.output_names)
+                yield classified(mv, request, named)
         finally:
             close(items)  # the client went away: stop the model's generator
 
@@ -443,6 +446,25 @@ def _as_array(value: Any, name: str) -> np.ndarray:
         return np.asarray(value)
     except ValueError:
         raise ModelFailure(f"output {name!r} is not a rectangular tensor") from None
+
+
+def classified(mv: ModelVersion, request: InferRequest, outputs: dict[str, Any]) -> dict[str, Any]:
+    """Outputs requested with Triton's ``classification`` parameter as their top classes."""
+    wanted = {o.name: o.classification for o in request.outputs or () if o.classification}
+    if not wanted:
+        return outputs
+    signature = mv.metadata.signature(request.signature_name)
+    specs = {spec.name: spec for spec in signature.outputs} if signature is not None else {}
+    batched = mv.config.batching.max_batch_size > 0
+    out = dict(outputs)
+    for name, count in wanted.items():
+        spec = specs.get(name)
+        labels = classification.labels_for(mv, name, spec.labels if spec is not None else None)
+        try:
+            out[name] = classification.top_classes(_as_array(out[name], name), count, batched=batched, labels=labels)
+        except BadRequest as exc:
+            raise BadRequest(f"output {name!r}: {exc.message}") from None
+    return out
 
 
 def filter_outputs(outputs: dict[str, Any], requested: list[str] | None) -> dict[str, Any]:

@@ -27,7 +27,6 @@ UNSUPPORTED_PARAMETERS = {
     "shared_memory_region": "the shared-memory extension",
     "shared_memory_byte_size": "the shared-memory extension",
     "shared_memory_offset": "the shared-memory extension",
-    "classification": "the classification extension",
 }
 #: What leaves a parameter unset: JSON's null, false, 0 and "", and proto3's
 #: defaults for every ``InferParameter`` choice (a gRPC map entry may hold one).
@@ -39,6 +38,8 @@ class RequestedOutput:
     name: str
     #: ``True``/``False`` from the output's ``binary_data`` parameter (HTTP), ``None`` if unset
     binary: bool | None = None
+    #: Triton's ``classification`` parameter: answer the top N classes (0: the tensor itself)
+    classification: int = 0
 
 
 @dataclass
@@ -82,8 +83,24 @@ def refuse_unsupported(params: dict[str, Any], where: str) -> None:
             raise BadRequest(f"{where}: parameter {key!r} needs {extension}, which servekit does not implement")
 
 
-def add_output(outputs: list[RequestedOutput], name: str, binary: bool | None = None) -> None:
-    """Add a requested output; the same name twice is a client error on every wire."""
+def add_output(
+    outputs: list[RequestedOutput], name: str, binary: bool | None = None, params: dict[str, Any] | None = None
+) -> RequestedOutput:
+    """Add a requested output; the same name twice is a client error on every wire.
+
+    ``params`` are the output's parameters: ``classification`` is read from them.
+    """
     if any(o.name == name for o in outputs):
         raise BadRequest(f"output {name!r} is requested twice")
-    outputs.append(RequestedOutput(name, binary))
+    count = class_count((params or {}).get("classification"), f"requested output {name!r}")
+    outputs.append(RequestedOutput(name, binary, count))
+    return outputs[-1]
+
+
+def class_count(value: Any, where: str) -> int:
+    """The ``classification`` parameter: a positive integer (unset or 0: the tensor itself)."""
+    if value in UNSET:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"{where}: 'classification' must be a positive integer, found {value!r}")
+    return value

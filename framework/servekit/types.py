@@ -29,13 +29,16 @@ class TensorSpec:
 
     ``datatype`` uses the V2 names (``FP32``, ``INT64``, ``BYTES``, ``BOOL``...);
     ``shape`` uses ``-1`` for a dimension of any size and ``None`` for unknown rank;
-    ``tensor_name`` is the underlying graph tensor (TensorFlow's ``x:0``), if any.
+    ``tensor_name`` is the underlying graph tensor (TensorFlow's ``x:0``), if any;
+    ``labels`` name the classes along an output's last axis (Triton's classification
+    extension answers with them, :mod:`servekit.classification`).
     """
 
     name: str
     datatype: str
     shape: list[int] | None
     tensor_name: str | None = None
+    labels: list[str] | None = None
 
 
 @dataclass

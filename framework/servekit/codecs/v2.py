@@ -172,6 +172,11 @@ def tensor_to_bytes(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr, dtype=little).tobytes()
 
 
+def tensor_to_bytes_items(arr: np.ndarray) -> list[bytes]:
+    """A ``BYTES`` tensor's elements as ``bytes`` (``str`` encoded as UTF-8), flat."""
+    return [_as_bytes(value) for value in arr.reshape(-1)]
+
+
 def _as_bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -441,7 +446,7 @@ def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise BadRequest(f"{where}: 'binary_data' must be true or false, found {binary!r}")
-        add_output(outputs, spec["name"], binary)
+        add_output(outputs, spec["name"], binary, params)
     return outputs or None
 
 

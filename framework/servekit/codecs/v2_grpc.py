@@ -4,7 +4,8 @@ A ``ModelInferRequest`` decodes into the same :class:`~servekit.inference.InferR
 as an HTTP body (:func:`servekit.codecs.v2.decode_infer_request`), through the
 same checks: tensors arrive as typed ``contents`` or as ``raw_input_contents``
 (the binary layout of :mod:`.v2`); outputs go back as ``raw_output_contents``,
-as Triton answers whatever the request used.  Like :mod:`.tensor_proto`, this
+as Triton answers, and also as typed ``contents`` when the request used those
+(:func:`encode_outputs`).  Like :mod:`.tensor_proto`, this
 module reads the messages by their field names and imports no generated code.
 """
 
@@ -67,8 +68,9 @@ def decode_infer_request(request: Any) -> InferRequest:
     parameters = parameters_of(request.parameters)
     outputs: list[RequestedOutput] = []
     for output in request.outputs:
-        refuse_unsupported(parameters_of(output.parameters), f"output {output.name!r}")
-        add_output(outputs, output.name)
+        params = parameters_of(output.parameters)
+        refuse_unsupported(params, f"output {output.name!r}")
+        add_output(outputs, output.name, params=params)
     return InferRequest(
         decode_inputs(request), request.id or None, parameters, outputs or None, signature_of(parameters)
     )
@@ -140,9 +142,35 @@ def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
 # -- responses -----------------------------------------------------------------------------
 
 
-def encode_outputs(response: Any, outputs: dict[str, np.ndarray]) -> None:
-    """Every output in ``raw_output_contents``, one entry per output, in order (as Triton)."""
-    for name, value in outputs.items():
-        arr = codec.as_v2_array(value, name)
-        response.outputs.add(name=name, datatype=codec.datatype_of(arr), shape=list(arr.shape))
+def encode_outputs(response: Any, outputs: dict[str, np.ndarray], *, typed: bool = False) -> None:
+    """The outputs in ``raw_output_contents`` (one entry per output, in order, as Triton answers
+    and tritonclient reads), and with ``typed`` in typed ``contents`` as well.
+
+    A request that sent typed ``contents`` gets both forms: KServe's client reads an
+    answer's data from ``contents`` only, while Triton's own explicit-content examples,
+    which send typed contents too, read ``raw_output_contents``; tritonclient prefers
+    the raw form when both are there.  An output with no typed field (FP16, BF16)
+    leaves every output raw only.
+    """
+    arrays = {name: codec.as_v2_array(value, name) for name, value in outputs.items()}
+    datatypes = {name: codec.datatype_of(arr) for name, arr in arrays.items()}
+    typed = typed and all(d in CONTENTS_FIELD for d in datatypes.values())
+    for name, arr in arrays.items():
+        tensor = response.outputs.add(name=name, datatype=datatypes[name], shape=list(arr.shape))
+        if typed:
+            _fill_typed(tensor.contents, datatypes[name], arr)
         response.raw_output_contents.append(codec.tensor_to_bytes(arr))
+
+
+def used_typed_contents(request: Any) -> bool:
+    """Whether a ``ModelInferRequest`` sent its tensors as typed ``contents``."""
+    return bool(request.inputs) and not request.raw_input_contents
+
+
+def _fill_typed(contents: Any, datatype: str, arr: np.ndarray) -> None:
+    values = getattr(contents, CONTENTS_FIELD[datatype])
+    flat = arr.reshape(-1)
+    if datatype == "BYTES":
+        values.extend(codec.tensor_to_bytes_items(flat))
+    else:
+        values.extend(flat.tolist())

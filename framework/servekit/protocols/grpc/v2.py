@@ -4,8 +4,9 @@ Wire-compatible with ``tritonclient.grpc`` (and KServe's V2 gRPC clients).
 A ``ModelInferRequest`` decodes (:mod:`servekit.codecs.v2_grpc`) into the same
 :class:`~servekit.inference.InferRequest` as an HTTP body, and
 :meth:`DataPlane.infer` checks and runs it as it does for HTTP.  Outputs always
-go back as ``raw_output_contents``, as Triton answers whatever the request used:
-tritonclient, KServe's and MLServer's clients read the raw form.  A version
+go back as ``raw_output_contents``, as Triton answers (tritonclient and MLServer's
+client read them), and a request that sent typed ``contents`` gets typed contents
+too (KServe's client reads only those).  A version
 string that is not a number is ``INVALID_ARGUMENT``.  ``ModelStreamInfer`` answers each request in
 order; an error becomes that request's ``error_message`` and the stream goes on,
 and a streaming model answers with one response per item it yields.
@@ -167,7 +168,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.ModelInferResponse:
     response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(mv.version), id=request.id)
-    codec.encode_outputs(response, outputs)
+    codec.encode_outputs(response, outputs, typed=codec.used_typed_contents(request))
     return response
 
 
