@@ -93,6 +93,11 @@ class DataPlane:
         return self.repository.models
 
     @property
+    def shared_memory(self) -> Any:
+        """The registered system shared-memory regions (:class:`servekit.shared_memory.Regions`)."""
+        return self.repository.shared_memory
+
+    @property
     def plugins(self) -> Any:
         """The plugin manager: the server-wide hooks (``log_request``, ``register_routes``, ...)."""
         return self.repository.pm

@@ -28,6 +28,7 @@ from .config import ConfigError, parse_model_config
 from .control.plan import UNLOADED, Planner, config_key
 from .errors import BadRequest, NotFound, NotReady, UnknownModel, malformed_version
 from .model_folders import discover, is_model_dir, valid_name
+from .shared_memory import Regions
 from .types import BatchingConfig, Executor, ModelConfig, ModelMetadata, Placement
 
 __all__ = ["Model", "ModelRepository", "ModelVersion", "State", "discover", "is_model_dir", "valid_name"]
@@ -118,6 +119,8 @@ class ModelRepository:
             name: Model(name, entry.base_path, entry.versioned) for name, entry in self.planner.entries.items()
         }
         self.generation = 0  # of the last plan applied
+        #: Triton's registered shared-memory regions, as the plan says (servekit.shared_memory)
+        self.shared_memory = Regions()
         self._lock = threading.RLock()
         # one apply at a time: the polling thread, the control plane, the repository API
         self._sync_lock = threading.Lock()
@@ -231,6 +234,7 @@ class ModelRepository:
         for name in [n for n in models if n not in wanted]:
             self._unload_all(models.pop(name))
         self.models = models
+        self.shared_memory.apply(plan.get("shared_memory", {}))
         self.generation = plan["generation"]
 
     def _apply_model(self, model: Model, doc: dict[str, Any]) -> None:

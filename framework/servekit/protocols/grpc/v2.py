@@ -31,13 +31,14 @@ from ...errors import BadRequest, NotFound, NotReady, ServekitError
 from ...model_control import require_model_control
 from ...repository import ModelVersion
 from .. import v2_documents as documents
+from . import shared_memory
 from .common import control_of, rpc, streaming_rpc
 from .protos.inference import grpc_service_pb2 as pb
 from .protos.inference import grpc_service_pb2_grpc as pb_grpc
 from .protos.inference import model_config_pb2
 
 #: Extensions this service implements: those of HTTP but the binary one (gRPC is binary
-#: anyway); the shared-memory RPCs are not offered.
+#: anyway); the shared-memory RPCs are in :mod:`.shared_memory`.
 EXTENSIONS = [e for e in documents.EXTENSIONS if e != "binary_tensor_data"]
 
 #: Triton's decoupled-model parameters for ModelStreamInfer.
@@ -114,13 +115,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def _infer(self, request: pb.ModelInferRequest, *, stream: bool) -> Iterator[pb.ModelInferResponse]:
         """Run one request; a streaming model gives one response per item when ``stream``."""
         mv = self.dp.resolve(request.model_name, version_of(request.model_version))
-        req = codec.decode_infer_request(request)
+        req = codec.decode_infer_request(request, self.dp.shared_memory)
         req.parameters.pop(_EMPTY_FINAL, None)
         if not stream:
-            yield _response(request, mv, self.dp.infer(mv, req))
+            yield self._response(request, req, mv, self.dp.infer(mv, req))
             return
         for outputs in self.dp.infer_stream(mv, req):
-            yield _response(request, mv, outputs)
+            yield self._response(request, req, mv, outputs)
+
+    def _response(self, request: Any, req: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.ModelInferResponse:
+        response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(mv.version), id=request.id)
+        typed = codec.used_typed_contents(request)
+        codec.encode_outputs(response, outputs, typed=typed, regions=self.dp.shared_memory, placements=req.placements)
+        return response
 
     # -- Triton's extensions --------------------------------------------------------------
 
@@ -166,12 +173,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
 
-def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.ModelInferResponse:
-    response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(mv.version), id=request.id)
-    codec.encode_outputs(response, outputs, typed=codec.used_typed_contents(request))
-    return response
-
-
 def _parameter_value(parameter: Any) -> Any:
     """A ``ModelRepositoryParameter``'s value: bool, int, string or bytes."""
     choice = parameter.WhichOneof("parameter_choice")
@@ -190,3 +191,4 @@ def add_to_server(
     ``control`` (the app's :class:`servekit.control.ControlPlane`) carries out."""
     servicer = InferenceServicer(dataplane, model_control_mode=model_control_mode, control=control)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    server.add_generic_rpc_handlers((shared_memory.handler(dataplane, control),))
