@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from .types import BatchingConfig, ModelConfig
+from .types import BatchingConfig, ModelConfig, SequenceConfig
 
 CONFIG_FILE = "servekit.yaml"
 _KEYS = {
@@ -21,6 +21,7 @@ _KEYS = {
     "replicas",
     "warmup",
     "pin",
+    "sequence",
 }
 #: What one warm-up item may hold: a request body of one protocol, or a file of one.
 WARMUP_KINDS = ("v1", "v2", "file")
@@ -93,8 +94,23 @@ def parse_model_config(
         replicas=replicas,
         warmup=_warmup(raw.get("warmup")),
         pin=_pin(raw.get("pin", False)),
+        sequence=_sequence(raw.get("sequence")),
         base_path=model_dir,
     )
+
+
+def _sequence(raw: Any) -> SequenceConfig | None:
+    """``sequence: true`` or ``sequence: {max_idle_ms: N}``; unset or false: stateless."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return SequenceConfig()
+    if not isinstance(raw, dict) or set(raw) - {"max_idle_ms"}:
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence' must be true or {{max_idle_ms: N}}")
+    idle = raw.get("max_idle_ms", SequenceConfig.max_idle_ms)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0:
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence.max_idle_ms' must be a positive number, found {idle!r}")
+    return SequenceConfig(max_idle_ms=float(idle))
 
 
 def _pin(raw: Any) -> bool:

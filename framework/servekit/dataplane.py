@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, classification, statistics
+from . import batching, classification, sequences, statistics
 from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
 from .inference import InferRequest
 from .repository import ModelRepository, ModelVersion
@@ -172,6 +172,15 @@ class DataPlane:
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
         stat = statistics.current()
+        live = sequences.sequences_of(mv)
+        sequence = live.open(parameters) if live is not None else None
+        if sequence is not None:  # a sequence's requests run alone, one at a time, on its state
+            assert live is not None
+            try:
+                inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names, sequence)
+                return self._outputs(mv, stat, run(inputs), parameters)
+            finally:
+                live.close(sequence)
         inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
@@ -225,6 +234,7 @@ class DataPlane:
         parameters: dict[str, Any],
         signature_name: str | None,
         output_names: list[str] | None,
+        sequence: sequences.Sequence | None = None,
     ) -> tuple[Tensors, batching.Runner]:
         """A request's preprocessed inputs and the call of the ``predict`` hook that serves it (or its batch)."""
         inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
@@ -239,6 +249,7 @@ class DataPlane:
                     parameters=parameters,
                     signature_name=signature_name,
                     output_names=output_names,
+                    sequence=sequence,
                 ),
             )
 

@@ -72,6 +72,13 @@ class BatchingConfig:
 
 
 @dataclass
+class SequenceConfig:
+    """``sequence:`` of servekit.yaml: the model keeps a state per sequence (servekit.sequences)."""
+
+    max_idle_ms: float = 1000.0
+
+
+@dataclass
 class ModelConfig:
     """A model's settings, read from the optional ``servekit.yaml`` in its folder."""
 
@@ -89,6 +96,8 @@ class ModelConfig:
     warmup: list[dict[str, Any]] = field(default_factory=list)
     #: never unloaded to make room under ``--model-memory-budget``
     pin: bool = False
+    #: a state per sequence of requests (Triton's sequence batching); ``None``: stateless
+    sequence: SequenceConfig | None = None
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
 

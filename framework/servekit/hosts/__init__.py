@@ -39,7 +39,10 @@ def placement_of(config: Any) -> tuple[str, int]:
                 "device %s: one model host per device (one CUDA context); replicas: %d ignored", device, replicas
             )
         return "process", 1
-    placement = getattr(config, "placement", None) or default_placement()
+    placement = getattr(config, "placement", None)
+    if getattr(config, "sequence", None) is not None and placement != "worker":
+        return "process", 1  # one state per sequence, whichever worker a request reaches (servekit.sequences)
+    placement = placement or default_placement()
     return (placement, replicas) if placement == "process" else ("worker", 1)
 
 
