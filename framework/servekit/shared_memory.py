@@ -37,6 +37,9 @@ SHM_ROOT = Path("/dev/shm")
 CUDA_REFUSED = "CUDA shared memory is not supported: servekit serves this model repository without CUDA IPC"
 
 PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+#: What leaves a parameter unset (as :data:`servekit.inference.UNSET`: JSON's null, false, 0 and
+#: "", and proto3's defaults, which a gRPC map entry may hold)
+UNSET = (None, False, 0, "")
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,9 @@ class SharedTensor:
 
 def placement_of(params: dict[str, Any] | None, where: str) -> SharedTensor | None:
     """A tensor's shared-memory parameters, checked; ``None`` when it names no region."""
-    if not params or params.get("shared_memory_region") in (None, ""):
+    if not params or params.get("shared_memory_region") in UNSET:
         for key in PARAMETERS[1:]:
-            if params and params.get(key) not in (None, 0):
+            if params and params.get(key) not in UNSET:
                 raise BadRequest(f"{where}: {key!r} needs a 'shared_memory_region' parameter")
         return None
     region = params["shared_memory_region"]

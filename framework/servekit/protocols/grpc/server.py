@@ -30,7 +30,7 @@ from ...auth import ApiKey
 from ...dataplane import DataPlane
 from ...errors import ServekitError
 from ...settings import Settings, channel_arguments
-from . import tf_serving, v2
+from . import shared_memory, tf_serving, v2
 from .decoding import DecodeInterceptor
 
 log = logging.getLogger("servekit.grpc")
@@ -93,6 +93,7 @@ def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) 
         model_control_mode=settings.model_control_mode,
     )
     v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode, control=control)
+    shared_memory.add_to_server(server, dataplane, control)
     host = settings.host
     address = f"[{host}]:{settings.grpc_port}" if ":" in host else f"{host}:{settings.grpc_port}"
     files = tls.files_of(settings, "grpc")

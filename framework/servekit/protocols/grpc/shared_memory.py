@@ -61,6 +61,11 @@ class SharedMemoryServicer:
         return pb.CudaSharedMemoryUnregisterResponse()  # nothing can be registered
 
 
+def add_to_server(server: grpc.Server, dataplane: Any, control: Any = None) -> None:
+    """Serve the methods beside :mod:`.v2`'s servicer (``control``: the app's control plane)."""
+    server.add_generic_rpc_handlers((handler(dataplane, control),))
+
+
 def handler(dataplane: Any, control: Any = None) -> grpc.GenericRpcHandler:
     """The methods' handler, for ``grpc.Server.add_generic_rpc_handlers``."""
     servicer = SharedMemoryServicer(dataplane, control)

@@ -31,7 +31,6 @@ from ...errors import BadRequest, NotFound, NotReady, ServekitError
 from ...model_control import require_model_control
 from ...repository import ModelVersion
 from .. import v2_documents as documents
-from . import shared_memory
 from .common import control_of, rpc, streaming_rpc
 from .protos.inference import grpc_service_pb2 as pb
 from .protos.inference import grpc_service_pb2_grpc as pb_grpc
@@ -191,4 +190,3 @@ def add_to_server(
     ``control`` (the app's :class:`servekit.control.ControlPlane`) carries out."""
     servicer = InferenceServicer(dataplane, model_control_mode=model_control_mode, control=control)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    server.add_generic_rpc_handlers((shared_memory.handler(dataplane, control),))
