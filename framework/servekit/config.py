@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from . import pipeline
 from .types import BatchingConfig, ModelConfig, SequenceConfig
 
 CONFIG_FILE = "servekit.yaml"
@@ -22,6 +23,7 @@ _KEYS = {
     "warmup",
     "pin",
     "sequence",
+    "pipeline",
 }
 #: What one warm-up item may hold: a request body of one protocol, or a file of one.
 WARMUP_KINDS = ("v1", "v2", "file")
@@ -48,6 +50,13 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"{CONFIG_FILE}: cannot read it: {exc.strerror}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
+    if "pipeline" not in raw:
+        try:  # a Triton ensemble: its config.pbtxt says the pipeline
+            ensemble = pipeline.from_triton_config(model_dir)
+        except pipeline.PipelineError as exc:
+            raise ConfigError(str(exc)) from None
+        if ensemble is not None:
+            raw = {**raw, "pipeline": ensemble}
     return raw
 
 
@@ -95,8 +104,18 @@ def parse_model_config(
         warmup=_warmup(raw.get("warmup")),
         pin=_pin(raw.get("pin", False)),
         sequence=_sequence(raw.get("sequence")),
+        pipeline=_pipeline(raw.get("pipeline")),
         base_path=model_dir,
     )
+
+
+def _pipeline(raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        return pipeline.parse(raw)
+    except pipeline.PipelineError as exc:
+        raise ConfigError(f"{CONFIG_FILE}: {exc}") from None
 
 
 def _sequence(raw: Any) -> SequenceConfig | None:

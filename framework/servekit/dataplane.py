@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, classification, sequences, statistics
-from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
+from . import batching, classification, pipeline, sequences, statistics
+from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError, UnknownModel
 from .inference import InferRequest
 from .repository import ModelRepository, ModelVersion
 from .streams import close, is_stream
@@ -171,6 +171,8 @@ class DataPlane:
     ) -> Any:
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
+        if isinstance(mv.model, pipeline.Pipeline):
+            return self._run_pipeline(mv, inputs, parameters)
         stat = statistics.current()
         live = sequences.sequences_of(mv)
         sequence = live.open(parameters) if live is not None else None
@@ -186,6 +188,23 @@ class DataPlane:
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         outputs = run(inputs) if batcher is None or options is None else batcher.submit(inputs, run, options)
         return self._outputs(mv, stat, outputs, parameters)
+
+    def _run_pipeline(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> dict[str, Any]:
+        """A pipeline's steps, each an ordinary request to its own model (checked, batched, counted)."""
+
+        def call(step: pipeline.Step, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+            try:
+                step_mv = self.resolve(step.model, step.version)
+                return self.infer(step_mv, InferRequest(tensors, parameters=dict(parameters)))
+            except UnknownModel as exc:
+                raise NotFound(f"pipeline {mv.name!r}, step {step.model!r}: {exc.v2_message}") from None
+            except ServekitError as exc:
+                exc.message = f"pipeline {mv.name!r}, step {step.model!r}: {exc.message}"
+                exc.args = (exc.message,)
+                raise
+
+        stat = statistics.current()
+        return stat.execution(statistics.rows_of(inputs), lambda: pipeline.run(mv.model, inputs, call))
 
     def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
         """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).

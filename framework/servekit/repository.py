@@ -23,10 +23,10 @@ from typing import Any
 
 import pluggy
 
-from . import plugins
+from . import pipeline, plugins
 from .config import ConfigError, parse_model_config
 from .control.plan import UNLOADED, Planner, config_key
-from .errors import BadRequest, NotFound, NotReady, UnknownModel, malformed_version
+from .errors import BadRequest, NotFound, NotReady, ServekitError, UnknownModel, malformed_version
 from .model_folders import discover, is_model_dir, valid_name
 from .shared_memory import Regions
 from .types import BatchingConfig, Executor, ModelConfig, ModelMetadata, Placement
@@ -377,6 +377,9 @@ class ModelRepository:
         version's relay (:func:`servekit.plugins.model_hooks`): no other
         framework plugin is asked to predict with a model it did not load.
         """
+        if model.config.pipeline is not None:
+            self._load_pipeline(model, mv)
+            return
         pm = self._manager_for(model, mv.path)
         load = plugins.load_caller(pm, model.config.plugin)
         loaded, mv.loaded_by = plugins.call_load(
@@ -387,6 +390,20 @@ class ModelRepository:
         mv.model = loaded
         mv.hooks = plugins.model_hooks(pm, mv.loaded_by, model.config.plugin)
         mv.metadata = self._describe(mv)
+
+    def _load_pipeline(self, model: Model, mv: ModelVersion) -> None:
+        """A pipeline has no artifact: the data plane runs its steps on their own models."""
+
+        def metadata_of(step: Any) -> ModelMetadata | None:
+            try:
+                return self.resolve(step.model, step.version).metadata
+            except ServekitError:
+                return None
+
+        mv.model = pipeline.described(model.config.pipeline, metadata_of)
+        mv.loaded_by = "pipeline"
+        mv.hooks = plugins.new_manager().hook  # no hooks of its own
+        mv.metadata = mv.model.metadata()
 
     def _fail(self, mv: ModelVersion, message: str, exc: BaseException | None = None) -> None:
         """Mark ``mv`` failed; the client reads ``message``, the log also gets the traceback."""

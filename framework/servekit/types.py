@@ -98,6 +98,8 @@ class ModelConfig:
     pin: bool = False
     #: a state per sequence of requests (Triton's sequence batching); ``None``: stateless
     sequence: SequenceConfig | None = None
+    #: a pipeline of other models (``servekit.pipeline.Pipeline``; Triton's ensembles); ``None``: a model
+    pipeline: Any = None
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
 

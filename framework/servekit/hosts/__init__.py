@@ -40,6 +40,8 @@ def placement_of(config: Any) -> tuple[str, int]:
             )
         return "process", 1
     placement = getattr(config, "placement", None)
+    if getattr(config, "pipeline", None) is not None:
+        return "worker", 1  # its steps run where their own models are placed
     if getattr(config, "sequence", None) is not None and placement != "worker":
         return "process", 1  # one state per sequence, whichever worker a request reaches (servekit.sequences)
     placement = placement or default_placement()
