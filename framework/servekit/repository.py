@@ -339,7 +339,7 @@ class ModelRepository:
                 mv.state = State.AVAILABLE
                 log.info("loaded %s version %d in %.2fs (%s)", model.name, version, mv.load_seconds, where)
             except Exception as exc:
-                self._fail(mv, _clean(_describe_error(exc), model.base_path), exc)
+                self._fail(mv, _clean(_naming_artifacts(_describe_error(exc), mv.path), model.base_path), exc)
         with self._lock:
             if previous is not None and previous.ready and not mv.ready:
                 log.error("model %s version %d keeps serving as it was loaded before", model.name, version)
@@ -560,6 +560,20 @@ def _describe_error(exc: Exception) -> str:
     if isinstance(exc, (RuntimeError, ValueError)) and message:
         return message
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _naming_artifacts(message: str, folder: Path) -> str:
+    """A load error that names no file of the version folder (a bare ``MemoryError``, say),
+    prefixed with the folder's artifacts, so the reader knows which file failed."""
+    try:
+        files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    except OSError:
+        return message
+    artifacts = [f for f in files if f not in ("model.py", "servekit.yaml")] or files
+    if not artifacts or any(name in message for name in files):
+        return message
+    named = ", ".join(str(folder / name) for name in artifacts[:3])
+    return f"{named}: {message}"
 
 
 def _clean(message: str, base: Path) -> str:
