@@ -24,7 +24,8 @@ from .errors import BadRequest
 from .shared_memory import SharedTensor, placement_of
 
 #: Tensor parameters of Triton extensions servekit does not implement; a request
-#: using them is refused instead of silently answered without them.
+#: using them is refused instead of silently answered without them.  (None now:
+#: classification, shared memory and sequences are served.)
 UNSUPPORTED_PARAMETERS: dict[str, str] = {}
 #: What leaves a parameter unset: JSON's null, false, 0 and "", and proto3's
 #: defaults for every ``InferParameter`` choice (a gRPC map entry may hold one).

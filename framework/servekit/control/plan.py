@@ -4,9 +4,10 @@ A *plan* is plain data, numbered by a generation: for every model its folder,
 its settings (``servekit.yaml`` with what an operator set over it through the
 API), whether it is to be served, and the version folders its policy wants,
 each with a fingerprint; and the shared-memory regions clients registered
-(:mod:`servekit.shared_memory`), so every worker reads the same ones.  One :class:`Planner` per server reads the disk and
-keeps the operator's changes (load, unload, a config override, a new model
-config file); the repositories of every worker and model host apply its plans
+(:mod:`servekit.shared_memory`), so every worker reads the same ones.  One
+:class:`Planner` per server reads the disk and keeps the operator's changes
+(load, unload, a config override, a new model config file); the repositories
+of every worker and model host apply its plans
 (:meth:`servekit.repository.ModelRepository.apply`) without reading the
 folders' policies themselves, so they all serve the same thing.
 """
