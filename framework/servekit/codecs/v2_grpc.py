@@ -195,7 +195,7 @@ def encode_outputs(
 
 def used_typed_contents(request: Any) -> bool:
     """Whether a ``ModelInferRequest`` sent its tensors as typed ``contents``."""
-    return bool(request.inputs) and not request.raw_input_contents
+    return not request.raw_input_contents and any(t.HasField("contents") for t in request.inputs)
 
 
 def _fill_typed(contents: Any, datatype: str, arr: np.ndarray) -> None:
