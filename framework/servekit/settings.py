@@ -183,7 +183,15 @@ def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | No
     config_file = given.get("config") or environ.get(env_name("config"))
     values: dict[str, Any] = {}
     if config_file:
-        loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+        try:
+            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+        except yaml.YAMLError as exc:  # one line naming the file and where, not the parser's dump
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ValueError(f"--config {config_file}: not valid YAML{where}: {problem}") from None
+        except OSError as exc:
+            raise ValueError(f"--config {config_file}: cannot read it: {exc.strerror}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{config_file}: expected a mapping of settings")
         known = {f.name for f in fields(Settings)}
