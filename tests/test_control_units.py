@@ -57,7 +57,7 @@ def test_triton_config_maps_onto_servekit_settings():
 @pytest.mark.parametrize(
     "config, named",
     [
-        ('{"sequence_batching": {}}', "sequence_batching"),
+        ('{"sequence_batching": {"control_input": []}}', "sequence_batching.control_input"),
         ('{"input": [{"name": "x"}]}', "input"),
         ('{"max_batch_size": "lots"}', "max_batch_size"),
         ('{"name": "other"}', "other"),

@@ -195,10 +195,18 @@ def test_infer_typed_contents(raw_stub, datatype, field, values):
     response = raw_stub.ModelInfer(typed_request(datatype, field, values), timeout=30)
     (out,) = response.outputs
     assert (out.name, out.datatype, list(out.shape)) == ("x", datatype, [2])
-    # answered in raw_output_contents, as Triton answers whatever the request used
-    assert not out.HasField("contents") and len(response.raw_output_contents) == 1
+    # answered in raw_output_contents, as Triton answers, and in the typed contents the request used
+    assert len(response.raw_output_contents) == 1
     got = tritonclient_grpc.InferResult(response).as_numpy("x").tolist()
     assert got == pytest.approx(values) if datatype.startswith("FP") else got == values
+    typed = list(getattr(out.contents, field))
+    assert typed == pytest.approx(values) if datatype.startswith("FP") else typed == values
+
+
+def test_infer_raw_request_answers_raw_only(client):
+    result = client.infer("echo", [tensor("x", np.arange(3, dtype=np.int32), "INT32")])
+    response = result.get_response()
+    assert len(response.raw_output_contents) == 1 and not response.outputs[0].HasField("contents")
 
 
 def test_infer_typed_fp16_answers_raw(raw_stub):

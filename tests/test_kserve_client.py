@@ -40,3 +40,26 @@ def test_kserve_rest_client_v1_and_v2(tmp_path):
     assert found["v2_ready"] is True and found["v2_model_ready"] is True
     assert found["v2_infer"] == {"predict": ["setosa"]}
     assert found["v1_unknown_ready"] != "answered"
+
+
+def test_kserve_grpc_client_reads_bytes_answers(tmp_path):
+    """KServe's gRPC client sends typed contents and reads only typed contents back."""
+    if not KSERVE_PYTHON.exists():
+        pytest.skip("KServe's client is not installed: scripts/test.sh makes .venv-kserve")
+    import shutil
+
+    for name in ("simple", "simple_string"):
+        shutil.copytree(ROOT / "tests" / "data" / "triton" / name, tmp_path / name)
+    with ServerProcess(tmp_path, grpc_port="auto", workers=2) as server:
+        out = subprocess.run(
+            [str(KSERVE_PYTHON), str(ROOT / "tests" / "kserve_grpc_client_calls.py"), f"127.0.0.1:{server.grpc_port}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["model_ready"] is True
+    assert found["strings"]["OUTPUT0"] == [str(i + 1) for i in range(16)]
+    assert found["strings"]["OUTPUT1"] == [str(i - 1) for i in range(16)]
+    assert found["numbers"]["OUTPUT0"] == [i + 1 for i in range(16)]

@@ -54,10 +54,25 @@ def assert_one_line(result: subprocess.CompletedProcess, *fragments: str) -> str
         (["--http-port", "99999"], ["--http-port", "99999"]),
         (["--grpc-port", "-1"], ["--grpc-port", "-1"]),
         (["--workers", "none"], ["--workers", "none"]),
+        (["--threads", "0"], ["--threads", "found 0"]),
+        (["--threads", "-3"], ["--threads", "found -3"]),
     ],
 )
 def test_a_mistaken_flag_is_one_line_and_status_2(repo, args, fragments):
     assert_one_line(serve(str(repo), *args), *fragments)
+
+
+def test_a_broken_config_file_is_one_line_naming_it(repo, tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("workers: 2\nthreads: [1,\n")
+    assert_one_line(serve(str(repo), "--config", str(config)), f"--config {config}", "not valid YAML", "line 3")
+
+
+def test_plugins_listing_with_a_missing_plugin_is_one_line():
+    cmd = [sys.executable, "-m", "servekit", "plugins", "--plugin", "missing.py"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "servekit plugins: --plugin: plugin file not found: missing.py"
 
 
 def test_a_broken_plugin_file_is_one_line(repo, tmp_path):

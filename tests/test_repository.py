@@ -90,6 +90,29 @@ def test_failed_load_is_state_end_with_error_and_503(tmp_path):
     assert "no plugin could load" in empty.error and "weights.bin" in empty.error
 
 
+def test_a_bare_load_error_names_the_artifact(tmp_path):
+    """A load that fails with a message naming no file (``MemoryError``) says which artifact it was."""
+    folder = tmp_path / "huge" / "1"
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"x")
+    (folder / "model.py").write_text(
+        "import servekit\n\n\n@servekit.hookimpl\ndef load(path):\n    raise MemoryError()\n"
+    )
+    (huge,) = make_repo(tmp_path).statuses("huge")
+    assert huge.state is State.END and huge.error == "huge/1/weights.bin: MemoryError"
+
+
+def test_a_missing_framework_library_names_its_extra(tmp_path):
+    folder = tmp_path / "needs" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(
+        "import servekit\n\n\n@servekit.hookimpl\ndef load(path):\n"
+        "    raise ModuleNotFoundError(\"No module named 'xgboost'\", name='xgboost')\n"
+    )
+    (needs,) = make_repo(tmp_path).statuses("needs")
+    assert "No module named 'xgboost'" in needs.error and "pip install 'servekit[xgboost]'" in needs.error
+
+
 def test_bad_servekit_yaml_fails_the_model_with_a_clear_message(tmp_path):
     fit_iris(tmp_path / "iris", 1)
     (tmp_path / "iris" / "servekit.yaml").write_text("version_policy: sometimes\n")

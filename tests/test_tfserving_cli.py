@@ -122,7 +122,7 @@ def test_flags_map_to_settings(tmp_path):
             "model_config_list { config { name: 'a' base_path: '/x' } config { name: 'a' base_path: '/y' } }",
             "configured twice",
         ),
-        ("model_config_list { config { nme: 'a' } }", "not a valid ModelServerConfig"),
+        ("model_config_list { config { nme: 'a' } }", "Error parsing text-format tensorflow.serving.ModelServerConfig"),
     ],
 )
 def test_model_config_file_errors_name_the_field(tmp_path, text, fragment):
@@ -131,6 +131,17 @@ def test_model_config_file_errors_name_the_field(tmp_path, text, fragment):
     with pytest.raises(FlagError) as info:
         tfserving_config.read_model_config_file(str(path))
     assert fragment in str(info.value)
+
+
+def test_bad_model_config_exits_with_tf_servings_message(tmp_path, capsys):
+    """TF Serving's testBadModelConfig: the parse error on stderr, an exit status, no traceback."""
+    from servekit.tfserving_cli import main
+
+    path = tmp_path / "bad_model_config.txt"
+    path.write_text("improperly formatted file")
+    assert main(["--port=8500", f"--model_config_file={path}"]) != 0
+    err = capsys.readouterr().err
+    assert "Error parsing text-format tensorflow.serving.ModelServerConfig" in err and "Traceback" not in err
 
 
 def test_model_config_file_becomes_servekit_yaml(tmp_path):

@@ -193,16 +193,16 @@ def test_single_tensor_form_is_a_one_input_request():
             },
             b"",
             None,
-            "shared-memory",
+            "'shared_memory_byte_size' must be given",
         ),
         (
             {
                 "inputs": [{"name": "a", "shape": [1], "datatype": "FP32", "data": [1]}],
-                "outputs": [{"name": "o", "parameters": {"classification": 2}}],
+                "outputs": [{"name": "o", "parameters": {"classification": "2"}}],
             },
             b"",
             None,
-            "classification",
+            "'classification' must be a positive integer",
         ),
         (
             {

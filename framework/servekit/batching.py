@@ -397,6 +397,9 @@ def _make(mv: Any) -> Batcher | str:
     config: BatchingConfig = getattr(mv.config, "batching", None) or BatchingConfig()
     if config.max_batch_size < 2:
         return OFF
+    if getattr(mv.config, "sequence", None) is not None:
+        log.info("model %s keeps a state per sequence; its requests are not batched", mv.name)
+        return OFF
     if _streams(mv):
         log.info("model %s streams from predict; it is not batched", mv.name)
         return OFF

@@ -77,6 +77,8 @@ def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]
     """The served model names and the loaded plugins; :class:`_Refused` for the first mistake."""
     if not settings.paths:
         raise _Refused("no model path given (pass PATH, SERVEKIT_PATHS or MODEL_BASE_PATH)")
+    if settings.threads < 1:
+        raise _Refused(f"--threads must be at least 1 (threads per worker), found {settings.threads}")
     from .config import ConfigError
     from .repository import discover
     from .server.ports import PortTaken, check_ports
@@ -109,7 +111,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    pm = plugins.build_manager(args.plugin)
+    try:
+        pm = plugins.build_manager(args.plugin)
+    except Exception as exc:  # a missing or broken --plugin: one line, not a traceback
+        print(f"servekit plugins: --plugin: {_one_line(exc)}", file=sys.stderr)
+        return 2
     infos = plugins.describe(pm)
     if args.json:
         import json

@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from .types import BatchingConfig, ModelConfig
+from . import pipeline
+from .types import BatchingConfig, ModelConfig, SequenceConfig
 
 CONFIG_FILE = "servekit.yaml"
 _KEYS = {
@@ -21,6 +22,8 @@ _KEYS = {
     "replicas",
     "warmup",
     "pin",
+    "sequence",
+    "pipeline",
 }
 #: What one warm-up item may hold: a request body of one protocol, or a file of one.
 WARMUP_KINDS = ("v1", "v2", "file")
@@ -47,6 +50,13 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"{CONFIG_FILE}: cannot read it: {exc.strerror}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
+    if "pipeline" not in raw:
+        try:  # a Triton ensemble: its config.pbtxt says the pipeline
+            ensemble = pipeline.from_triton_config(model_dir)
+        except pipeline.PipelineError as exc:
+            raise ConfigError(str(exc)) from None
+        if ensemble is not None:
+            raw = {**raw, "pipeline": ensemble}
     return raw
 
 
@@ -93,8 +103,33 @@ def parse_model_config(
         replicas=replicas,
         warmup=_warmup(raw.get("warmup")),
         pin=_pin(raw.get("pin", False)),
+        sequence=_sequence(raw.get("sequence")),
+        pipeline=_pipeline(raw.get("pipeline")),
         base_path=model_dir,
     )
+
+
+def _pipeline(raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        return pipeline.parse(raw)
+    except pipeline.PipelineError as exc:
+        raise ConfigError(f"{CONFIG_FILE}: {exc}") from None
+
+
+def _sequence(raw: Any) -> SequenceConfig | None:
+    """``sequence: true`` or ``sequence: {max_idle_ms: N}``; unset or false: stateless."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return SequenceConfig()
+    if not isinstance(raw, dict) or set(raw) - {"max_idle_ms"}:
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence' must be true or {{max_idle_ms: N}}")
+    idle = raw.get("max_idle_ms", SequenceConfig.max_idle_ms)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0:
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence.max_idle_ms' must be a positive number, found {idle!r}")
+    return SequenceConfig(max_idle_ms=float(idle))
 
 
 def _pin(raw: Any) -> bool:

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, statistics
-from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
+from . import batching, classification, pipeline, sequences, statistics
+from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError, UnknownModel
 from .inference import InferRequest
 from .observability import labels, load, tracing
 from .repository import ModelRepository, ModelVersion
@@ -93,6 +93,11 @@ class DataPlane:
     def models(self) -> dict[str, Any]:
         """Every model this process knows, by name (:class:`servekit.repository.Model`)."""
         return self.repository.models
+
+    @property
+    def shared_memory(self) -> Any:
+        """The registered system shared-memory regions (:class:`servekit.shared_memory.Regions`)."""
+        return self.repository.shared_memory
 
     @property
     def plugins(self) -> Any:
@@ -186,7 +191,18 @@ class DataPlane:
         arrival = load.arrival()
         parameters = parameters or {}
         inputs = single_tensor(mv, inputs)
+        if isinstance(mv.model, pipeline.Pipeline):
+            return self._run_pipeline(mv, inputs, parameters)
         stat = statistics.current()
+        live = sequences.sequences_of(mv)
+        sequence = live.open(parameters) if live is not None else None
+        if sequence is not None:  # a sequence's requests run alone, one at a time, on its state
+            assert live is not None
+            try:
+                inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names, sequence)
+                return self._outputs(mv, stat, run(inputs), parameters)
+            finally:
+                live.close(sequence)
         inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
@@ -197,6 +213,23 @@ class DataPlane:
             with tracing.span("servekit.queue"):
                 outputs = batcher.submit(inputs, run, options, arrival=arrival)  # waits for batch-mates, then the call
         return self._outputs(mv, stat, outputs, parameters)
+
+    def _run_pipeline(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> dict[str, Any]:
+        """A pipeline's steps, each an ordinary request to its own model (checked, batched, counted)."""
+
+        def call(step: pipeline.Step, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+            try:
+                step_mv = self.resolve(step.model, step.version)
+                return self.infer(step_mv, InferRequest(tensors, parameters=dict(parameters)))
+            except UnknownModel as exc:
+                raise NotFound(f"pipeline {mv.name!r}, step {step.model!r}: {exc.v2_message}") from None
+            except ServekitError as exc:
+                exc.message = f"pipeline {mv.name!r}, step {step.model!r}: {exc.message}"
+                exc.args = (exc.message,)
+                raise
+
+        stat = statistics.current()
+        return stat.execution(statistics.rows_of(inputs), lambda: pipeline.run(mv.model, inputs, call))
 
     def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
         """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).
@@ -246,6 +279,7 @@ class DataPlane:
         parameters: dict[str, Any],
         signature_name: str | None,
         output_names: list[str] | None,
+        sequence: sequences.Sequence | None = None,
     ) -> tuple[Tensors, batching.Runner]:
         """A request's preprocessed inputs and the call of the ``predict`` hook that serves it (or its batch)."""
         inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
@@ -267,6 +301,7 @@ class DataPlane:
                     parameters=parameters,
                     signature_name=signature_name,
                     output_names=output_names,
+                    sequence=sequence,
                 ),
             )
 
@@ -283,8 +318,10 @@ class DataPlane:
         result = self._infer(mv, request)
         if is_stream(result):
             result = join_stream(named_outputs(mv, item, request.signature_name) for item in result)
-            return filter_outputs(result, request.output_names)
-        return filter_outputs(named_outputs(mv, result, request.signature_name), request.output_names)
+            return classified(mv, request, filter_outputs(result, request.output_names))
+        return classified(
+            mv, request, filter_outputs(named_outputs(mv, result, request.signature_name), request.output_names)
+        )
 
     def infer_stream(self, mv: ModelVersion, request: InferRequest) -> Iterator[dict[str, np.ndarray]]:
         """A V2 request's named outputs, one dict per item a streaming model yields."""
@@ -292,7 +329,8 @@ class DataPlane:
         items = result if is_stream(result) else iter([result])
         try:
             for item in items:
-                yield filter_outputs(named_outputs(mv, item, request.signature_name), request.output_names)
+                named = filter_outputs(named_outputs(mv, item, request.signature_name), request.output_names)
+                yield classified(mv, request, named)
         finally:
             close(items)  # the client went away: stop the model's generator
 
@@ -506,6 +544,25 @@ def _as_array(value: Any, name: str) -> np.ndarray:
         return np.asarray(value)
     except ValueError:
         raise ModelFailure(f"output {name!r} is not a rectangular tensor") from None
+
+
+def classified(mv: ModelVersion, request: InferRequest, outputs: dict[str, Any]) -> dict[str, Any]:
+    """Outputs requested with Triton's ``classification`` parameter as their top classes."""
+    wanted = {o.name: o.classification for o in request.outputs or () if o.classification}
+    if not wanted:
+        return outputs
+    signature = mv.metadata.signature(request.signature_name)
+    specs = {spec.name: spec for spec in signature.outputs} if signature is not None else {}
+    batched = mv.config.batching.max_batch_size > 0
+    out = dict(outputs)
+    for name, count in wanted.items():
+        spec = specs.get(name)
+        labels = classification.labels_for(mv, name, spec.labels if spec is not None else None)
+        try:
+            out[name] = classification.top_classes(_as_array(out[name], name), count, batched=batched, labels=labels)
+        except BadRequest as exc:
+            raise BadRequest(f"output {name!r}: {exc.message}") from None
+    return out
 
 
 def filter_outputs(outputs: dict[str, Any], requested: list[str] | None) -> dict[str, Any]:

@@ -108,6 +108,7 @@ def predict(
     output_names: list[str] | None,
     name: str,
     version: int,
+    sequence: Any,
 ) -> Any | None:
     """Run the model on decoded inputs.
 
@@ -124,6 +125,9 @@ def predict(
     :param output_names: the outputs the client asked for, ``None`` for all; the
         framework filters afterwards, so honouring this is only an optimisation.
     :param name: the served model name; ``version``: its version number.
+    :param sequence: for a model with ``sequence:`` in its servekit.yaml, the
+        request's :class:`servekit.sequences.Sequence` (``id``, ``start``, ``end``
+        and the ``state`` dict kept between its requests); ``None`` otherwise.
     :returns: a ``numpy.ndarray`` (one unnamed output), a ``dict`` of named
         outputs, any JSON-serialisable value, or a generator, which streams one
         item per event over SSE.  ``None`` lets the next plugin try.

@@ -8,7 +8,8 @@ decided here once: the ``signature_name`` parameter, the Triton parameters
 servekit refuses (and what counts as leaving them unset), requested outputs
 named twice.
 
-This module imports nothing from servekit but the error tree, so codecs and the
+This module imports nothing from servekit but the error tree and the
+shared-memory parameters (:mod:`.shared_memory`), so codecs and the
 data plane both build on it (KServe's ``InferRequest``, ``infer_type.py``).
 """
 
@@ -20,15 +21,12 @@ from typing import Any
 import numpy as np
 
 from .errors import BadRequest
+from .shared_memory import SharedTensor, placement_of
 
 #: Tensor parameters of Triton extensions servekit does not implement; a request
-#: using them is refused instead of silently answered without them.
-UNSUPPORTED_PARAMETERS = {
-    "shared_memory_region": "the shared-memory extension",
-    "shared_memory_byte_size": "the shared-memory extension",
-    "shared_memory_offset": "the shared-memory extension",
-    "classification": "the classification extension",
-}
+#: using them is refused instead of silently answered without them.  (None now:
+#: classification, shared memory and sequences are served.)
+UNSUPPORTED_PARAMETERS: dict[str, str] = {}
 #: What leaves a parameter unset: JSON's null, false, 0 and "", and proto3's
 #: defaults for every ``InferParameter`` choice (a gRPC map entry may hold one).
 UNSET = (None, False, 0, "")
@@ -39,6 +37,10 @@ class RequestedOutput:
     name: str
     #: ``True``/``False`` from the output's ``binary_data`` parameter (HTTP), ``None`` if unset
     binary: bool | None = None
+    #: Triton's ``classification`` parameter: answer the top N classes (0: the tensor itself)
+    classification: int = 0
+    #: where the answer goes instead of the response (the shared-memory extension)
+    placement: SharedTensor | None = None
 
 
 @dataclass
@@ -58,6 +60,11 @@ class InferRequest:
     @property
     def output_names(self) -> list[str] | None:
         return [o.name for o in self.outputs] if self.outputs else None
+
+    @property
+    def placements(self) -> dict[str, SharedTensor]:
+        """The outputs the client placed in shared memory, by name."""
+        return {o.name: o.placement for o in self.outputs or () if o.placement is not None}
 
     @property
     def binary_output(self) -> bool:
@@ -82,8 +89,28 @@ def refuse_unsupported(params: dict[str, Any], where: str) -> None:
             raise BadRequest(f"{where}: parameter {key!r} needs {extension}, which servekit does not implement")
 
 
-def add_output(outputs: list[RequestedOutput], name: str, binary: bool | None = None) -> None:
-    """Add a requested output; the same name twice is a client error on every wire."""
+def add_output(
+    outputs: list[RequestedOutput], name: str, binary: bool | None = None, params: dict[str, Any] | None = None
+) -> RequestedOutput:
+    """Add a requested output; the same name twice is a client error on every wire.
+
+    ``params`` are the output's parameters: ``classification`` is read from them.
+    """
     if any(o.name == name for o in outputs):
         raise BadRequest(f"output {name!r} is requested twice")
-    outputs.append(RequestedOutput(name, binary))
+    where = f"requested output {name!r}"
+    count = class_count((params or {}).get("classification"), where)
+    placement = placement_of(params, where)
+    if placement is not None and count:
+        raise BadRequest(f"{where}: 'classification' cannot be answered into shared memory")
+    outputs.append(RequestedOutput(name, binary, count, placement))
+    return outputs[-1]
+
+
+def class_count(value: Any, where: str) -> int:
+    """The ``classification`` parameter: a positive integer (unset or 0: the tensor itself)."""
+    if value in UNSET:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"{where}: 'classification' must be a positive integer, found {value!r}")
+    return value

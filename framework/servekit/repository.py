@@ -23,11 +23,12 @@ from typing import Any
 
 import pluggy
 
-from . import plugins
+from . import pipeline, plugins
 from .config import ConfigError, parse_model_config
 from .control.plan import UNLOADED, Planner, config_key
-from .errors import BadRequest, NotFound, NotReady, UnknownModel, malformed_version
+from .errors import BadRequest, NotFound, NotReady, ServekitError, UnknownModel, malformed_version
 from .model_folders import discover, is_model_dir, valid_name
+from .shared_memory import Regions
 from .types import BatchingConfig, Executor, ModelConfig, ModelMetadata, Placement
 
 __all__ = ["Model", "ModelRepository", "ModelVersion", "State", "discover", "is_model_dir", "valid_name"]
@@ -118,6 +119,8 @@ class ModelRepository:
             name: Model(name, entry.base_path, entry.versioned) for name, entry in self.planner.entries.items()
         }
         self.generation = 0  # of the last plan applied
+        #: Triton's registered shared-memory regions, as the plan says (servekit.shared_memory)
+        self.shared_memory = Regions()
         self._lock = threading.RLock()
         # one apply at a time: the polling thread, the control plane, the repository API
         self._sync_lock = threading.Lock()
@@ -231,6 +234,7 @@ class ModelRepository:
         for name in [n for n in models if n not in wanted]:
             self._unload_all(models.pop(name))
         self.models = models
+        self.shared_memory.apply(plan.get("shared_memory", {}))
         self.generation = plan["generation"]
 
     def _apply_model(self, model: Model, doc: dict[str, Any]) -> None:
@@ -338,7 +342,7 @@ class ModelRepository:
                 mv.state = State.AVAILABLE
                 log.info("loaded %s version %d in %.2fs (%s)", model.name, version, mv.load_seconds, where)
             except Exception as exc:
-                self._fail(mv, _clean(_describe_error(exc), model.base_path), exc)
+                self._fail(mv, _clean(_naming_artifacts(_describe_error(exc), mv.path), model.base_path), exc)
         with self._lock:
             if previous is not None and previous.ready and not mv.ready:
                 log.error("model %s version %d keeps serving as it was loaded before", model.name, version)
@@ -376,6 +380,9 @@ class ModelRepository:
         version's relay (:func:`servekit.plugins.model_hooks`): no other
         framework plugin is asked to predict with a model it did not load.
         """
+        if model.config.pipeline is not None:
+            self._load_pipeline(model, mv)
+            return
         pm = self._manager_for(model, mv.path)
         load = plugins.load_caller(pm, model.config.plugin)
         loaded, mv.loaded_by = plugins.call_load(
@@ -386,6 +393,20 @@ class ModelRepository:
         mv.model = loaded
         mv.hooks = plugins.model_hooks(pm, mv.loaded_by, model.config.plugin)
         mv.metadata = self._describe(mv)
+
+    def _load_pipeline(self, model: Model, mv: ModelVersion) -> None:
+        """A pipeline has no artifact: the data plane runs its steps on their own models."""
+
+        def metadata_of(step: Any) -> ModelMetadata | None:
+            try:
+                return self.resolve(step.model, step.version).metadata
+            except ServekitError:
+                return None
+
+        mv.model = pipeline.described(model.config.pipeline, metadata_of)
+        mv.loaded_by = "pipeline"
+        mv.hooks = plugins.new_manager().hook  # no hooks of its own
+        mv.metadata = mv.model.metadata()
 
     def _fail(self, mv: ModelVersion, message: str, exc: BaseException | None = None) -> None:
         """Mark ``mv`` failed; the client reads ``message``, the log also gets the traceback."""
@@ -536,12 +557,51 @@ def _no_plugin_message(path: Path) -> str:
     )
 
 
+#: The extra of servekit that installs a framework library a plugin imports.
+EXTRAS = {
+    "joblib": "sklearn",
+    "sklearn": "sklearn",
+    "skops": "sklearn",
+    "pandas": "sklearn",
+    "torch": "torch",
+    "tensorflow": "tensorflow",
+    "transformers": "huggingface",
+    "safetensors": "huggingface",
+    "tokenizers": "huggingface",
+    "xgboost": "xgboost",
+    "lightgbm": "lightgbm",
+    "onnxruntime": "onnx",
+    "mlflow": "mlflow",
+    "shap": "explain",
+    "captum": "torch-explain",
+}
+
+
 def _describe_error(exc: Exception) -> str:
-    """A load error as a reader needs it: messages like ``'32'`` (a KeyError) say nothing alone."""
+    """A load error as a reader needs it: messages like ``'32'`` (a KeyError) say nothing alone,
+    and a missing framework library says which extra installs it."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        extra = EXTRAS.get(exc.name.split(".")[0])
+        if extra is not None:
+            return f"{exc}: install it with pip install 'servekit[{extra}]'"
     message = str(exc)
     if isinstance(exc, (RuntimeError, ValueError)) and message:
         return message
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _naming_artifacts(message: str, folder: Path) -> str:
+    """A load error that names no file of the version folder (a bare ``MemoryError``, say),
+    prefixed with the folder's artifacts, so the reader knows which file failed."""
+    try:
+        files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    except OSError:
+        return message
+    artifacts = [f for f in files if f not in ("model.py", "servekit.yaml")] or files
+    if not artifacts or any(name in message for name in files):
+        return message
+    named = ", ".join(str(folder / name) for name in artifacts[:3])
+    return f"{named}: {message}"
 
 
 def _clean(message: str, base: Path) -> str:

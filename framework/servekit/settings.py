@@ -208,6 +208,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=f.name, default=None, help=help_text)
 
 
+def _config_file(config_file: str) -> dict[str, Any]:
+    """The settings a ``--config`` YAML file gives; :class:`ValueError` in one line if it is unreadable."""
+    try:
+        loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+    except yaml.YAMLError as exc:  # one line naming the file and where, not the parser's dump
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ValueError(f"--config {config_file}: not valid YAML{where}: {problem}") from None
+    except OSError as exc:
+        raise ValueError(f"--config {config_file}: cannot read it: {exc.strerror}") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{config_file}: expected a mapping of settings")
+    known = {f.name for f in fields(Settings)}
+    unknown = set(k.replace("-", "_") for k in loaded) - known
+    if unknown:
+        raise ValueError(f"{config_file}: unknown setting(s) {', '.join(sorted(unknown))}")
+    return {k.replace("-", "_"): v for k, v in loaded.items()}
+
+
 def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Settings:
     environ = dict(os.environ if environ is None else environ)
     given = {k: v for k, v in vars(args or argparse.Namespace()).items() if v not in (None, [])}
@@ -217,16 +237,7 @@ def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | No
             raise ValueError("--model_dir: give the model folder once, as --model_dir or as a path, not both")
         given["paths"] = [model_dir]
     config_file = given.get("config") or environ.get(env_name("config"))
-    values: dict[str, Any] = {}
-    if config_file:
-        loaded = yaml.safe_load(Path(config_file).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{config_file}: expected a mapping of settings")
-        known = {f.name for f in fields(Settings)}
-        unknown = set(k.replace("-", "_") for k in loaded) - known
-        if unknown:
-            raise ValueError(f"{config_file}: unknown setting(s) {', '.join(sorted(unknown))}")
-        values.update({k.replace("-", "_"): v for k, v in loaded.items()})
+    values: dict[str, Any] = _config_file(config_file) if config_file else {}
     for f in fields(Settings):
         if env_name(f.name) in environ:
             raw = environ[env_name(f.name)]

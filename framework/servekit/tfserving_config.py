@@ -48,7 +48,8 @@ def _parse_text(path: str, message: Any, flag: str) -> Any:
     try:
         return text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        raise FlagError(f"--{flag}: {path} is not a valid {type(message).__name__}: {exc}") from None
+        # TF Serving's own wording (its testBadModelConfig looks for it on stderr)
+        raise FlagError(f"--{flag}: Error parsing text-format {message.DESCRIPTOR.full_name}: {path}: {exc}") from None
 
 
 @dataclass

@@ -29,13 +29,16 @@ class TensorSpec:
 
     ``datatype`` uses the V2 names (``FP32``, ``INT64``, ``BYTES``, ``BOOL``...);
     ``shape`` uses ``-1`` for a dimension of any size and ``None`` for unknown rank;
-    ``tensor_name`` is the underlying graph tensor (TensorFlow's ``x:0``), if any.
+    ``tensor_name`` is the underlying graph tensor (TensorFlow's ``x:0``), if any;
+    ``labels`` name the classes along an output's last axis (Triton's classification
+    extension answers with them, :mod:`servekit.classification`).
     """
 
     name: str
     datatype: str
     shape: list[int] | None
     tensor_name: str | None = None
+    labels: list[str] | None = None
 
 
 @dataclass
@@ -69,6 +72,13 @@ class BatchingConfig:
 
 
 @dataclass
+class SequenceConfig:
+    """``sequence:`` of servekit.yaml: the model keeps a state per sequence (servekit.sequences)."""
+
+    max_idle_ms: float = 1000.0
+
+
+@dataclass
 class ModelConfig:
     """A model's settings, read from the optional ``servekit.yaml`` in its folder."""
 
@@ -86,6 +96,10 @@ class ModelConfig:
     warmup: list[dict[str, Any]] = field(default_factory=list)
     #: never unloaded to make room under ``--model-memory-budget``
     pin: bool = False
+    #: a state per sequence of requests (Triton's sequence batching); ``None``: stateless
+    sequence: SequenceConfig | None = None
+    #: a pipeline of other models (``servekit.pipeline.Pipeline``; Triton's ensembles); ``None``: a model
+    pipeline: Any = None
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
 

@@ -80,7 +80,12 @@ class SklearnModel:
                 inputs=inputs,
                 outputs=[
                     TensorSpec("classes", "BYTES", [-1, len(self.estimator.classes_)]),
-                    TensorSpec("scores", "FP32", [-1, len(self.estimator.classes_)]),
+                    TensorSpec(
+                        "scores",
+                        "FP32",
+                        [-1, len(self.estimator.classes_)],
+                        labels=[str(c) for c in self.estimator.classes_],
+                    ),
                 ],
                 method_name=CLASSIFY_METHOD,
             )
@@ -95,7 +100,9 @@ class SklearnModel:
         width = len(self.estimator.classes_) if self.is_classifier and method != "transform" else -1
         if method == "decision_function" and width == 2:
             return TensorSpec(method, "FP64", [-1])
-        return TensorSpec(method, "FP64", [-1, width])
+        # a class per column: Triton's classification extension names them
+        labels = [str(c) for c in self.estimator.classes_] if width > 0 else None
+        return TensorSpec(method, "FP64", [-1, width], labels=labels)
 
     # -- inference -------------------------------------------------------------------
 

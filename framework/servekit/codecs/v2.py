@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import BadRequest, ModelFailure
 from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from ..shared_memory import Regions, placement_of
 from . import bounds
 from . import json as jsonc
 from .dtypes import V2_TO_NUMPY, numpy_to_v2, v2_to_numpy
@@ -170,6 +171,11 @@ def tensor_to_bytes(arr: np.ndarray) -> bytes:
         return b"".join(parts)
     little = arr.dtype.newbyteorder("<")
     return np.ascontiguousarray(arr, dtype=little).tobytes()
+
+
+def tensor_to_bytes_items(arr: np.ndarray) -> list[bytes]:
+    """A ``BYTES`` tensor's elements as ``bytes`` (``str`` encoded as UTF-8), flat."""
+    return [_as_bytes(value) for value in arr.reshape(-1)]
 
 
 def _as_bytes(value: Any) -> bytes:
@@ -349,12 +355,16 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[memo
     return view[:length], view[length:]
 
 
-def decode_infer_request(body: bytes | bytearray, header_length: str | None = None) -> InferRequest:
+def decode_infer_request(
+    body: bytes | bytearray, header_length: str | None = None, regions: Regions | None = None
+) -> InferRequest:
     """Decode an HTTP inference request: JSON, then the binary tensor data if any.
 
     Accepts the standard ``{"inputs": [...]}`` document and the single-tensor
     form ``{"name", "shape", "datatype", "parameters", "data"}`` as a one-input
     request.  Pass a ``bytearray`` body to let binary inputs share its memory.
+    An input may name a shared-memory region instead (``regions``: the
+    registered ones, :mod:`servekit.shared_memory`).
     """
     head, binary = split_body(body, header_length)
     if not len(head):
@@ -375,7 +385,7 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None = No
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for i, spec in enumerate(bounds.limited_inputs(raw_inputs)):
-        name, arr, used = _decode_input(spec, i, binary, offset)
+        name, arr, used = _decode_input(spec, i, binary, offset, regions)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = arr
@@ -391,7 +401,9 @@ def decode_infer_request(body: bytes | bytearray, header_length: str | None = No
     return InferRequest(inputs, request_id, parameters, outputs, signature_of(parameters))
 
 
-def _decode_input(spec: Any, i: int, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
+def _decode_input(
+    spec: Any, i: int, binary: memoryview, offset: int, regions: Regions | None = None
+) -> tuple[str, np.ndarray, int]:
     if not isinstance(spec, dict):
         raise BadRequest(f"inputs[{i}] must be an object with name, shape, datatype and data")
     name = spec.get("name")
@@ -405,25 +417,46 @@ def _decode_input(spec: Any, i: int, binary: memoryview, offset: int) -> tuple[s
     datatype = check_datatype(spec["datatype"], where)
     params = _parameters(spec.get("parameters"), where)
     refuse_unsupported(params, where)
+    placement = placement_of(params, where)
+    if placement is not None:
+        if "data" in spec or params.get("binary_data_size") is not None:
+            raise BadRequest(f"{where} names a shared memory region and carries data too; send one")
+        return name, shared_input(regions, where, datatype, shape, placement), 0
     size = params.get("binary_data_size")
     if size is not None:
-        if type(size) is not int or size < 0:
-            raise BadRequest(f"{where}: 'binary_data_size' must be a non-negative integer, found {size!r}")
         if "data" in spec:
             raise BadRequest(f"{where} has both 'data' and 'binary_data_size'; send one")
-        if offset + size > len(binary):
-            raise BadRequest(
-                f"{where}: binary_data_size {size} reaches past the {len(binary)} bytes of binary data "
-                f"(is the {HEADER_LENGTH} header right?)"
-            )
-        try:
-            arr = tensor_from_bytes(datatype, shape, binary[offset : offset + size])
-        except BadRequest as exc:
-            raise BadRequest(f"{where}: {exc.message}") from None
-        return name, arr, size
+        return name, _binary_input(where, datatype, shape, size, binary, offset), size
     if "data" not in spec:
         raise BadRequest(f"{where} has neither 'data' nor a 'binary_data_size' parameter")
     return name, tensor_from_json(datatype, shape, spec["data"], where), 0
+
+
+def _binary_input(
+    where: str, datatype: str, shape: tuple[int, ...], size: Any, binary: memoryview, offset: int
+) -> np.ndarray:
+    if type(size) is not int or size < 0:
+        raise BadRequest(f"{where}: 'binary_data_size' must be a non-negative integer, found {size!r}")
+    if offset + size > len(binary):
+        raise BadRequest(
+            f"{where}: binary_data_size {size} reaches past the {len(binary)} bytes of binary data "
+            f"(is the {HEADER_LENGTH} header right?)"
+        )
+    try:
+        return tensor_from_bytes(datatype, shape, binary[offset : offset + size])
+    except BadRequest as exc:
+        raise BadRequest(f"{where}: {exc.message}") from None
+
+
+def shared_input(regions: Regions | None, where: str, datatype: str, shape: tuple[int, ...], placement: Any) -> Any:
+    """An input read from the shared-memory region its parameters name (a copy of its bytes)."""
+    if regions is None:
+        raise BadRequest(f"{where}: shared memory inputs are not served on this path")
+    try:
+        return tensor_from_bytes(datatype, shape, regions.read(where, placement))
+    except BadRequest as exc:
+        message = exc.message if exc.message.startswith(where) else f"{where}: {exc.message}"
+        raise BadRequest(message) from None
 
 
 def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
@@ -441,7 +474,7 @@ def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise BadRequest(f"{where}: 'binary_data' must be true or false, found {binary!r}")
-        add_output(outputs, spec["name"], binary)
+        add_output(outputs, spec["name"], binary, params)
     return outputs or None
 
 
@@ -461,11 +494,14 @@ def encode_infer_response(
     request_id: str | None = None,
     binary: dict[str, bool] | None = None,
     parameters: dict[str, Any] | None = None,
+    shared: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[bytes, int | None]:
     """Encode an inference response.
 
     :param outputs: named output arrays, already of V2 datatypes (see :func:`as_v2_array`).
     :param binary: per output name, whether to send it as binary data.
+    :param shared: outputs already written to shared memory: their parameters, by name
+        (the answer carries no data for them).
     :returns: ``(body, header_length)``; ``header_length`` is ``None`` when the
         whole body is JSON, else the value of ``Inference-Header-Content-Length``.
     """
@@ -474,7 +510,9 @@ def encode_infer_response(
     blobs: list[bytes] = []
     for name, arr in outputs.items():
         tensor: dict[str, Any] = {"name": name, "datatype": datatype_of(arr), "shape": list(arr.shape)}
-        if binary.get(name):
+        if shared and name in shared:
+            tensor["parameters"] = shared[name]
+        elif binary.get(name):
             blob = tensor_to_bytes(arr)
             tensor["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

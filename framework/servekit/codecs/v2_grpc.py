@@ -4,7 +4,8 @@ A ``ModelInferRequest`` decodes into the same :class:`~servekit.inference.InferR
 as an HTTP body (:func:`servekit.codecs.v2.decode_infer_request`), through the
 same checks: tensors arrive as typed ``contents`` or as ``raw_input_contents``
 (the binary layout of :mod:`.v2`); outputs go back as ``raw_output_contents``,
-as Triton answers whatever the request used.  Like :mod:`.tensor_proto`, this
+as Triton answers, and also as typed ``contents`` when the request used those
+(:func:`encode_outputs`).  Like :mod:`.tensor_proto`, this
 module reads the messages by their field names and imports no generated code.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from ..errors import BadRequest
 from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from ..shared_memory import Regions, SharedTensor, placement_of, write_outputs
 from . import bounds
 from . import v2 as codec
 
@@ -62,42 +64,58 @@ def set_parameter(params: Any, key: str, value: Any) -> None:
 # -- requests ------------------------------------------------------------------------------
 
 
-def decode_infer_request(request: Any) -> InferRequest:
-    """A ``ModelInferRequest`` as the request every V2 wire decodes into."""
+def decode_infer_request(request: Any, regions: Regions | None = None) -> InferRequest:
+    """A ``ModelInferRequest`` as the request every V2 wire decodes into (``regions``: the
+    registered shared-memory regions inputs may name)."""
     parameters = parameters_of(request.parameters)
     outputs: list[RequestedOutput] = []
     for output in request.outputs:
-        refuse_unsupported(parameters_of(output.parameters), f"output {output.name!r}")
-        add_output(outputs, output.name)
+        params = parameters_of(output.parameters)
+        refuse_unsupported(params, f"output {output.name!r}")
+        add_output(outputs, output.name, params=params)
     return InferRequest(
-        decode_inputs(request), request.id or None, parameters, outputs or None, signature_of(parameters)
+        decode_inputs(request, regions), request.id or None, parameters, outputs or None, signature_of(parameters)
     )
 
 
-def decode_inputs(request: Any) -> dict[str, np.ndarray]:
+def decode_inputs(request: Any, regions: Regions | None = None) -> dict[str, np.ndarray]:
     bounds.check_input_count(len(request.inputs))
     if not request.inputs:
         raise BadRequest("ModelInferRequest has no inputs")
     raw = request.raw_input_contents
-    for tensor in request.inputs if raw else ():
+    placements = [placement_of(parameters_of(t.parameters), f"input {t.name!r}") for t in request.inputs]
+    # tritonclient sends raw contents for the inputs not in shared memory only
+    carried = [t for t, p in zip(request.inputs, placements) if p is None]
+    for tensor in carried if raw else ():
         if tensor.HasField("contents"):
             raise BadRequest(
                 f"contents field must not be specified when using raw_input_contents for "
                 f"{tensor.name!r} for model {request.model_name!r}"
             )
-    if raw and len(raw) != len(request.inputs):
+    if raw and len(raw) != len(carried):
         raise BadRequest(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
+            f"raw_input_contents has {len(raw)} entries for {len(carried)} inputs; "
             "send one per input, or typed contents for all"
         )
     inputs: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(request.inputs):
+    carried_index = 0
+    for i, (tensor, placement) in enumerate(zip(request.inputs, placements)):
         where = f"input {tensor.name!r}"
         if not tensor.name:
             raise BadRequest(f"input {i} has no name")
         if tensor.name in inputs:
             raise BadRequest(f"{where} is given twice")
-        inputs[tensor.name] = _decode_input(tensor, raw[i] if raw else None, where)
+        if placement is not None:
+            if tensor.HasField("contents"):
+                raise BadRequest(f"{where} names a shared memory region and carries contents too; send one")
+            codec.check_datatype(tensor.datatype, where)
+            shape = tuple(int(d) for d in tensor.shape)
+            if any(d < 0 for d in shape):
+                raise BadRequest(f"{where}: shape {list(shape)} has a negative dimension")
+            inputs[tensor.name] = codec.shared_input(regions, where, tensor.datatype, shape, placement)
+            continue
+        inputs[tensor.name] = _decode_input(tensor, raw[carried_index] if raw else None, where)
+        carried_index += 1
     return inputs
 
 
@@ -140,9 +158,50 @@ def typed_to_numpy(tensor: Any, shape: list[int], where: str) -> np.ndarray:
 # -- responses -----------------------------------------------------------------------------
 
 
-def encode_outputs(response: Any, outputs: dict[str, np.ndarray]) -> None:
-    """Every output in ``raw_output_contents``, one entry per output, in order (as Triton)."""
-    for name, value in outputs.items():
-        arr = codec.as_v2_array(value, name)
-        response.outputs.add(name=name, datatype=codec.datatype_of(arr), shape=list(arr.shape))
+def encode_outputs(
+    response: Any,
+    outputs: dict[str, np.ndarray],
+    *,
+    typed: bool = False,
+    regions: Regions | None = None,
+    placements: dict[str, SharedTensor] | None = None,
+) -> None:
+    """The outputs in ``raw_output_contents`` (one entry per output, in order, as Triton answers
+    and tritonclient reads), and with ``typed`` in typed ``contents`` as well.
+
+    A request that sent typed ``contents`` gets both forms: KServe's client reads an
+    answer's data from ``contents`` only, while Triton's own explicit-content examples,
+    which send typed contents too, read ``raw_output_contents``; tritonclient prefers
+    the raw form when both are there.  An output with no typed field (FP16, BF16)
+    leaves every output raw only.  An output the request placed in shared memory
+    (``placements``, in the ``regions`` registered) is written there and answered with
+    where it went and an empty raw entry, which keeps the entries in step with the outputs.
+    """
+    arrays = {name: codec.as_v2_array(value, name) for name, value in outputs.items()}
+    shared = write_outputs(regions, arrays, placements, codec.tensor_to_bytes) if regions and placements else None
+    datatypes = {name: codec.datatype_of(arr) for name, arr in arrays.items()}
+    typed = typed and all(d in CONTENTS_FIELD for d in datatypes.values())
+    for name, arr in arrays.items():
+        tensor = response.outputs.add(name=name, datatype=datatypes[name], shape=list(arr.shape))
+        if shared and name in shared:
+            for key, value in shared[name].items():
+                set_parameter(tensor.parameters, key, value)
+            response.raw_output_contents.append(b"")
+            continue
+        if typed:
+            _fill_typed(tensor.contents, datatypes[name], arr)
         response.raw_output_contents.append(codec.tensor_to_bytes(arr))
+
+
+def used_typed_contents(request: Any) -> bool:
+    """Whether a ``ModelInferRequest`` sent its tensors as typed ``contents``."""
+    return not request.raw_input_contents and any(t.HasField("contents") for t in request.inputs)
+
+
+def _fill_typed(contents: Any, datatype: str, arr: np.ndarray) -> None:
+    values = getattr(contents, CONTENTS_FIELD[datatype])
+    flat = arr.reshape(-1)
+    if datatype == "BYTES":
+        values.extend(codec.tensor_to_bytes_items(flat))
+    else:
+        values.extend(flat.tolist())

@@ -162,6 +162,14 @@ class ControlPlane:
         except (errors.Timeout, errors.NotReady) as exc:
             raise errors.NotResident(f"model {name!r} is loading again (memory budget): {exc.message}") from None
 
+    def register_region(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        """Triton's system shared-memory register; answers when every worker can read the region."""
+        self.call("register_region", name=name, key=key, offset=offset, byte_size=byte_size)
+
+    def unregister_region(self, name: str = "") -> None:
+        """Triton's system shared-memory unregister: one region, or every one (no name)."""
+        self.call("unregister_region", name=name)
+
     def reload_config(self, models: list[dict[str, Any]]) -> None:
         """TF Serving's ``HandleReloadConfigRequest``: serve exactly these models."""
         self.call("reload_config", models=models)

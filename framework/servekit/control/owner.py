@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import storage
+from .. import shared_memory, storage
 from ..errors import BadRequest, NotFound, NotReady, UnknownModel
 from . import triton_config, uploads
 from .plan import UNLOADED, Planner
@@ -247,10 +247,10 @@ class Owner:
 
     def call(self, op: str, **kwargs: Any) -> Any:
         """A control call by name (what a worker sends): ``load``, ``unload``, ``replace``,
-        ``reload_config``, ``ensure`` or ``plan``."""
+        ``reload_config``, ``ensure``, ``register_region``, ``unregister_region`` or ``plan``."""
         if op == "plan":
             return self.planner.plan
-        if op in ("load", "unload", "replace", "reload_config", "ensure"):
+        if op in ("load", "unload", "replace", "reload_config", "ensure", "register_region", "unregister_region"):
             return getattr(self, op)(**kwargs)
         raise BadRequest(f"unknown control call {op!r}")
 
@@ -295,6 +295,23 @@ class Owner:
             self.replace(config_folders(models))
         else:
             self.replace({m["name"]: (m["base_path"], m["overrides"]) for m in models})
+
+    # -- Triton's system shared memory ------------------------------------------------
+
+    def register_region(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        """Register a shared-memory region for every worker; answers when all of them have it."""
+        with self._changes:
+            if name in self.planner.shared_memory:
+                raise BadRequest(f"shared memory region '{name}' already in manager")
+            entry = shared_memory.check_registration(name, key, offset, byte_size)
+            self._change(lambda: self.planner.shared_memory.__setitem__(name, entry))
+
+    def unregister_region(self, name: str = "") -> None:
+        """Unregister one region, or every one (no name); an unknown name is no error, as in Triton."""
+        with self._changes:
+            if name and name not in self.planner.shared_memory:
+                return
+            self._change(lambda: self.planner.shared_memory.pop(name) if name else self.planner.shared_memory.clear())
 
     def _known(self, name: str, what: str) -> None:
         try:

@@ -3,9 +3,11 @@
 A *plan* is plain data, numbered by a generation: for every model its folder,
 its settings (``servekit.yaml`` with what an operator set over it through the
 API), whether it is to be served, and the version folders its policy wants,
-each with a fingerprint.  One :class:`Planner` per server reads the disk and
-keeps the operator's changes (load, unload, a config override, a new model
-config file); the repositories of every worker and model host apply its plans
+each with a fingerprint; and the shared-memory regions clients registered
+(:mod:`servekit.shared_memory`), so every worker reads the same ones.  One
+:class:`Planner` per server reads the disk and keeps the operator's changes
+(load, unload, a config override, a new model config file); the repositories
+of every worker and model host apply its plans
 (:meth:`servekit.repository.ModelRepository.apply`) without reading the
 folders' policies themselves, so they all serve the same thing.
 """
@@ -154,17 +156,20 @@ class Planner:
         self.batching = batching or BatchingConfig()
         self.explicit = explicit
         self.generation = 0
-        self.plan: dict[str, Any] = {"generation": 0, "models": {}}
+        #: Triton's registered system shared-memory regions, by name (servekit.shared_memory)
+        self.shared_memory: dict[str, dict[str, Any]] = {}
+        self.plan: dict[str, Any] = {"generation": 0, "models": {}, "shared_memory": {}}
 
     def refresh(self) -> bool:
         """Read the folders again; ``True`` when the plan changed (it then has a new generation)."""
         if self.explicit:
             self._find_new_models()
         models = {name: model_plan(entry, self.batching) for name, entry in sorted(self.entries.items())}
-        if models == self.plan["models"] and self.generation:
+        regions = {name: dict(entry) for name, entry in sorted(self.shared_memory.items())}
+        if models == self.plan["models"] and regions == self.plan.get("shared_memory") and self.generation:
             return False
         self.generation += 1
-        self.plan = {"generation": self.generation, "models": models}
+        self.plan = {"generation": self.generation, "models": models, "shared_memory": regions}
         return True
 
     def _find_new_models(self, wanted: str | None = None) -> None:

@@ -14,6 +14,7 @@ Triton's ``load`` may carry a JSON ``ModelConfig`` that replaces the model's
 | ``backend`` / ``platform`` | ``plugin`` |
 | ``parameters`` (``string_value``) | ``options`` |
 | ``model_warmup`` (``zero_data`` / ``random_data`` inputs) | ``warmup`` (V2 requests) |
+| ``sequence_batching.max_sequence_idle_microseconds`` | ``sequence.max_idle_ms`` |
 
 A field with no servekit meaning is refused (400) by name: nothing a client
 sent is dropped silently.  ``name`` must be the model's; ``input`` and
@@ -81,6 +82,8 @@ def _setting(fail: Any, key: str, value: Any, doc: dict[str, Any]) -> dict[str, 
         return {"options": _parameters(fail, value)}
     if key == "model_warmup":
         return {"warmup": _warmup(fail, value, doc.get("max_batch_size"))}
+    if key == "sequence_batching":
+        return {"sequence": _sequence_batching(fail, value)}
     fail(f"config field {key!r} has no servekit counterpart{_why(key)}")
     return {}
 
@@ -142,6 +145,18 @@ def _dynamic_batching(fail: Any, value: Any) -> dict[str, Any]:
             continue  # servekit answers every request of a batch in its own order
         else:
             fail(f"config field 'dynamic_batching.{key}' has no servekit counterpart")
+    return out
+
+
+def _sequence_batching(fail: Any, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        fail("config field 'sequence_batching' must be an object")
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key == "max_sequence_idle_microseconds":
+            out["max_idle_ms"] = max(1, _integer(fail, f"sequence_batching.{key}", item)) / 1000.0
+        elif key not in ("direct", "oldest"):  # strategies: servekit runs each sequence's requests in order
+            fail(f"config field 'sequence_batching.{key}' has no servekit counterpart")
     return out
 
 

@@ -40,7 +40,12 @@ def placement_of(config: Any) -> tuple[str, int]:
                 "device %s: one model host per device (one CUDA context); replicas: %d ignored", device, replicas
             )
         return "process", 1
-    placement = getattr(config, "placement", None) or default_placement()
+    placement = getattr(config, "placement", None)
+    if getattr(config, "pipeline", None) is not None:
+        return "worker", 1  # its steps run where their own models are placed
+    if getattr(config, "sequence", None) is not None and placement != "worker":
+        return "process", 1  # one state per sequence, whichever worker a request reaches (servekit.sequences)
+    placement = placement or default_placement()
     return (placement, replicas) if placement == "process" else ("worker", 1)
 
 

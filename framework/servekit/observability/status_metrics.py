@@ -12,9 +12,9 @@ buckets for p50/p99, as Prometheus's ``rate()`` and ``histogram_quantile()`` do:
      "models": {"iris": {"ready": true, "requests": ..., "statuses": ..., "latency": [...],
                          "queue": 0, "batch": [rows, calls], "resident_bytes": 2048}}}
 
-Queue depth per model is :data:`QUEUE_SERIES` (requests a model host holds), and
-for the server the requests in flight; a model in its workers has no queue of
-its own to read, so it shows 0 there.
+Queue depth per model is :data:`QUEUE_SERIES`, the requests accepted for the
+model and not yet running (summed over workers and model hosts, the series an
+autoscaler reads, :mod:`.load`), and for the server the requests in flight.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from flask import Blueprint, current_app
 
-from . import metrics
+from . import load, metrics
 
 bp = Blueprint("status_metrics", __name__)
 
@@ -35,7 +35,7 @@ REQUESTS_SERIES = "servekit_requests"
 LATENCY_SERIES = "servekit_request_duration_seconds"
 BATCH_SERIES = "servekit_batch_size"
 IN_FLIGHT_SERIES = "servekit_requests_in_flight"
-QUEUE_SERIES = "servekit_host_queue_depth"
+QUEUE_SERIES = load.WAITING
 RESIDENT_SERIES = "servekit_model_resident_bytes"
 SERVER_RESIDENT_SERIES = "servekit_resident_bytes"
 
@@ -107,7 +107,7 @@ def _add(name: str, labels: dict[str, str], value: float, server: dict, model: d
     elif name == SERVER_RESIDENT_SERIES:
         server["resident_bytes"] = int(value)
     elif model is not None and name in (QUEUE_SERIES, RESIDENT_SERIES):
-        model["queue" if name == QUEUE_SERIES else "resident_bytes"] += int(value)
+        model["queue" if name == QUEUE_SERIES else "resident_bytes"] += round(value)
 
 
 @bp.get("/metrics/summary")

@@ -8,6 +8,9 @@
   ``POST /v2/repository/models/NAME/load`` and ``.../unload``.
 - Triton's statistics (``GET /v2/models[/NAME[/versions/V]]/stats``) and model
   configuration (``GET /v2/models/NAME[/versions/V]/config``) extensions.
+- Triton's system shared-memory extension (``/v2/systemsharedmemory/...``:
+  register, unregister, status; :mod:`servekit.shared_memory`) and the CUDA one's
+  answers on a server without CUDA (``/v2/cudasharedmemory/...``).
 
 The request decodes into the :class:`~servekit.inference.InferRequest` gRPC's
 ``ModelInfer`` decodes into too, and :meth:`DataPlane.infer` checks and runs it;
@@ -28,10 +31,11 @@ from typing import Any
 import numpy as np
 from flask import Blueprint, Response, current_app, request
 
+from .. import shared_memory
 from ..codecs import json as jsonc
 from ..codecs import v2 as codec
 from ..dataplane import DataPlane, check_inputs
-from ..errors import BadRequest, NotReady
+from ..errors import BadRequest, NotFound, NotReady
 from ..model_control import require_model_control
 from ..observability import tracing
 from ..observability.request_log import logged
@@ -98,7 +102,7 @@ def infer_answer(
     """``.../infer`` or ``.../explain``: the raw body in, the encoded answer out (Flask and the fast lane)."""
     mv = dp.resolve(name, version)
     with tracing.span("servekit.decode"):
-        req = codec.decode_infer_request(body, header_length)
+        req = codec.decode_infer_request(body, header_length, dp.shared_memory)
     if explain:
         check_inputs(mv, req.inputs, req.signature_name)
         outputs = _explanation_tensors(
@@ -112,8 +116,9 @@ def infer_answer(
             handed.add_rows(arrays)
         requested = {o.name: o.binary for o in req.outputs or []}
         binary = {n: b if (b := requested.get(n)) is not None else req.binary_output for n in arrays}
+        shared = shared_memory.write_outputs(dp.shared_memory, arrays, req.placements, codec.tensor_to_bytes)
         encoded, binary_length = codec.encode_infer_response(
-            arrays, model_name=name, model_version=str(mv.version), request_id=req.id, binary=binary
+            arrays, model_name=name, model_version=str(mv.version), request_id=req.id, binary=binary, shared=shared
         )
     if binary_length is None:
         return Answer(encoded)
@@ -210,3 +215,50 @@ def model_stats(name: str | None = None, version: str | None = None):
 @bp.get("/v2/models/<name>/versions/<version>/config")
 def model_config(name: str, version: str | None = None):
     return json_response(documents.model_configuration(dataplane(), name, version))
+
+
+# -- Triton's shared-memory extensions ---------------------------------------------------------
+
+
+@bp.get("/v2/systemsharedmemory/status")
+@bp.get("/v2/systemsharedmemory/region/<name>/status")
+def system_shared_memory_status(name: str | None = None):
+    return json_response(dataplane().shared_memory.status(name))
+
+
+@bp.post("/v2/systemsharedmemory/region/<name>/register")
+def system_shared_memory_register(name: str):
+    body = _optional_json()
+    unknown = sorted(set(body) - {"key", "offset", "byte_size"})
+    if unknown:
+        raise BadRequest(f"system shared memory register: unknown field(s) {', '.join(unknown)}")
+    if "key" not in body or "byte_size" not in body:
+        raise BadRequest("system shared memory register needs 'key' and 'byte_size' (and an optional 'offset')")
+    control().register_region(name, body["key"], body.get("offset", 0), body["byte_size"])
+    return json_response({})
+
+
+@bp.post("/v2/systemsharedmemory/unregister")
+@bp.post("/v2/systemsharedmemory/region/<name>/unregister")
+def system_shared_memory_unregister(name: str = ""):
+    control().unregister_region(name)
+    return json_response({})
+
+
+@bp.get("/v2/cudasharedmemory/status")
+@bp.get("/v2/cudasharedmemory/region/<name>/status")
+def cuda_shared_memory_status(name: str | None = None):
+    if name:
+        raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
+    return json_response([])
+
+
+@bp.post("/v2/cudasharedmemory/unregister")
+@bp.post("/v2/cudasharedmemory/region/<name>/unregister")
+def cuda_shared_memory_unregister(name: str = ""):
+    return json_response({})  # nothing can be registered: nothing to unregister
+
+
+@bp.post("/v2/cudasharedmemory/region/<name>/register")
+def cuda_shared_memory_register(name: str):
+    raise BadRequest(f"failed to register CUDA shared memory region '{name}': {shared_memory.CUDA_REFUSED}")

@@ -29,7 +29,14 @@ from ..repository import Model, State
 from ..types import ModelConfig, TensorSpec
 
 #: What server metadata reports under ``extensions`` (Triton's names), on both wires.
-EXTENSIONS = ["binary_tensor_data", "model_repository", "parameters", "statistics", "model_configuration"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "parameters",
+    "statistics",
+    "model_configuration",
+]
 
 
 def version_number(version: str | None) -> int | None:

@@ -30,7 +30,7 @@ from ...dataplane import DataPlane
 from ...errors import ServekitError
 from ...observability import tracing
 from ...settings import Settings, channel_arguments
-from . import dispatch, tf_serving, v2
+from . import dispatch, shared_memory, tf_serving, v2
 from .tracing import TracingInterceptor
 
 log = logging.getLogger("servekit.grpc")
@@ -79,6 +79,7 @@ def add_services(server: Any, dataplane: DataPlane, settings: Settings, control:
         model_control_mode=settings.model_control_mode,
     )
     v2.add_to_server(server, dataplane, model_control_mode=settings.model_control_mode, control=control)
+    shared_memory.add_to_server(server, dataplane, control)
 
 
 def build_server(dataplane: DataPlane, settings: Settings, control: Any = None) -> tuple[grpc.Server, int]:

@@ -4,8 +4,9 @@ Wire-compatible with ``tritonclient.grpc`` (and KServe's V2 gRPC clients).
 A ``ModelInferRequest`` decodes (:mod:`servekit.codecs.v2_grpc`) into the same
 :class:`~servekit.inference.InferRequest` as an HTTP body, and
 :meth:`DataPlane.infer` checks and runs it as it does for HTTP.  Outputs always
-go back as ``raw_output_contents``, as Triton answers whatever the request used:
-tritonclient, KServe's and MLServer's clients read the raw form.  A version
+go back as ``raw_output_contents``, as Triton answers (tritonclient and MLServer's
+client read them), and a request that sent typed ``contents`` gets typed contents
+too (KServe's client reads only those).  A version
 string that is not a number is ``INVALID_ARGUMENT``.  ``ModelStreamInfer`` answers each request in
 order; an error becomes that request's ``error_message`` and the stream goes on,
 and a streaming model answers with one response per item it yields.
@@ -37,7 +38,7 @@ from .protos.inference import grpc_service_pb2_grpc as pb_grpc
 from .protos.inference import model_config_pb2
 
 #: Extensions this service implements: those of HTTP but the binary one (gRPC is binary
-#: anyway); the shared-memory RPCs are not offered.
+#: anyway); the shared-memory RPCs are in :mod:`.shared_memory`.
 EXTENSIONS = [e for e in documents.EXTENSIONS if e != "binary_tensor_data"]
 
 #: Triton's decoupled-model parameters for ModelStreamInfer.
@@ -115,13 +116,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Run one request; a streaming model gives one response per item when ``stream``."""
         mv = self.dp.resolve(request.model_name, version_of(request.model_version))
         with tracing.span("servekit.decode"):
-            req = codec.decode_infer_request(request)
+            req = codec.decode_infer_request(request, self.dp.shared_memory)
         req.parameters.pop(_EMPTY_FINAL, None)
         if not stream:
-            yield _response(request, mv, self.dp.infer(mv, req))
+            yield self._response(request, req, mv, self.dp.infer(mv, req))
             return
         for outputs in self.dp.infer_stream(mv, req):
-            yield _response(request, mv, outputs)
+            yield self._response(request, req, mv, outputs)
+
+    def _response(self, request: Any, req: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.ModelInferResponse:
+        with tracing.span("servekit.encode"):
+            response = pb.ModelInferResponse(
+                model_name=request.model_name, model_version=str(mv.version), id=request.id
+            )
+            typed = codec.used_typed_contents(request)
+            codec.encode_outputs(
+                response, outputs, typed=typed, regions=self.dp.shared_memory, placements=req.placements
+            )
+        return response
 
     # -- Triton's extensions --------------------------------------------------------------
 
@@ -165,13 +177,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         parameters = {key: _parameter_value(value) for key, value in request.parameters.items()}
         control_of(self).unload(request.model_name, documents.unload_dependents(parameters))
         return pb.RepositoryModelUnloadResponse()
-
-
-def _response(request: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.ModelInferResponse:
-    with tracing.span("servekit.encode"):
-        response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(mv.version), id=request.id)
-        codec.encode_outputs(response, outputs)
-    return response
 
 
 def _parameter_value(parameter: Any) -> Any:
