@@ -200,7 +200,7 @@ def test_build_rerenders_a_generated_project(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     after = (project / "Dockerfile").read_text()
-    assert "python:${PYTHON_VERSION}-slim" in before and "nvidia/cuda" in after
+    assert "ARG BASE_IMAGE=python:3.12-slim" in before and "nvidia/cuda" in after
     assert "SERVEKIT_MODEL_NAME=rebuild" in after
     assert "docker build --tag rebuild:2" in result.stdout
 

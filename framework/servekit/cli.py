@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     from . import tfserving_cli  # `servekit tfserving`: tensorflow_model_server's flags
 
     tfserving = tfserving_cli.add_command(sub)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(scaffold.joined_option_values(argv) if "build" in argv else argv)
     if args.command == "tfserving":
         return tfserving(args)
     if args.command == "serve":
