@@ -184,8 +184,17 @@ def docker_daemon() -> Iterator[Daemon]:
             for proc in reversed(procs):
                 _stop(proc)
             shutil.rmtree(run, ignore_errors=True)
-            # overlay mounts are gone with the daemon; what remains is plain files
-            subprocess.run(["umount", "-R", str(top / "data")], capture_output=True)
+            _unmount_under(top)  # what the daemon left mounted (its network namespace, overlays)
+
+
+def _unmount_under(top: Path) -> None:
+    """Unmount every mount below ``top``, deepest first, so the folder can be removed."""
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    for point in sorted((m for m in mounts if m.startswith(f"{top}/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
 
 
 def _base_key() -> str:

@@ -77,7 +77,7 @@ def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]
         raise _Refused("no model path given (pass PATH, SERVEKIT_PATHS or MODEL_BASE_PATH)")
     from .config import ConfigError
     from .repository import discover
-    from .server.ports import PortTaken, check_ports
+    from .server.ports import NoTempDir, PortTaken, check_ports, check_temp_dir
 
     try:
         models = sorted(discover(settings.model_paths, settings.model_name))
@@ -89,8 +89,9 @@ def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]
     except Exception as exc:
         raise _Refused(f"--plugin: {_one_line(exc)}") from None
     try:
+        check_temp_dir()
         check_ports(settings)  # last: the nearer the bind, the smaller the window
-    except PortTaken as exc:
+    except (NoTempDir, PortTaken) as exc:
         raise _Refused(str(exc)) from None
     return models, [info.name for info in plugins.describe(pm)]
 
