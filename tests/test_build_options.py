@@ -170,6 +170,8 @@ def test_an_earlier_build_s_gpu_and_python_choices_hold(folder):
     assert context_only(folder, "--base-image", "mirror.example.com/python:3.11") == 0
     assert context_only(folder) == 0
     assert "ARG BASE_IMAGE=mirror.example.com/python:3.11" in dockerfile(folder)
+    assert context_only(folder, "--gpu") == 0  # a CPU base is no base for the CUDA image
+    assert "ARG BASE_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04" in dockerfile(folder)
 
 
 def test_device_cuda_makes_a_gpu_image(folder):
@@ -256,6 +258,17 @@ def test_an_untrained_project_is_refused_before_docker_and_warned_about_without(
     assert not scaffold.untrained(project)
 
 
+def test_a_repository_of_trained_models_is_trained(tmp_path):
+    (tmp_path / "iris" / "1").mkdir(parents=True)
+    (tmp_path / "iris" / "1" / "model.joblib").write_bytes(b"")
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "deploy" / "kubernetes.yaml").write_text("")
+    assert not scaffold.untrained(tmp_path)
+    (tmp_path / "iris" / "1" / "model.joblib").unlink()
+    (tmp_path / "iris" / "1").rmdir()
+    assert scaffold.untrained(tmp_path)  # deploy/ is no model
+
+
 def test_a_bare_folder_of_hooks_alone_is_a_model(tmp_path):
     (tmp_path / "model.py").write_text("")
     assert not scaffold.untrained(tmp_path)  # its hooks may make the model themselves
@@ -290,3 +303,24 @@ def test_a_helper_script_beside_model_folders_keeps_a_repository(tmp_path):
     assert sorted(discover([tmp_path])) == ["iris", "wine"]
     (tmp_path / "model.py").write_text("")  # the hooks of a model: the folder is one model again
     assert list(discover([tmp_path])) == [tmp_path.name]
+
+
+@pytest.mark.slow
+def test_the_servekit_wheel_is_the_same_bytes_each_build(tmp_path, monkeypatch):
+    """Fixed timestamps: an unchanged servekit gives an identical wheel, so docker keeps its layer."""
+    import hashlib
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    origin, source = scaffold.installed_from()
+    assert origin == "source" and source is not None
+    digests = []
+    for attempt in ("a", "b"):
+        into = tmp_path / attempt
+        into.mkdir()
+        wheel = scaffold.build_wheel(source, into)
+        digests.append(hashlib.sha256(wheel.read_bytes()).hexdigest())
+        if attempt == "a":
+            import time
+
+            time.sleep(2.1)  # a zip file's timestamps have a resolution of 2 s
+    assert digests[0] == digests[1]

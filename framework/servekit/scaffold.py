@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlparse
 from . import __version__, scaffold_settings
 from . import scaffold_render as _render
 from .model_files import is_lightgbm_text
-from .model_folders import version_of
+from .model_folders import is_model_dir, version_of
 from .scaffold_render import (
     BUILD_FILES,
     DEFAULT_CUDA,
@@ -373,18 +373,22 @@ def needs_buildkit(command: list[str]) -> bool:
 
 
 def untrained(folder: Path) -> bool:
-    """No version folder, and a project's ``train.py`` (or no model file at all) at the top: the image
-    would never become ready."""
+    """No version folder, and a project's ``train.py`` (or no model at all) at the top: the image
+    would never become ready.  A repository (a folder of model folders) has its models below."""
     entries = list(folder.iterdir())
     if any(version_of(e) is not None for e in entries):
         return False
     if (folder / "train.py").is_file():
         return True  # a project from `servekit new`: train.py writes 1/
-    return not any(e.is_file() and _is_model_file(e.name) for e in entries)
+    if any(e.is_file() and _is_model_file(e.name) for e in entries):
+        return False
+    folders = [e for e in entries if e.is_dir() and not e.name.startswith(".") and e.name not in _NOT_MODEL_FOLDERS]
+    return not any(is_model_dir(e) for e in folders)
 
 
 #: Files of a project that belong to its build or its docs, not to its model.
 _NOT_MODEL_FILES = {"Dockerfile", "servekit.yaml", "gunicorn.conf.py", "requirements.txt"}
+_NOT_MODEL_FOLDERS = {"deploy", "requests", "tests", WHEELS, "__pycache__"}
 
 
 def _is_model_file(name: str) -> bool:

@@ -159,6 +159,9 @@ def resolve(folder: Path, given: dict[str, Any]) -> BuildSettings:
             continue
         if given.get(key) is not None:
             chosen[key] = given[key]
+    only_previous = "base_image" in previous and "base_image" not in project and given.get("base_image") is None
+    if only_previous and previous.get("gpu") != bool(chosen.get("gpu")):
+        del chosen["base_image"]  # the last build's base was for the other kind of image
     settings = BuildSettings(
         gpu=bool(chosen.get("gpu")),
         python_version=str(chosen.get("python_version") or DEFAULT_PYTHON),
