@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "boxed-iris"
 TAG = "servekit-test/boxed-iris:1"
-#: pip's drain inside the image (SERVEKIT_DRAIN_SECONDS) is 30 s; docker stop must allow more.
+#: The drain inside the image (SERVEKIT_DRAIN_SECONDS) is 30 s; docker stop must allow more.
 STOP_TIME = "40"
 
 
