@@ -210,11 +210,16 @@ def test_the_image_serves_v1_v2_grpc_and_metrics(container, project):
     assert result.as_numpy("label").tolist() == [b"setosa", b"virginica"]
     client.close()
 
-    metrics = requests.get(f"{container.url}/metrics", timeout=10)
-    assert metrics.status_code == 200
-    assert re.search(rf'^servekit_requests_total\{{[^}}]*model="{MODEL}"', metrics.text, re.MULTILINE), metrics.text[
-        :2000
-    ]
+    # an HTTP request is counted as its answer closes, a moment after the client has it
+    counted = re.compile(rf'^servekit_requests_total\{{[^}}]*model="{MODEL}"[^}}]*\}} [1-9]', re.MULTILINE)
+    deadline = time.monotonic() + 15
+    while True:
+        metrics = requests.get(f"{container.url}/metrics", timeout=10)
+        assert metrics.status_code == 200
+        if counted.search(metrics.text) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert counted.search(metrics.text), [line for line in metrics.text.splitlines() if "requests_total" in line]
 
     assert container.daemon.docker("exec", container.name, "id", "-u").stdout.strip() == "10001"
     listing = container.daemon.docker("exec", container.name, "ls", "-A", "/app/model").stdout.split()
