@@ -24,4 +24,16 @@ for tool in prometheus:/usr/bin/promtool haproxy:/usr/sbin/haproxy postgresql:/u
             || echo "could not install ${tool%%:*}; the tests that need it will skip"
     fi
 done
+# The real-image test (tests/test_docker_image.py) runs a Docker daemon of its own and builds a
+# Debian base image with debootstrap; as root on Debian, install both when missing (without
+# them that test skips with the reason).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    missing=""
+    command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing="$missing docker.io"
+    command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing="$missing debootstrap"
+    if [ -n "$missing" ]; then
+        (apt-get update -qq && apt-get install -y -qq $missing >/dev/null) \
+            || echo "could not install$missing; the real-image test will skip"
+    fi
+fi
 exec python -m pytest "$@"

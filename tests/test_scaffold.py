@@ -188,6 +188,33 @@ def test_gpu_project_gets_a_cuda_image(tmp_path):
     assert "device: cuda" in (project / "servekit.yaml").read_text()
     lint = subprocess.run([HADOLINT, "--no-color", str(project / "Dockerfile")], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
+    # `servekit build .` without --gpu keeps the project's choice (its servekit.yaml says build: {gpu: true})
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "servekit", "build", ".", "--context-only", "--no-wheel"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "no trained version" in rebuilt.stdout  # a warning: only the context was asked for
+    assert (project / "Dockerfile").read_text() == dockerfile
+    assert "nvidia.com/gpu: 1" in (project / "deploy" / "kubernetes.yaml").read_text()
+
+
+def test_build_keeps_the_project_s_python_version(tmp_path):
+    project = bake(tmp_path, "project_name=Py Eleven", "framework=custom", "python_version=3.11")
+    assert "ARG BASE_IMAGE=python:3.11-slim" in (project / "Dockerfile").read_text()
+    subprocess.run([sys.executable, "train.py"], cwd=project, check=True, capture_output=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "servekit", "build", str(project), "--context-only", "--no-wheel"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ARG BASE_IMAGE=python:3.11-slim" in (project / "Dockerfile").read_text()
+    assert "SERVEKIT_MODEL_NAME=py-eleven" in (project / "Dockerfile").read_text()
 
 
 def test_build_rerenders_a_generated_project(tmp_path):
@@ -201,7 +228,7 @@ def test_build_rerenders_a_generated_project(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     after = (project / "Dockerfile").read_text()
-    assert "python:${PYTHON_VERSION}-slim" in before and "nvidia/cuda" in after
+    assert "ARG BASE_IMAGE=python:3.12-slim" in before and "nvidia/cuda" in after
     assert "SERVEKIT_MODEL_NAME=rebuild" in after
     assert "docker build --tag rebuild:2" in result.stdout
 

@@ -61,15 +61,20 @@ def test_dockerfile_shape(variant):
     lines = [line.strip() for line in text.splitlines()]
     froms = [line for line in lines if line.startswith("FROM ")]
     assert [f.split()[-1] for f in froms] == ["builder", "runtime"]  # multi-stage
+    assert all(f.startswith("FROM ${BASE_IMAGE} ") for f in froms)
     if variant["gpu"]:
-        assert "ARG CUDA_BASE=nvidia/cuda:12.6.3-runtime-ubuntu24.04" in lines
+        assert "ARG BASE_IMAGE=nvidia/cuda:12.6.3-runtime-ubuntu24.04" in lines
     else:
-        assert all("python:${PYTHON_VERSION}-slim" in f for f in froms)
+        assert "ARG BASE_IMAGE=python:3.12-slim" in lines
+    assert "syntax" not in lines[0]  # a `# syntax=` line makes BuildKit pull its frontend from Docker Hub
+    assert "STOPSIGNAL SIGTERM" in lines
     if variant["torch"]:
         flavour = "cu126" if variant["gpu"] else "cpu"
-        assert f"PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/{flavour}" in text
+        # PyTorch's index first, then what --pip-extra-index-url adds
+        assert f'PIP_EXTRA_INDEX_URL="https://download.pytorch.org/whl/{flavour} ${{PIP_EXTRA_INDEX_URL}}"' in text
     else:
-        assert "PIP_EXTRA_INDEX_URL" not in text
+        assert "download.pytorch.org" not in text
+    assert "ARG PIP_INDEX_URL" in lines and "ARG PIP_EXTRA_INDEX_URL" in lines
     # dependencies before source: requirements are installed before the model is copied
     assert lines.index("COPY requirements.txt .") < lines.index("COPY --chown=10001:10001 . /app/model")
     assert "USER 10001" in lines and lines.index("USER 10001") < lines.index("EXPOSE 8080 8081")
@@ -336,7 +341,7 @@ def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_fol
         "gunicorn.conf.py",
         "requirements.txt",
     ]
-    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn]==0.1.0"
+    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn,grpc]==0.1.0"
     dockerfile = (model_folder / "Dockerfile").read_text()
     assert "nvidia/cuda" in dockerfile and "SERVEKIT_MODEL_NAME=iris" in dockerfile
     assert "image: iris:2" in (model_folder / "deploy" / "kubernetes.yaml").read_text()
@@ -379,7 +384,7 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsy
     dockerfile = (model_folder / "Dockerfile").read_text()
     assert f"COPY wheels/{wheel.name} /build/wheels/{wheel.name}" in dockerfile
     assert f"RUN pip install --no-cache-dir /build/wheels/{wheel.name} -r requirements.txt" in dockerfile
-    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn]==0.1.0"
+    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn,grpc]==0.1.0"
     lint = subprocess.run([HADOLINT, "--no-color", str(model_folder / "Dockerfile")], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
 
@@ -542,7 +547,7 @@ def test_plain_cookiecutter_renders_the_build_files_without_servekit(tmp_path, f
     for name in scaffold.BUILD_FILES:
         if scaffold_render.wanted(name, options):
             assert (project / name).read_text() == scaffold.build_file(name, options), name
-    assert "python:${PYTHON_VERSION}-slim" in (project / "Dockerfile").read_text() or gpu == "yes"
+    assert "ARG BASE_IMAGE=python:3.12-slim" in (project / "Dockerfile").read_text() or gpu == "yes"
     assert ("download.pytorch.org/whl/cu126" in (project / "Dockerfile").read_text()) is (gpu == "yes")
     lint = subprocess.run([HADOLINT, "--no-color", str(project / "Dockerfile")], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from . import tfserving_cli  # `servekit tfserving`: tensorflow_model_server's flags
 
     tfserving = tfserving_cli.add_command(sub)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(scaffold.joined_option_values(argv) if "build" in argv else argv)
     if args.command == "tfserving":
         return tfserving(args)
     if args.command == "serve":
@@ -81,7 +82,7 @@ def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]
         raise _Refused(f"--threads must be at least 1 (threads per worker), found {settings.threads}")
     from .config import ConfigError
     from .repository import discover
-    from .server.ports import PortTaken, check_ports
+    from .server.ports import NoTempDir, PortTaken, check_ports, check_temp_dir
     from .storage import prepare_paths
 
     try:
@@ -97,8 +98,9 @@ def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]
     except Exception as exc:
         raise _Refused(f"--plugin: {_one_line(exc)}") from None
     try:
+        check_temp_dir()
         check_ports(settings)  # last: the nearer the bind, the smaller the window
-    except PortTaken as exc:
+    except (NoTempDir, PortTaken) as exc:
         raise _Refused(str(exc)) from None
     return models, [info.name for info in plugins.describe(pm)]
 

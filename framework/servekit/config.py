@@ -24,6 +24,7 @@ _KEYS = {
     "pin",
     "sequence",
     "pipeline",
+    "build",  # read by `servekit build` only (servekit.scaffold_settings)
 }
 #: What one warm-up item may hold: a request body of one protocol, or a file of one.
 WARMUP_KINDS = ("v1", "v2", "file")
@@ -86,6 +87,8 @@ def parse_model_config(
     device = str(raw.get("device", "auto"))
     if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
         raise ConfigError(f"{CONFIG_FILE}: 'device' must be auto, cpu, cuda or cuda:N, found {device!r}")
+    if not isinstance(raw.get("build") or {}, dict):
+        raise ConfigError(f"{CONFIG_FILE}: 'build' must be a mapping (the settings of `servekit build`)")
     policy = raw.get("version_policy", "latest")
     check_version_policy(policy)
     placement, replicas = _placement(raw)

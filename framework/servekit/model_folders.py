@@ -2,20 +2,24 @@
 
 The layout is TF Serving's: ``BASE/NAME/VERSION/<artifact>``.  A model folder
 without numeric sub-folders is served as version 1; a folder holding only
-sub-folders is a repository of models.  Read by the control plane (what to
+sub-folders (besides notes and Python helpers other than ``model.py``) is a
+repository of models.  Read by the control plane (what to
 serve) and by the repository (what it loaded from where); imports nothing of
 servekit's but the config error.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from .config import ConfigError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_IGNORED_FILES = re.compile(r"^(\..*|README.*|LICENSE.*|.*\.md|.*\.txt)$", re.IGNORECASE)
+#: Files that make no folder a model: notes, and Python files other than the hooks' ``model.py``
+#: (a ``train.py`` or a helper beside the model folders of a repository).
+_IGNORED_FILES = re.compile(r"^(\..*|README.*|LICENSE.*|.*\.md|.*\.txt|(?!model\.py$).*\.py)$", re.IGNORECASE)
 
 
 def valid_name(name: str) -> bool:
@@ -64,7 +68,7 @@ def discover(paths: list[Path], model_name: str | None = None) -> dict[str, Path
         if not path.is_dir():
             raise ConfigError(f"model path not found: {path}")
         for folder in [path] if is_model_dir(path) else model_folders_in(path):
-            name = folder.name
+            name = Path(os.path.abspath(folder)).name  # `servekit serve .` names the model after this folder
             if name in found:
                 raise ConfigError(f"two model folders are named {name!r}: {found[name]} and {folder}")
             found[name] = folder

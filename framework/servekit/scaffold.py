@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -27,15 +28,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from . import __version__
+from . import __version__, scaffold_settings
 from . import scaffold_render as _render
 from .model_files import is_lightgbm_text
+from .model_folders import is_model_dir, version_of
 from .scaffold_render import (
     BUILD_FILES,
     DEFAULT_CUDA,
     DEFAULT_PYTHON,
     DOCKER_TEMPLATES,
     MARKER,
+    PIP_CERT_SECRET,
     WHEELS,
     build_file,
     needs_torch,
@@ -136,8 +139,9 @@ def _mlflow_flavors(mlmodel: Path) -> list[str]:
 
 
 def default_requirements(folder: Path) -> str:
-    extras = detect_extras(folder)
-    spec = f"servekit[{','.join(extras)}]" if extras else "servekit"
+    """servekit with the extras of the folder's artifacts, and ``grpc``: the image serves gRPC on 8081."""
+    extras = [*detect_extras(folder), "grpc"]
+    spec = f"servekit[{','.join(extras)}]"
     return f"# Written by `servekit build`: what the image installs before copying the model.\n{spec}=={__version__}\n"
 
 
@@ -232,8 +236,16 @@ def _setuptools_major() -> int:
         return 0
 
 
+#: The timestamp of every file in a wheel ``servekit build`` makes (1980-01-01, the earliest a zip
+#: file holds): the same source gives the same bytes, so docker keeps its dependency layer cached.
+WHEEL_EPOCH = "315532800"
+
+
 def build_wheel(source: Path, into: Path) -> Path:
-    """``pip wheel --no-deps`` of a servekit source tree; returns the wheel, moved into ``into``."""
+    """``pip wheel --no-deps`` of a servekit source tree; returns the wheel, moved into ``into``.
+
+    The wheel is reproducible (``SOURCE_DATE_EPOCH``, unless the environment sets its own).
+    """
     if not (source / "pyproject.toml").is_file():
         raise ScaffoldError(f"servekit's source tree {source} is gone; pass --wheel PATH to a servekit wheel")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
@@ -241,7 +253,8 @@ def build_wheel(source: Path, into: Path) -> Path:
         command.append("--no-build-isolation")  # the build backend is here: build offline
     with tempfile.TemporaryDirectory(prefix="servekit-wheel-") as tmp:
         out, tree = Path(tmp) / "dist", _source_copy(source, Path(tmp) / "src")
-        result = subprocess.run([*command, "-w", str(out), str(tree)], capture_output=True, text=True)
+        env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH") or WHEEL_EPOCH}
+        result = subprocess.run([*command, "-w", str(out), str(tree)], capture_output=True, text=True, env=env)
         wheels = sorted(out.glob("servekit-*.whl"))
         if result.returncode != 0 or not wheels:
             last = (result.stderr.strip().splitlines() or ["no wheel written"])[-1]
@@ -338,8 +351,66 @@ def docker_available() -> bool:
         return False
 
 
-def build_command(folder: Path, tag: str) -> list[str]:
-    return ["docker", "build", "--tag", tag, str(folder)]
+def build_command(
+    folder: Path, tag: str, settings: scaffold_settings.BuildSettings | None = None, *, shown: bool = False
+) -> list[str]:
+    """``docker build`` of the context with the settings' build args, pip secret and docker options.
+
+    ``shown``: the command to print, with passwords in index URLs masked.
+    """
+    settings = settings or scaffold_settings.BuildSettings()
+    show = scaffold_settings.masked if shown else str
+    command = ["docker", "build", "--tag", tag]
+    build_args: dict[str, str | None] = {}
+    if settings.pip_index_url:
+        build_args["PIP_INDEX_URL"] = show(settings.pip_index_url)
+    if settings.pip_extra_index_urls:
+        build_args["PIP_EXTRA_INDEX_URL"] = " ".join(show(u) for u in settings.pip_extra_index_urls)
+    build_args.update(settings.build_args)
+    for key, value in build_args.items():
+        command += ["--build-arg", key if value is None else f"{key}={value}"]
+    if settings.pip_cert is not None:
+        command += ["--secret", f"id={PIP_CERT_SECRET},src={settings.pip_cert}"]
+    return [*command, *settings.docker_args, str(folder)]
+
+
+def needs_buildkit(command: list[str]) -> bool:
+    """Build secrets (``--secret``, ``--ssh``) exist only in BuildKit; the classic builder refuses them."""
+    return any(arg in ("--secret", "--ssh") or arg.startswith(("--secret=", "--ssh=")) for arg in command)
+
+
+def untrained(folder: Path) -> bool:
+    """No version folder, and a project's ``train.py`` (or no model at all) at the top: the image
+    would never become ready.  A repository (a folder of model folders) has its models below."""
+    entries = list(folder.iterdir())
+    if any(version_of(e) is not None for e in entries):
+        return False
+    if (folder / "train.py").is_file():
+        return True  # a project from `servekit new`: train.py writes 1/
+    if any(e.is_file() and _is_model_file(e.name) for e in entries):
+        return False
+    folders = [e for e in entries if e.is_dir() and not e.name.startswith(".") and e.name not in _NOT_MODEL_FOLDERS]
+    return not any(is_model_dir(e) for e in folders)
+
+
+#: Files of a project that belong to its build or its docs, not to its model.
+_NOT_MODEL_FILES = {"Dockerfile", "servekit.yaml", "gunicorn.conf.py", "requirements.txt"}
+_NOT_MODEL_FOLDERS = {"deploy", "requests", "tests", WHEELS, "__pycache__"}
+
+
+def _is_model_file(name: str) -> bool:
+    if name in _NOT_MODEL_FILES or name.startswith(".") or name.endswith((".md", ".txt")):
+        return False
+    return name == "model.py" or not name.endswith(".py")
+
+
+def lacks_grpc(requirements: str) -> bool:
+    """``requirements.txt`` installs servekit without its ``grpc`` extra (so port 8081 would stay off)."""
+    for line in requirements.splitlines():
+        match = re.match(r"^\s*servekit\s*\[([^\]]*)\]", line.split("#", 1)[0])
+        if match and {e.strip() for e in match.group(1).split(",")} & {"grpc", "all"}:
+            return False
+    return True
 
 
 def _with_wheel(options: _render.BuildOptions, wheel: Path | None) -> _render.BuildOptions:
@@ -347,24 +418,8 @@ def _with_wheel(options: _render.BuildOptions, wheel: Path | None) -> _render.Bu
     return options
 
 
-def build(
-    folder: Path,
-    options: _render.BuildOptions,
-    *,
-    run_docker: bool | None = None,
-    wheel: str | None = "auto",
-    echo=print,
-) -> int:
-    """``servekit build``: the build context (wheel, Dockerfile, manifests), then ``docker build``.
-
-    ``run_docker=False`` writes the context only; ``None`` builds when an engine
-    answers and fails with one line when none does.
-    """
-    folder = folder.resolve()
-    if not folder.is_dir():
-        raise ScaffoldError(f"not a folder: {folder}", 2)
-    vendored = vendor_wheel(folder, wheel)
-    files = write_build_files(folder, _with_wheel(options, vendored))
+def _report(folder: Path, files: WrittenFiles, vendored: Path | None, echo) -> None:
+    """What was written and kept, and one line for each choice that breaks the image."""
     if vendored is not None:
         echo(f"wrote {vendored.relative_to(folder)} (the image installs servekit from it)")
         pinned = pin_mismatch((folder / "requirements.txt").read_text(), vendored.name)
@@ -375,21 +430,62 @@ def build(
             )
         if folder / "Dockerfile" in files.kept and vendored.name not in (folder / "Dockerfile").read_text():
             echo(f"warning: your Dockerfile does not install {WHEELS}/{vendored.name}")
+    if lacks_grpc((folder / "requirements.txt").read_text()):
+        echo(
+            "warning: requirements.txt installs servekit without the grpc extra, so the image serves no gRPC "
+            "on 8081: add grpc to its extras, e.g. servekit[sklearn,grpc]"
+        )
     for path in files.written:
         echo(f"wrote {path.relative_to(folder)}")
     for path in files.kept:
         echo(f"kept {path.relative_to(folder)} (edited by you; delete it to regenerate)")
-    command = build_command(folder, options.image_ref)
+
+
+def build(
+    folder: Path,
+    options: _render.BuildOptions,
+    *,
+    run_docker: bool | None = None,
+    wheel: str | None = "auto",
+    settings: scaffold_settings.BuildSettings | None = None,
+    echo=print,
+) -> int:
+    """``servekit build``: the build context (wheel, Dockerfile, manifests), then ``docker build``.
+
+    ``run_docker=False`` writes the context only; ``None`` builds when an engine
+    answers and fails with one line when none does.  An untrained project (no
+    version folder) is refused before docker runs, and is one warning line otherwise.
+    """
+    folder = folder.resolve()
+    if not folder.is_dir():
+        raise ScaffoldError(f"not a folder: {folder}", 2)
+    settings = settings or scaffold_settings.BuildSettings()
+    options.pip_cert = settings.pip_cert is not None
+    if untrained(folder):
+        problem = f"{folder} holds no trained version (no 1/, 2/... folder): the image would never become ready"
+        fix = "; run `python train.py` first" if (folder / "train.py").is_file() else ""
+        if run_docker is not False:
+            raise ScaffoldError(problem + fix)
+        echo(f"warning: {problem}{fix}")
+    vendored = vendor_wheel(folder, wheel)
+    files = write_build_files(folder, _with_wheel(options, vendored))
+    _report(folder, files, vendored, echo)
+    command = build_command(folder, options.image_ref, settings)
+    shown = " ".join(build_command(folder, options.image_ref, settings, shown=True))
     if run_docker is False:
-        echo("build context ready; build it with:  " + " ".join(command))
+        echo("build context ready; build it with:  " + shown)
         return 0
     if not docker_available():
         raise ScaffoldError(
             "no Docker engine answered (`docker info` failed), so no image was built; the build context is "
-            f"written: run `{' '.join(command)}` where Docker runs, or pass --context-only"
+            f"written: run `{shown}` where Docker runs, or pass --context-only"
         )
-    echo("$ " + " ".join(command))
-    return subprocess.run(command).returncode
+    env = dict(os.environ)
+    if needs_buildkit(command) and "DOCKER_BUILDKIT" not in env:
+        env["DOCKER_BUILDKIT"] = "1"  # the classic builder has no build secrets
+        shown = "DOCKER_BUILDKIT=1 " + shown
+    echo("$ " + shown)
+    return subprocess.run(command, env=env).returncode
 
 
 # -- cookiecutter -------------------------------------------------------------------
@@ -466,11 +562,46 @@ def add_commands(sub: Any) -> None:
         "build", help="write the build context (Dockerfile, manifests) of a model folder and docker build it"
     )
     build_.add_argument("path", help="the model folder (a project from `servekit new`, or any model folder)")
-    build_.add_argument("--gpu", action="store_true", help="CUDA runtime base image and CUDA torch wheels")
+    device = build_.add_mutually_exclusive_group()
+    device.add_argument(
+        "--gpu",
+        dest="gpu",
+        action="store_const",
+        const=True,
+        help="CUDA runtime base image and CUDA torch wheels (default: what the project chose)",
+    )
+    device.add_argument(
+        "--cpu", dest="gpu", action="store_const", const=False, help="a CPU image, whatever the project chose"
+    )
     build_.add_argument("--tag", help="image tag (default: MODEL_NAME:latest)")
     build_.add_argument("--model-name", help="served model name (default: the folder's name)")
-    build_.add_argument("--python-version", default=DEFAULT_PYTHON, help="Python of the CPU image")
-    build_.add_argument("--cuda-version", default=DEFAULT_CUDA, help="CUDA of the GPU image")
+    build_.add_argument(
+        "--python-version", help=f"Python of the CPU image (default: the project's, else {DEFAULT_PYTHON})"
+    )
+    build_.add_argument("--cuda-version", help=f"CUDA of the GPU image (default: the project's, else {DEFAULT_CUDA})")
+    build_.add_argument(
+        "--base-image",
+        help="the image both stages start from, with python3 and its venv module (a mirror, a hardened or a "
+        "local image); default: python:X-slim, or nvidia/cuda for --gpu",
+    )
+    build_.add_argument("--build-arg", action="append", metavar="KEY=VALUE", help="passed to docker build (repeatable)")
+    build_.add_argument(
+        "--docker-arg",
+        action="append",
+        metavar="ARG",
+        help="an option for docker build, e.g. --docker-arg --network=host, --docker-arg --platform=linux/arm64 "
+        "(repeatable)",
+    )
+    build_.add_argument("--pip-index-url", metavar="URL", help="the package index pip in the build uses")
+    build_.add_argument(
+        "--pip-extra-index-url", action="append", metavar="URL", help="a further package index (repeatable)"
+    )
+    build_.add_argument(
+        "--pip-cert",
+        metavar="FILE",
+        help="a CA bundle pip trusts in the build (an intercepting proxy's), given as a BuildKit secret: "
+        "never written into a layer",
+    )
     build_.add_argument(
         "--tls-secret",
         default="",
@@ -580,12 +711,32 @@ def _build(args: Any) -> int:
     folder = Path(args.path)
     if not folder.is_dir():
         raise ScaffoldError(f"not a folder: {folder}", 2)
+    if args.tls_client_ca and not args.tls_secret:
+        raise ScaffoldError("--tls-client-ca needs --tls-secret (its ca.crt)", 2)
+    given = {
+        "gpu": args.gpu,
+        "python_version": args.python_version,
+        "cuda_version": args.cuda_version,
+        "base_image": args.base_image,
+        "build_args": args.build_arg,
+        "docker_args": args.docker_arg,
+        "pip_index_url": args.pip_index_url,
+        "pip_extra_index_urls": args.pip_extra_index_url,
+        "pip_cert": args.pip_cert,
+        "tag": args.tag,
+        "model_name": args.model_name,
+    }
+    try:
+        settings = scaffold_settings.resolve(folder.resolve(), given)
+    except scaffold_settings.BuildSettingsError as exc:
+        raise ScaffoldError(str(exc), 2) from None
     options = BuildOptions(
-        model_name=args.model_name or _model_name_of(folder.resolve()),
-        gpu=args.gpu,
-        image=args.tag,
-        python_version=args.python_version,
-        cuda_version=args.cuda_version,
+        model_name=settings.model_name or _model_name_of(folder.resolve()),
+        gpu=settings.gpu,
+        image=settings.tag,
+        python_version=settings.python_version,
+        cuda_version=settings.cuda_version,
+        base_image=settings.base_image,
         tls_secret=args.tls_secret,
         tls_client_ca=args.tls_client_ca,
         api_keys_secret=args.api_keys_secret,
@@ -596,12 +747,24 @@ def _build(args: Any) -> int:
         prometheus_url=args.prometheus_url,
         startup_seconds=args.startup_seconds,
     )
-    if args.tls_client_ca and not args.tls_secret:
-        raise ScaffoldError("--tls-client-ca needs --tls-secret (its ca.crt)", 2)
     _check_scaling(args)
-    if options.startup_seconds is None:
+    if options.startup_seconds is None and not untrained(folder):  # an untrained one is refused or warned about
         options.startup_seconds = _measured_startup(folder.resolve(), options.model_name)
-    return build(folder, options, run_docker=False if args.context_only else None, wheel=args.wheel)
+    return build(folder, options, run_docker=False if args.context_only else None, wheel=args.wheel, settings=settings)
+
+
+def joined_option_values(argv: list[str]) -> list[str]:
+    """``--docker-arg --network=host`` as ``--docker-arg=--network=host``: argparse would read the value,
+    which starts with ``-``, as an option of its own."""
+    joined: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item == "--docker-arg":
+            value = next(items, None)
+            joined.append(item if value is None else f"{item}={value}")
+        else:
+            joined.append(item)
+    return joined
 
 
 def _check_scaling(args: Any) -> None:

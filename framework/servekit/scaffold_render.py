@@ -32,6 +32,8 @@ DEFAULT_DRAIN_SECONDS = 30
 K8S_SHUTDOWN_DELAY = 10
 #: Kubelet's SIGKILL comes this long after gunicorn's own deadline (delay + drain).
 GRACE_MARGIN = 20
+#: ``docker stop``'s SIGKILL comes this long after the image's own deadline (no delay + drain).
+STOP_MARGIN = 10
 TORCH_INDEX = "https://download.pytorch.org/whl/{flavour}"
 #: How the manifests scale a Deployment: ``""`` an HPA on CPU, ``hpa`` also on servekit's
 #: load signal through prometheus-adapter, ``keda`` a KEDA ScaledObject on it (docs/scaling.md).
@@ -68,6 +70,12 @@ class BuildOptions:
     image: str | None = None
     python_version: str = DEFAULT_PYTHON
     cuda_version: str = DEFAULT_CUDA
+    #: The image both stages start from (it needs ``python3`` with ``venv``); empty: ``python:X-slim``
+    #: for CPU images, ``nvidia/cuda:X-runtime-ubuntu24.04`` (plus Python from apt) for GPU ones.
+    base_image: str = ""
+    #: pip in the build reads a CA bundle from the build secret ``pip-cert`` (BuildKit's
+    #: ``RUN --mount=type=secret``), so it is never written into a layer.
+    pip_cert: bool = False
     workers: int = 1
     threads: int = DEFAULT_THREADS
     cpu: str = "1"
@@ -128,6 +136,21 @@ class BuildOptions:
         return f"the models loaded and warmed up in {self.startup_seconds:.1f} s, allowed three times that and a minute"
 
 
+#: The build secret pip reads its CA bundle from, and where BuildKit mounts it.
+PIP_CERT_SECRET = "pip-cert"
+
+
+def default_base_image(options: BuildOptions) -> str:
+    if options.gpu:
+        return f"nvidia/cuda:{options.cuda_version}-runtime-ubuntu24.04"
+    return f"python:{options.python_version}-slim"
+
+
+def stop_timeout(options: BuildOptions) -> int:
+    """Seconds ``docker stop --time`` / ``docker run --stop-timeout`` should allow the image's drain."""
+    return math.ceil(options.drain_seconds) + STOP_MARGIN
+
+
 def context(options: BuildOptions) -> dict[str, Any]:
     flavour = "cu" + "".join(options.cuda_version.split(".")[:2]) if options.gpu else "cpu"
     return {
@@ -138,6 +161,9 @@ def context(options: BuildOptions) -> dict[str, Any]:
         "gpu": options.gpu,
         "python_version": options.python_version,
         "cuda_version": options.cuda_version,
+        "base_image": options.base_image or default_base_image(options),
+        "custom_base": bool(options.base_image),
+        "pip_cert_secret": PIP_CERT_SECRET if options.pip_cert else "",
         "torch_index": TORCH_INDEX.format(flavour=flavour) if options.torch else "",
         "workers": options.workers,
         "threads": options.threads,
@@ -148,6 +174,8 @@ def context(options: BuildOptions) -> dict[str, Any]:
         "shutdown_delay": options.shutdown_delay,
         "drain_seconds": options.drain_seconds,
         "grace_seconds": math.ceil(options.shutdown_delay + options.drain_seconds) + GRACE_MARGIN,
+        # the image itself sets no shutdown delay: `docker stop` needs the drain and a margin
+        "stop_timeout": stop_timeout(options),
         "version": options.servekit_version,
         "wheel": f"{WHEELS}/{options.servekit_wheel}" if options.servekit_wheel else "",
         "tls_secret": options.tls_secret,

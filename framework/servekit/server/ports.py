@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import tempfile
 
 from .. import __version__
 from ..settings import Settings
@@ -29,6 +30,24 @@ _ALL_INTERFACES = ("", "0.0.0.0", "::", "[::]")
 
 class PortTaken(RuntimeError):
     """A port this server needs is held by another socket (or may not be bound at all)."""
+
+
+class NoTempDir(RuntimeError):
+    """No temporary folder is writable (a read-only root file system without a tmpfs)."""
+
+
+def check_temp_dir() -> None:
+    """The server's shared folders (metrics, control socket, model hosts) need a temporary folder.
+
+    :raises NoTempDir: with a one-line message saying how to give it one.
+    """
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError:
+        raise NoTempDir(
+            "no writable temporary folder (TMPDIR, /tmp): on a read-only root file system mount one, "
+            "e.g. docker run --read-only --tmpfs /tmp (on Kubernetes an emptyDir at /tmp)"
+        ) from None
 
 
 def grpc_enabled(settings: Settings) -> bool:

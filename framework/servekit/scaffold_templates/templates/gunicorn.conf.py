@@ -19,9 +19,10 @@ from servekit.settings import resolve
 
 _settings = resolve()
 try:
+    ports.check_temp_dir()  # `docker run --read-only` without `--tmpfs /tmp`: one line, not a traceback
     ports.check_ports(_settings)  # one line naming the port and its variable, as `servekit serve` says
-except ports.PortTaken as _taken:
-    sys.exit(f"servekit: {_taken}")
+except (ports.NoTempDir, ports.PortTaken) as _refused:
+    sys.exit(f"servekit: {_refused}")
 if _settings.server != "gunicorn":
     print(f"servekit: SERVEKIT_SERVER={_settings.server} does not apply: this image's command runs gunicorn "
           f"(make it `servekit serve --server {_settings.server}` to change engines)", file=sys.stderr)
