@@ -74,14 +74,14 @@ def step(client, seq_id, value, **flags):
 
 def test_two_sequences_interleaved_in_process(servekit_app, sequence_repo):
     client = servekit_app(sequence_repo)
-    totals = {1000: 0, "1001": 0}
     for i, value in enumerate(VALUES):
         for seq_id, sign in ((1000, 1), ("1001", -1)):
             flags = {"sequence_start": i == 0, "sequence_end": i == len(VALUES) - 1}
             status, doc = step(client, seq_id, sign * value, **flags)
             assert status == 200, doc
-            totals[seq_id] += sign * value
-            assert doc["outputs"][0]["data"] == [totals[seq_id]]
+            outputs = {o["name"]: o["data"] for o in doc["outputs"]}
+            assert outputs["OUTPUT"] == [sign * value + (1 if i == 0 else 0)]
+            assert outputs["COUNT"] == [i + 1]  # the sequence's own state, request after request
     status, doc = step(client, 1000, 1)  # ended: a new request needs the START flag
     assert status == 400 and "START flag" in doc["error"]
     status, doc = step(client, 1000, 1, sequence_end="no")
@@ -117,6 +117,7 @@ def server(tmp_path_factory):
 def sync_sequences(make_client, module, ids) -> tuple[list[int], list[int], set[int]]:
     """Two sequences, interleaved, each request through a fresh client (so through either worker)."""
     results: dict = {seq_id: [] for seq_id in ids}
+    counts: dict = {seq_id: [] for seq_id in ids}
     pids = set()
     for i, value in enumerate(VALUES):
         for seq_id, sign in zip(ids, (1, -1)):
@@ -130,11 +131,15 @@ def sync_sequences(make_client, module, ids) -> tuple[list[int], list[int], set[
                 sequence_end=i == len(VALUES) - 1,
             )
             results[seq_id].append(int(result.as_numpy("OUTPUT")[0][0]))
+            counts[seq_id].append(int(result.as_numpy("COUNT")[0]))
             pids.add(int(result.as_numpy("PID")[0]))
+    assert all(seen == list(range(1, len(VALUES) + 1)) for seen in counts.values())  # one state per sequence
     return results[ids[0]], results[ids[1]], pids
 
 
-RUNNING = list(np.cumsum(VALUES))
+#: What Triton's sequence example clients expect of `simple_sequence`: each input, plus one at the start.
+EXPECTED = [v + (1 if i == 0 else 0) for i, v in enumerate(VALUES)]
+NEGATED = [-v + (1 if i == 0 else 0) for i, v in enumerate(VALUES)]
 
 
 @pytest.mark.slow
@@ -149,7 +154,7 @@ def test_simple_sequence_sync_infer_client(server, wire, ids):
     else:
         module, address = grpcclient, f"127.0.0.1:{server.grpc_port}"
     first, second, pids = sync_sequences(lambda: module.InferenceServerClient(address), module, ids)
-    assert first == RUNNING and second == [-v for v in RUNNING]
+    assert first == EXPECTED and second == NEGATED
     assert len(pids) == 1  # one model host holds every sequence, whichever worker took the request
 
 
@@ -174,14 +179,17 @@ def test_simple_grpc_sequence_stream_infer_client(server):
                     sequence_end=i == len(VALUES) - 1,
                 )
         got: dict[int, list[int]] = {1000: [], 1001: []}
+        counts: dict[int, list[int]] = {1000: [], 1001: []}
         for _ in range(2 * len(VALUES)):
             result, error = answers.get(timeout=30)
             assert error is None, error
             seq_id = int(result.get_response().id.split("_")[0])
             got[seq_id].append(int(result.as_numpy("OUTPUT")[0][0]))
+            counts[seq_id].append(int(result.as_numpy("COUNT")[0]))
     finally:
         client.stop_stream()
-    assert got[1000] == RUNNING and got[1001] == [-v for v in RUNNING]
+    assert got[1000] == EXPECTED and got[1001] == NEGATED
+    assert counts[1000] == counts[1001] == list(range(1, len(VALUES) + 1))
 
 
 @pytest.mark.slow

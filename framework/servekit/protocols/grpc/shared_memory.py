@@ -61,15 +61,19 @@ class SharedMemoryServicer:
         return pb.CudaSharedMemoryUnregisterResponse()  # nothing can be registered
 
 
-def add_to_server(server: grpc.Server, dataplane: Any, control: Any = None) -> None:
-    """Serve the methods beside :mod:`.v2`'s servicer (``control``: the app's control plane)."""
-    server.add_generic_rpc_handlers((handler(dataplane, control),))
+def add_to_server(server: Any, dataplane: Any, control: Any = None) -> None:
+    """Serve the methods beside :mod:`.v2`'s servicer (``control``: the app's control plane).
+
+    Registered by name, as the generated ``add_*_to_server`` functions do, on a
+    ``grpc.Server`` or the server's :class:`.dispatch.MethodTable`.
+    """
+    server.add_registered_method_handlers(SERVICE, methods(dataplane, control))
 
 
-def handler(dataplane: Any, control: Any = None) -> grpc.GenericRpcHandler:
-    """The methods' handler, for ``grpc.Server.add_generic_rpc_handlers``."""
+def methods(dataplane: Any, control: Any = None) -> dict[str, grpc.RpcMethodHandler]:
+    """Method name -> handler, each parsing its request type."""
     servicer = SharedMemoryServicer(dataplane, control)
-    methods = {}
+    handlers = {}
     for name in (
         "SystemSharedMemoryStatus",
         "SystemSharedMemoryRegister",
@@ -80,9 +84,9 @@ def handler(dataplane: Any, control: Any = None) -> grpc.GenericRpcHandler:
     ):
         request_type = getattr(pb, f"{name}Request")
         response_type = getattr(pb, f"{name}Response")
-        methods[name] = grpc.unary_unary_rpc_method_handler(
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
             request_deserializer=request_type.FromString,
             response_serializer=response_type.SerializeToString,
         )
-    return grpc.method_handlers_generic_handler(SERVICE, methods)
+    return handlers

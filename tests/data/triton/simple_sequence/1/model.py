@@ -1,8 +1,10 @@
-"""Triton's `simple_sequence` example model: INPUT INT32 [1, 1] -> OUTPUT, the sequence's running sum.
+"""Triton's `simple_sequence` example model: INPUT INT32 [1, 1] -> OUTPUT, as Triton's examples check it.
 
-The first request of a sequence (``sequence_start``) starts the sum at its input;
-each later one adds to it.  The answer also says which process holds the state,
-so a test sees that every request of a sequence reached the same one.
+OUTPUT is the input, plus one on the first request of a sequence
+(``sequence_start``), which is what Triton's sequence example clients expect of
+their model.  COUNT is the state the sequence keeps: how many of its requests
+the model has seen, in order; PID says which process holds that state, so a
+test sees that every request of a sequence reached the same one.
 """
 
 import os
@@ -21,7 +23,11 @@ def load(path):
 def metadata():
     signature = Signature(
         inputs=[TensorSpec("INPUT", "INT32", [1, 1])],
-        outputs=[TensorSpec("OUTPUT", "INT32", [1, 1]), TensorSpec("PID", "INT64", [1])],
+        outputs=[
+            TensorSpec("OUTPUT", "INT32", [1, 1]),
+            TensorSpec("COUNT", "INT32", [1]),
+            TensorSpec("PID", "INT64", [1]),
+        ],
     )
     return ModelMetadata(signatures={"serving_default": signature}, platform="python")
 
@@ -30,10 +36,14 @@ def metadata():
 def predict(inputs, sequence):
     value = int(inputs["INPUT"].reshape(-1)[0])
     if sequence is None:  # outside a sequence: the input itself
-        total = value
+        output, count = value, 0
     else:
         if sequence.start:
-            sequence.state["total"] = 0
-        sequence.state["total"] += value
-        total = sequence.state["total"]
-    return {"OUTPUT": np.array([[total]], dtype=np.int32), "PID": np.array([os.getpid()], dtype=np.int64)}
+            sequence.state["count"] = 0
+        sequence.state["count"] += 1
+        output, count = value + (1 if sequence.start else 0), sequence.state["count"]
+    return {
+        "OUTPUT": np.array([[output]], dtype=np.int32),
+        "COUNT": np.array([count], dtype=np.int32),
+        "PID": np.array([os.getpid()], dtype=np.int64),
+    }
