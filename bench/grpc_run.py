@@ -133,12 +133,7 @@ def check_answer(port: int, protocol: str, model: str, rows: int) -> int:
 
 
 def ensure_h2load() -> None:
-    if shutil.which("h2load"):
-        return
-    print("installing h2load (Debian package nghttp2-client)...", flush=True)
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True)
-    subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", "nghttp2-client"], check=True)
+    run.ensure_debian_tool("h2load", "nghttp2-client")
 
 
 def cpu_ticks(pid: int) -> int:

@@ -96,13 +96,18 @@ def sklearn_version(python: str) -> str:
     return out.stdout.strip()
 
 
-def ensure_wrk() -> None:
-    if shutil.which("wrk"):
+def ensure_debian_tool(command: str, package: str) -> None:
+    """Install Debian's ``package`` when ``command`` is not on the PATH (the load generators)."""
+    if shutil.which(command):
         return
-    print("installing wrk (Debian package)...", flush=True)
+    print(f"installing {command} (Debian package {package})...", flush=True)
     sudo = [] if os.geteuid() == 0 else ["sudo"]
     subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True)
-    subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", "wrk"], check=True)
+    subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", package], check=True)
+
+
+def ensure_wrk() -> None:
+    ensure_debian_tool("wrk", "wrk")
 
 
 def ensure_venv(name: str, packages: list[str]) -> str:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import requests
+from chromium_cdp import chromium
 from conftest import fit_regressor
 from hypothesis import HealthCheck, Phase, given, settings
 from servekit.server.pages.openapi import routes, template_of
@@ -123,16 +123,6 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server)
 
 
 # -- headless Chromium -------------------------------------------------------------------------------
-
-
-def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if not found:
-        pytest.skip(
-            "headless Chromium is not installed (Debian: apt-get install -y chromium; "
-            "scripts/test.sh installs it when run as root)"
-        )
-    return found
 
 
 def run_chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
