@@ -284,3 +284,33 @@ def test_concurrent_embeddings_requests_share_forward_passes(tmp_path):
         assert one["usage"] == other["usage"]
     too_long = client.post("/v1/embeddings", json={"input": "word " * 400})
     assert too_long.status_code == 400 and "at most 256" in too_long.json["error"]["message"]
+
+
+def test_streamed_text_joins_the_same_however_the_ids_arrive(gpt_dir):
+    """Bytes that do not (yet) make a character: the pieces join to the whole answer's text,
+    whether the scheduler hands the stream one id at a time or several together."""
+    from servekit_huggingface.causal import IncrementalText
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gpt_dir)
+    symbol = _byte_symbols()
+    raw = b"\\" + b"\x82\x98\xa7\xe2\xd2\xa7\xd2A\x98\x80\xe2\xf0" + b"quco"  # stray and split UTF-8 bytes
+    ids = tokenizer.convert_tokens_to_ids([symbol[b] for b in raw])
+    whole = IncrementalText.joined(tokenizer, ids)
+    for size in (1, 2, 3, 5, len(ids)):
+        text = IncrementalText(tokenizer)
+        pieces = [text.add(ids[i : i + size]) for i in range(0, len(ids), size)]
+        assert "".join(pieces) + text.rest() == whole, size
+    assert whole.startswith("\\") and whole.endswith("quco")
+
+
+def _byte_symbols() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols = {b: chr(b) for b in kept}
+    extra = 0
+    for b in range(256):
+        if b not in symbols:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return symbols

@@ -206,7 +206,7 @@ class CausalLM:
                 pass
         finally:
             seq.cancel()  # raised while waiting (unload, failure): the scheduler drops it
-        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        text = IncrementalText.joined(self.tokenizer, seq.tokens)  # as a stream of the same tokens says it
         return GenerationResult(text, seq.finish_reason, prompt_tokens, len(seq.tokens))
 
     def _streamed(self, seq: Sequence, prompt_tokens: int) -> Iterator[GenerationChunk]:
@@ -381,8 +381,19 @@ class IncrementalText:
         self.prefix = 0  # the window's start
         self.read = 0  # the window's end: ids before it are sent
 
+    @classmethod
+    def joined(cls, tokenizer: Any, ids: list[int]) -> str:
+        """The text a stream of ``ids`` sends in all: what a whole answer says, so both agree."""
+        text = cls(tokenizer)
+        return text.add(ids) + text.rest()
+
     def add(self, ids: list[int]) -> str:
-        self.ids.extend(ids)
+        """The text to send now, the ids taken one at a time (however many arrived together, the
+        pieces join to the same text)."""
+        return "".join(self._add(i) for i in ids)
+
+    def _add(self, id_: int) -> str:
+        self.ids.append(id_)
         sent, text = self._texts()
         # a character takes at most 4 bytes: past that, the replacement characters are the text
         whole = not text.endswith("\ufffd") or len(self.ids) - self.read > 4
