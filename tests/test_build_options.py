@@ -159,6 +159,7 @@ def test_pip_cert_must_exist_and_stay_out_of_the_context(folder, tmp_path, capsy
 # -- the project's own choices -------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_an_earlier_build_s_gpu_and_python_choices_hold(folder):
     assert context_only(folder, "--gpu", "--cuda-version", "12.4.1") == 0
     assert context_only(folder) == 0  # no --gpu: still the CUDA image
@@ -181,6 +182,7 @@ def test_device_cuda_makes_a_gpu_image(folder):
     assert "nvidia.com/gpu: 1" in (folder / "deploy" / "kubernetes.yaml").read_text()
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_servekit_yaml_build_settings_and_the_command_line_over_them(folder, tmp_path, capsys):
     cert = tmp_path / "company-ca.pem"
     cert.write_text("x")

@@ -366,6 +366,7 @@ def test_a_removed_version_stops_its_host_and_a_new_one_starts(tmp_path, serveki
         runtime.cleanup()
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_a_hung_call_in_a_batching_host_bounds_the_next_requests_too(tmp_path, servekit_app, monkeypatch):
     """One batch at a time: while a call hangs, later requests (on new connections) get 504 in time."""
     monkeypatch.setenv("SERVEKIT_REQUEST_TIMEOUT", "1")
@@ -384,6 +385,7 @@ def test_a_hung_call_in_a_batching_host_bounds_the_next_requests_too(tmp_path, s
         runtime.cleanup()
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_a_hung_model_call_is_bounded_by_the_request_timeout(tmp_path, servekit_app, monkeypatch):
     monkeypatch.setenv("SERVEKIT_REQUEST_TIMEOUT", "1")
     host_model(tmp_path, "hang")

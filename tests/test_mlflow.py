@@ -34,6 +34,7 @@ def test_xgboost_flavor_serves_through_the_xgboost_plugin(tmp_path, servekit_app
     assert r.status_code == 200 and len(r.get_json()["explanations"]) == len(ROWS)
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_lightgbm_flavor_booster_and_scikit_learn_estimator(tmp_path, servekit_app):
     lgb = pytest.importorskip("lightgbm")
     import mlflow.lightgbm

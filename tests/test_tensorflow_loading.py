@@ -119,6 +119,7 @@ def test_device_cpu_hides_gpus():
         _session_config(tf, "cpu", {"inter_op_parallelism_threads": "many"})
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_cuda_without_a_gpu_fails_the_load_with_the_reason(tmp_path, servekit_app):
     import tensorflow as tf
 

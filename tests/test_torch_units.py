@@ -155,6 +155,7 @@ def test_missing_gpus_fail_the_load_clearly(monkeypatch):
         tensors.resolve_device("cuda:x")
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_cuda_requested_without_cuda_reports_on_status(servekit_app, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -29,6 +29,7 @@ def test_mypy_finds_nothing():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # seconds of its own: out of the quick lane
 def test_the_configuration_catches_a_wrong_annotation(tmp_path):
     wrong = tmp_path / "wrong.py"
     wrong.write_text(
