@@ -13,7 +13,7 @@ import pytest
 import requests
 from chromium_cdp import chromium
 from conftest import fit_regressor
-from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis_run import fuzz_operations
 from servekit.server.pages.openapi import routes, template_of
 from servekit.testing import ServerProcess
 
@@ -89,35 +89,14 @@ EXAMPLES = 12  # per operation: about 650 requests, well under two minutes
 
 
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_schema(server):
-    # schemathesis' own pytest fixture loader needs pytest internals that pytest 9 dropped,
-    # so each operation's strategy runs under hypothesis here
     loaded = schemathesis.openapi.from_url(server.url + "/openapi.json")
     # load/unload change what is served (an unloaded model answers 503 by design)
     loaded = loaded.exclude(path_regex=r"^/v2/repository/models/")
-    failures: list[str] = []
-    calls = {"n": 0}
     operations = [result.ok() for result in loaded.get_all_operations()]
-
-    for operation in operations:
-
-        @given(case=operation.as_strategy())
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.explicit, Phase.generate],
-        )
-        def check(case):
-            calls["n"] += 1
-            case.call_and_validate(checks=CHECKS, timeout=30)
-
-        try:
-            check()
-        except Exception as exc:  # keep going: report every operation that fails
-            failures.append(f"{operation.method.upper()} {operation.path}: {str(exc)[:1500]}")
-    print(f"\nschemathesis: {len(operations)} operations, {calls['n']} requests, {len(failures)} failing")
+    failures, sent = fuzz_operations(
+        operations, lambda case: case.call_and_validate(checks=CHECKS, timeout=30), EXAMPLES
+    )
+    print(f"\nschemathesis: {len(operations)} operations, {sent} requests, {len(failures)} failing")
     assert len(operations) > 40
     assert not failures, "\n\n".join(failures)
 

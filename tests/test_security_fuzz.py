@@ -22,7 +22,7 @@ import grpc
 import pytest
 import requests
 from conftest import fit_regressor
-from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis_run import fuzz_operations
 from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -91,32 +91,14 @@ def test_schemathesis_over_every_operation_with_tls_and_keys(server, pki):
     loaded = schemathesis.openapi.from_dict(document)
     operations = [result.ok() for result in loaded.get_all_operations()]
     operations.sort(key=lambda op: op.path.startswith("/v2/repository/"))  # model control last
-    failures: list[str] = []
-    calls = {"n": 0}
-    for operation in operations:
-
-        @given(case=operation.as_strategy())
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            phases=[Phase.explicit, Phase.generate],
-        )
-        def check(case):
-            calls["n"] += 1
-            case.call_and_validate(
-                base_url=server.url, headers=_auth(), checks=CHECKS, timeout=30, verify=str(pki["ca"])
-            )
-
-        try:
-            check()
-        except BaseException as exc:  # keep going (hypothesis raises exception groups): report every failure
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            failures.append(f"{operation.method.upper()} {operation.path}: {str(exc)[:1500]}")
-    print(f"\nschemathesis: {len(operations)} operations, {calls['n']} requests, {len(failures)} failing")
+    failures, sent = fuzz_operations(
+        operations,
+        lambda case: case.call_and_validate(
+            base_url=server.url, headers=_auth(), checks=CHECKS, timeout=30, verify=str(pki["ca"])
+        ),
+        EXAMPLES,
+    )
+    print(f"\nschemathesis: {len(operations)} operations, {sent} requests, {len(failures)} failing")
     assert len(operations) > 40
     assert not failures, "\n\n".join(failures)
 
