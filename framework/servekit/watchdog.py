@@ -40,7 +40,6 @@ class Guard:
         self.deadline = deadline
         self.timeout = timeout
         self.fired = False
-        self.done = False
         self.cuts = False  # the watchdog can cut the read (it holds the socket)
         self.key = 0  # its place in the watchdog's queue
 
@@ -78,17 +77,15 @@ class Watchdog:
         """A forked child has none of its parent's threads: its first watch starts one."""
         self._thread = None
         self._lock = threading.Lock()
+        self._wake = threading.Event()
 
     def watch(self, timeout: float, cut: Callable[[], None]) -> Guard:
         """Call ``cut`` once ``timeout`` seconds pass, unless :meth:`release` comes first."""
         guard = Guard(time.monotonic() + timeout, timeout)
         guard.key = next(self._count)
         with self._lock:
-            queue = self._queues.get(timeout)
-            new = queue is None
-            if queue is None:
-                queue = self._queues[timeout] = OrderedDict()
-            queue[guard.key] = (guard, cut)
+            new = timeout not in self._queues
+            self._queues.setdefault(timeout, OrderedDict())[guard.key] = (guard, cut)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="servekit-watchdog", daemon=True)
                 self._thread.start()
@@ -97,16 +94,15 @@ class Watchdog:
         return guard
 
     def release(self, guard: Guard) -> None:
-        guard.done = True
         with self._lock:
-            queue = self._queues.get(guard.timeout)
-            if queue is not None:
-                queue.pop(guard.key, None)
+            entries = self._queues.get(guard.timeout)
+            if entries is not None:
+                entries.pop(guard.key, None)
 
     def watched(self) -> int:
         """How many reads are under a deadline now (for tests)."""
         with self._lock:
-            return sum(len(queue) for queue in self._queues.values())
+            return sum(len(entries) for entries in self._queues.values())
 
     @contextlib.contextmanager
     def guard(self, environ: dict, timeout: float) -> Iterator[Guard]:
@@ -137,13 +133,13 @@ class Watchdog:
         due: list[Callable[[], None]] = []
         wait = float("inf")
         with self._lock:
-            for timeout, queue in self._queues.items():
-                while queue:
-                    guard, cut = next(iter(queue.values()))
+            for timeout, entries in self._queues.items():
+                while entries:
+                    guard, cut = next(iter(entries.values()))
                     if guard.deadline is not None and guard.deadline > now:
                         wait = min(wait, guard.deadline - now)
                         break
-                    queue.popitem(last=False)
+                    entries.popitem(last=False)
                     guard.fired = True
                     due.append(cut)
                 else:  # nothing watched: an entry set from now on is due ``timeout`` later at the soonest
