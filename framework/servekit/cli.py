@@ -26,21 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("--plugin", action="append", default=[], help="also load this plugin module or file")
     listing.add_argument("--json", action="store_true", help="print JSON")
 
-    from . import log_commands, scaffold
+    from . import log_commands, scaffold_cli
 
-    scaffold.add_commands(sub)
+    scaffold_cli.add_commands(sub)
     log_commands.add_commands(sub)
     from . import tfserving_cli  # `servekit tfserving`: tensorflow_model_server's flags
 
     tfserving = tfserving_cli.add_command(sub)
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(scaffold.joined_option_values(argv) if "build" in argv else argv)
+    args = parser.parse_args(scaffold_cli.joined_option_values(argv) if "build" in argv else argv)
     if args.command == "tfserving":
         return tfserving(args)
     if args.command == "serve":
         return _serve(args)
-    if args.command in scaffold.COMMANDS:
-        return scaffold.run_command(args)
+    if args.command in scaffold_cli.COMMANDS:
+        return scaffold_cli.run_command(args)
     if args.command in log_commands.COMMANDS:
         return log_commands.run_command(args)
     return _plugins(args)
