@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from . import pipeline
+from . import pipeline, triton_model_config
 from .types import BatchingConfig, ModelConfig, SequenceConfig
 
 CONFIG_FILE = "servekit.yaml"
@@ -51,6 +51,13 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"{CONFIG_FILE}: cannot read it: {exc.strerror}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
+    if "batching" not in raw:
+        try:  # a Triton folder: its config.pbtxt's dynamic_batching
+            batching = triton_model_config.batching(triton_model_config.read(model_dir))
+        except triton_model_config.TritonConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if batching is not None:
+            raw = {**raw, "batching": batching}
     if "pipeline" not in raw:
         try:  # a Triton ensemble: its config.pbtxt says the pipeline
             ensemble = pipeline.from_triton_config(model_dir)

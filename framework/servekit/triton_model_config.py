@@ -10,7 +10,9 @@ A Triton model repository entry keeps its model configuration in
   ``metadata`` hook): its ``input`` and ``output``, with a leading ``-1`` for the
   batch dimension when ``max_batch_size`` is above 0, as Triton reports them;
 - whether the model has a batch dimension (:func:`batch_size`), which Triton's
-  classification extension ranks row by row.
+  classification extension ranks row by row;
+- the model's batching when ``servekit.yaml`` has no ``batching:``:
+  ``dynamic_batching`` turns servekit's adaptive batching on (:func:`batching`).
 
 The text format is read without the protobuf schema (:mod:`servekit.pbtxt`), so
 the HTTP server needs no ``grpc`` extra; what the schema would say is restored
@@ -134,6 +136,22 @@ def batch_size(mv: Any) -> int:
         return batching
     doc = of_version(mv) or {}
     return max(0, _int(doc.get("max_batch_size", 0)))
+
+
+def batching(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``batching:`` of ``servekit.yaml`` a configuration's ``dynamic_batching`` stands for (``None``: none).
+
+    Triton combines requests only with ``dynamic_batching``, up to ``max_batch_size``
+    rows, waiting at most ``max_queue_delay_microseconds``; without a batch
+    dimension (``max_batch_size`` 0) it has nothing to combine along.
+    """
+    if not doc or not isinstance(doc.get("dynamic_batching"), dict):
+        return None
+    size = _int(doc.get("max_batch_size", 0))
+    if size <= 0:
+        return None
+    delay_us = _int(doc["dynamic_batching"].get("max_queue_delay_microseconds", 0))
+    return {"max_batch_size": size, "max_batch_time_ms": delay_us / 1000.0}
 
 
 # -- metadata -----------------------------------------------------------------------------
