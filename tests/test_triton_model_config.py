@@ -186,6 +186,22 @@ def test_dynamic_batching_in_the_folder_turns_batching_on(image_repo, servekit_a
     assert config["dynamic_batching"] == {"preferred_batch_size": [4], "max_queue_delay_microseconds": 500}
 
 
+def test_sequence_batching_is_answered_for_a_sequence_model_only(image_repo, servekit_app):
+    shutil.copytree(MODELS / "simple_sequence", image_repo / "simple_sequence")
+    (image_repo / "simple_sequence" / "servekit.yaml").write_text("sequence: {max_idle_ms: 2500}\nplacement: worker\n")
+    (image_repo / "simple_sequence" / "config.pbtxt").write_text(
+        "sequence_batching { max_sequence_idle_microseconds: 1000 oldest { max_candidate_sequences: 4 } }\n"
+    )
+    (image_repo / "simple" / "config.pbtxt").write_text("sequence_batching { max_sequence_idle_microseconds: 1000 }\n")
+    client = servekit_app(image_repo)
+    sequence = client.get("/v2/models/simple_sequence/config").get_json()
+    assert sequence["sequence_batching"] == {
+        "max_sequence_idle_microseconds": 2500000,
+        "oldest": {"max_candidate_sequences": 4},
+    }
+    assert "sequence_batching" not in client.get("/v2/models/simple/config").get_json()  # servekit keeps no state
+
+
 def test_metadata_checks_requests_against_the_configuration(image_repo, servekit_app):
     client = servekit_app(image_repo)
     wrong = {"inputs": [{"name": "data_0", "shape": [3, 2, 2], "datatype": "FP32", "data": [0.0] * 12}]}

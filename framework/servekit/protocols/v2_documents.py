@@ -237,8 +237,8 @@ def model_configuration(dp: DataPlane, name: str, version: str | None) -> dict[s
     The folder's ``config.pbtxt``, when it has one, is the document: every field
     it holds is answered. servekit lays over it what it decides itself: the
     model's name, ``version_policy``, ``max_batch_size`` and ``dynamic_batching``
-    while it batches the model, ``sequence_batching``'s idle time for a sequence
-    model; ``input`` and ``output`` come from the model's metadata when the file
+    while it batches the model, ``sequence_batching`` (with its idle time) for a
+    sequence model only; ``input`` and ``output`` come from the model's metadata when the file
     lists none. With a batch dimension (``max_batch_size`` above 0) ``dims``
     leave it out, as Triton's do.
     """
@@ -264,7 +264,10 @@ def model_configuration(dp: DataPlane, name: str, version: str | None) -> dict[s
         "output": [{"data_type": "TYPE_INVALID", "dims": [], **t} for t in outputs],
     }
     document.update((key, value) for key, value in base.items() if key not in document)
-    document.pop("dynamic_batching", None)  # servekit's batching says whether requests are combined
+    # how requests are scheduled is servekit's to say: its batching, its sequences
+    document.pop("dynamic_batching", None)
+    if config.sequence is None:
+        document.pop("sequence_batching", None)
     scheduled = "sequence_batching" in document or "ensemble_scheduling" in document
     if config.batching.max_batch_size > 1 and not scheduled:
         delay_us = int(config.batching.max_batch_time_ms * 1000)
