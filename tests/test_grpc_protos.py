@@ -143,10 +143,14 @@ def test_v2_matches_tritonclient():
     assert stream.client_streaming and stream.server_streaming
     reference_messages = messages(triton.DESCRIPTOR)
     for name, msg in messages(grpc_service_pb2.DESCRIPTOR).items():
-        expected = field_table(reference_messages[name])
-        if msg.file.name.endswith("model_config.proto"):  # the part of Triton's config servekit fills
-            expected = {k: v for k, v in expected.items() if k in field_table(msg)}
-        assert field_table(msg) == expected, name
+        mine = field_table(msg)
+        if msg.file.name.endswith("model_config.proto"):
+            # Triton's whole model configuration, as its latest release has it: an older
+            # tritonclient lacks the newest messages and fields, the ones it has must match
+            if name not in reference_messages:
+                continue
+            mine = {k: v for k, v in mine.items() if k in field_table(reference_messages[name])}
+        assert mine == field_table(reference_messages[name]), name
 
 
 def test_messages_cross_parse_with_the_public_classes():

@@ -29,13 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from . import pbtxt
+from . import triton_model_config
 from .errors import BadRequest
 
 #: Triton ranks these datatypes; any other is refused as it refuses it.
 RANKED_KINDS = "iuf"
 LABEL_FILE = "labels.txt"
-CONFIG_FILE = "config.pbtxt"
 
 
 def top_classes(arr: np.ndarray, count: int, *, batched: bool, labels: list[str] | None = None) -> np.ndarray:
@@ -84,8 +83,8 @@ def labels_for(mv: Any, output: str, spec_labels: list[str] | None) -> list[str]
 
 
 def _find_labels(mv: Any, output: str, spec_labels: list[str] | None) -> list[str] | None:
-    folder = Path(mv.config.base_path) if mv.config.base_path else Path(mv.path).parent
-    named = config_label_files(folder).get(output)
+    folder = triton_model_config.model_folder(mv)
+    named = config_label_files(triton_model_config.of_version(mv)).get(output)
     if named is not None:
         return read_label_file(folder / named)
     if spec_labels is not None:
@@ -96,20 +95,10 @@ def _find_labels(mv: Any, output: str, spec_labels: list[str] | None) -> list[st
     return None
 
 
-def config_label_files(folder: Path) -> dict[str, str]:
-    """Output name -> ``label_filename`` from the folder's Triton ``config.pbtxt``."""
-    path = folder / CONFIG_FILE
-    if not path.is_file():
-        return {}
-    try:
-        doc = pbtxt.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, pbtxt.ParseError):
-        return {}
-    found = {}
-    for output in pbtxt.repeated(doc, "output"):
-        if isinstance(output, dict) and output.get("label_filename") and output.get("name"):
-            found[str(output["name"])] = str(output["label_filename"])
-    return found
+def config_label_files(config: dict[str, Any] | None) -> dict[str, str]:
+    """Output name -> ``label_filename`` from a folder's Triton configuration (:mod:`.triton_model_config`)."""
+    outputs = (config or {}).get("output", [])
+    return {str(o["name"]): str(o["label_filename"]) for o in outputs if o.get("label_filename") and o.get("name")}
 
 
 def read_label_file(path: Path) -> list[str]:

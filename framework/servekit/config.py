@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from . import pipeline
+from . import pipeline, triton_model_config
 from .types import BatchingConfig, ModelConfig, SequenceConfig
 
 CONFIG_FILE = "servekit.yaml"
@@ -51,13 +51,16 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"{CONFIG_FILE}: cannot read it: {exc.strerror}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
-    if "pipeline" not in raw:
-        try:  # a Triton ensemble: its config.pbtxt says the pipeline
-            ensemble = pipeline.from_triton_config(model_dir)
-        except pipeline.PipelineError as exc:
-            raise ConfigError(str(exc)) from None
-        if ensemble is not None:
-            raw = {**raw, "pipeline": ensemble}
+    try:  # a Triton folder: its config.pbtxt's dynamic_batching, or the pipeline of an ensemble
+        triton = triton_model_config.read(model_dir)
+        batching = triton_model_config.batching(triton)
+        ensemble = pipeline.from_triton_config(triton)
+    except (triton_model_config.TritonConfigError, pipeline.PipelineError) as exc:
+        raise ConfigError(str(exc)) from None
+    if batching is not None and "batching" not in raw:
+        raw = {**raw, "batching": batching}
+    if ensemble is not None and "pipeline" not in raw:
+        raw = {**raw, "pipeline": ensemble}
     return raw
 
 

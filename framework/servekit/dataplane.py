@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, classification, pipeline, sequences, statistics
+from . import batching, classification, pipeline, sequences, statistics, triton_model_config
 from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError, UnknownModel
 from .inference import InferRequest
 from .observability import labels, load, tracing
@@ -553,7 +553,7 @@ def classified(mv: ModelVersion, request: InferRequest, outputs: dict[str, Any])
         return outputs
     signature = mv.metadata.signature(request.signature_name)
     specs = {spec.name: spec for spec in signature.outputs} if signature is not None else {}
-    batched = mv.config.batching.max_batch_size > 0
+    batched = triton_model_config.batch_size(mv) > 0  # the batch dimension Triton's configuration reports
     out = dict(outputs)
     for name, count in wanted.items():
         spec = specs.get(name)

@@ -31,10 +31,9 @@ version folder) maps onto the same: ``input_map``/``output_map`` are a step's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from . import pbtxt
+from . import triton_model_config
 from .errors import BadRequest
 from .types import ModelMetadata, Signature, TensorSpec
 
@@ -196,44 +195,39 @@ def described(pipeline: Pipeline, metadata_of: Any) -> Pipeline:
 # -- Triton's ensembles -----------------------------------------------------------------------
 
 
-def from_triton_config(folder: Path) -> dict[str, Any] | None:
-    """The ``pipeline:`` a Triton ensemble ``config.pbtxt`` in ``folder`` stands for (``None``: not one)."""
-    path = folder / TRITON_CONFIG
-    if not path.is_file():
+def from_triton_config(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``pipeline:`` a Triton ensemble configuration stands for (``None``: not one).
+
+    ``doc`` is the folder's ``config.pbtxt`` as :func:`servekit.triton_model_config.read` gives it.
+    """
+    if not doc or doc.get("platform") != "ensemble":
         return None
-    try:
-        doc = pbtxt.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, pbtxt.ParseError) as exc:
-        raise PipelineError(f"{TRITON_CONFIG}: cannot be read: {exc}") from None
-    if doc.get("platform") != "ensemble":
-        return None
-    batched = int(doc.get("max_batch_size", 0) or 0) > 0
     scheduling = doc.get("ensemble_scheduling")
     if not isinstance(scheduling, dict):
         raise PipelineError(f"{TRITON_CONFIG}: an ensemble needs ensemble_scheduling")
     steps = []
-    for step in pbtxt.repeated(scheduling, "step"):
+    for step in scheduling.get("step", []):
         version = int(step.get("model_version", -1))
         steps.append(
             {
                 "model": step.get("model_name"),
                 **({"version": version} if version > 0 else {}),
-                "inputs": _pairs(step, "input_map"),
-                "outputs": _pairs(step, "output_map"),
+                "inputs": _names(step.get("input_map")),
+                "outputs": _names(step.get("output_map")),
             }
         )
+    meta = triton_model_config.metadata(doc)
+    signature = meta.signature() if meta is not None else None
     return {
-        "inputs": [_triton_tensor(t, batched) for t in pbtxt.repeated(doc, "input")],
-        "outputs": [_triton_tensor(t, batched) for t in pbtxt.repeated(doc, "output")],
+        "inputs": [_tensor(t) for t in (signature.inputs if signature else [])],
+        "outputs": [_tensor(t) for t in (signature.outputs if signature else [])],
         "steps": steps,
     }
 
 
-def _pairs(step: dict[str, Any], key: str) -> dict[str, str]:
-    return {str(entry.get("key")): str(entry.get("value")) for entry in pbtxt.repeated(step, key)}
+def _names(mapping: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in mapping.items()} if isinstance(mapping, dict) else {}
 
 
-def _triton_tensor(tensor: dict[str, Any], batched: bool) -> dict[str, Any]:
-    dims = [int(d) for d in pbtxt.repeated(tensor, "dims")]
-    datatype = str(tensor.get("data_type", "TYPE_INVALID")).removeprefix("TYPE_").replace("STRING", "BYTES")
-    return {"name": str(tensor.get("name")), "datatype": datatype, "shape": ([-1] if batched else []) + dims}
+def _tensor(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": spec.shape}

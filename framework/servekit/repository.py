@@ -23,7 +23,7 @@ from typing import Any
 
 import pluggy
 
-from . import pipeline, plugins
+from . import pipeline, plugins, triton_model_config
 from .config import ConfigError, parse_model_config
 from .control.plan import UNLOADED, Planner, config_key
 from .errors import BadRequest, NotFound, NotReady, ServekitError, UnknownModel, malformed_version
@@ -420,7 +420,11 @@ class ModelRepository:
         except Exception:
             log.exception("metadata hook failed for %s version %d", mv.name, mv.version)
             meta = None
-        return meta if isinstance(meta, ModelMetadata) else ModelMetadata()
+        if isinstance(meta, ModelMetadata) and meta.signatures:
+            return meta
+        # a model without metadata of its own: the folder's Triton config.pbtxt says its tensors
+        configured = triton_model_config.metadata(triton_model_config.of_version(mv))
+        return configured or (meta if isinstance(meta, ModelMetadata) else ModelMetadata())
 
     def _manager_for(self, model: Model, path: Path) -> pluggy.PluginManager:
         model_py = path / "model.py"

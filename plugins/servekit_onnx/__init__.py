@@ -2,8 +2,9 @@
 
 The graph's own inputs and outputs are the model's metadata: names, datatypes
 and shapes, with dynamic dimensions (``batch``, ``N``, unnamed) as ``-1``; a
-Triton model repository (``NAME/VERSION/model.onnx``) serves unchanged, its
-``config.pbtxt`` unread.  ``servekit.yaml``'s ``device`` picks the execution
+Triton model repository (``NAME/VERSION/model.onnx``) serves unchanged (the
+core reads its ``config.pbtxt``: the V2 configuration document, ``dynamic_batching``,
+label files; the graph still gives the tensors).  ``servekit.yaml``'s ``device`` picks the execution
 provider: ``cuda``/``cuda:N`` needs ONNX Runtime's CUDA provider (the
 ``onnxruntime-gpu`` package) and a GPU, ``auto`` takes CUDA when both are
 there, CPU otherwise.  Each session's intra-op threads are the worker's share

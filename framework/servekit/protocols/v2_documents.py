@@ -9,8 +9,9 @@ cannot drift apart:
 - Triton's statistics extension: counts and cumulative nanoseconds per model
   version (:mod:`servekit.statistics` says what each one measures and how the
   gunicorn workers' numbers are summed);
-- Triton's model configuration extension, derived from the model's metadata
-  and ``servekit.yaml``.
+- Triton's model configuration extension: the folder's ``config.pbtxt``
+  (:mod:`servekit.triton_model_config`) with the model's metadata and
+  ``servekit.yaml`` laid over it.
 
 tritonclient's ``get_inference_statistics`` and ``get_model_config`` read the
 last two (Triton's example clients do after inferring).
@@ -22,7 +23,7 @@ import base64
 import binascii
 from typing import Any
 
-from .. import __version__, statistics
+from .. import __version__, statistics, triton_model_config
 from ..dataplane import DataPlane
 from ..errors import BadRequest, NotFound, malformed_version
 from ..repository import Model, State
@@ -233,26 +234,47 @@ CONFIG_TYPES = {
 def model_configuration(dp: DataPlane, name: str, version: str | None) -> dict[str, Any]:
     """Triton's model configuration of a served model version (the latest when none is named).
 
-    ``max_batch_size`` is the model's adaptive batching size (0: off); with
-    batching on, ``dims`` leave out the batch dimension, as Triton's do.
+    The folder's ``config.pbtxt``, when it has one, is the document: every field
+    it holds is answered. servekit lays over it what it decides itself: the
+    model's name, ``version_policy``, ``max_batch_size`` and ``dynamic_batching``
+    while it batches the model, ``sequence_batching`` (with its idle time) for a
+    sequence model only; ``input`` and ``output`` come from the model's metadata when the file
+    lists none. With a batch dimension (``max_batch_size`` above 0) ``dims``
+    leave it out, as Triton's do.
     """
     mv = dp.resolve(name, version_number(version))
     config: ModelConfig = mv.config
-    batch = max(0, config.batching.max_batch_size)
-    platform = mv.metadata.platform
+    base = triton_model_config.of_version(mv) or {}
+    batch = triton_model_config.batch_size(mv)
     signature = mv.metadata.signature()
+    if "platform" in base or "backend" in base:
+        platform, backend = str(base.get("platform", "")), str(base.get("backend", ""))
+    else:
+        platform = mv.metadata.platform
+        backend = platform or "python"
+    inputs = base.get("input") or [_tensor(t, batch, with_format=True) for t in (signature.inputs if signature else [])]
+    outputs = base.get("output") or [_tensor(t, batch) for t in (signature.outputs if signature else [])]
     document: dict[str, Any] = {
         "name": name,
         "platform": platform,
-        "backend": platform or "python",
+        "backend": backend,
         "version_policy": version_policy(config.version_policy),
         "max_batch_size": batch,
-        "input": [_tensor(t, batch, with_format=True) for t in (signature.inputs if signature else [])],
-        "output": [_tensor(t, batch) for t in (signature.outputs if signature else [])],
+        "input": [{"data_type": "TYPE_INVALID", "format": "FORMAT_NONE", "dims": [], **t} for t in inputs],
+        "output": [{"data_type": "TYPE_INVALID", "dims": [], **t} for t in outputs],
     }
-    if batch > 1:
+    document.update((key, value) for key, value in base.items() if key not in document)
+    # how requests are scheduled is servekit's to say: its batching, its sequences
+    document.pop("dynamic_batching", None)
+    if config.sequence is None:
+        document.pop("sequence_batching", None)
+    scheduled = "sequence_batching" in document or "ensemble_scheduling" in document
+    if config.batching.max_batch_size > 1 and not scheduled:
         delay_us = int(config.batching.max_batch_time_ms * 1000)
-        document["dynamic_batching"] = {"max_queue_delay_microseconds": delay_us}
+        document["dynamic_batching"] = {**base.get("dynamic_batching", {}), "max_queue_delay_microseconds": delay_us}
+    if config.sequence is not None and "ensemble_scheduling" not in document:
+        idle_us = int(config.sequence.max_idle_ms * 1000)
+        document["sequence_batching"] = {**base.get("sequence_batching", {}), "max_sequence_idle_microseconds": idle_us}
     return document
 
 

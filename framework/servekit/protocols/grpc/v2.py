@@ -27,7 +27,7 @@ from google.protobuf import json_format
 
 from ...codecs import v2_grpc as codec
 from ...dataplane import DataPlane
-from ...errors import BadRequest, NotFound, NotReady, ServekitError
+from ...errors import BadRequest, ModelFailure, NotFound, NotReady, ServekitError
 from ...model_control import require_model_control
 from ...observability import tracing
 from ...repository import ModelVersion
@@ -140,7 +140,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @rpc
     def ModelConfig(self, request: pb.ModelConfigRequest, context):
         document = documents.model_configuration(self.dp, request.name, request.version)
-        return pb.ModelConfigResponse(config=json_format.ParseDict(document, model_config_pb2.ModelConfig()))
+        try:
+            config = json_format.ParseDict(document, model_config_pb2.ModelConfig())
+        except json_format.ParseError as exc:  # a config.pbtxt field of the wrong kind
+            raise ModelFailure(f"the configuration of {request.name!r} is not a Triton ModelConfig: {exc}") from None
+        return pb.ModelConfigResponse(config=config)
 
     @rpc
     def ModelStatistics(self, request: pb.ModelStatisticsRequest, context):

@@ -1,0 +1,1 @@
+../../inception_graphdef/1/model.py
