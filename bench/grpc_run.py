@@ -3,6 +3,7 @@
     python bench/grpc_run.py                      # everything (about 10 minutes on 2 cores)
     python bench/grpc_run.py --only servekit,kserve --duration 2
     python bench/grpc_run.py --before OLD_TREE   # beside an earlier tree: git archive OLD framework plugins | tar -x -C OLD_TREE
+    python bench/grpc_run.py --rows 1 --only servekit,mlserver,mlserver-batch,kserve   # the issue's target cells
 
 Run it with servekit's Python (it builds the protobuf bodies with servekit's
 messages); the peers' virtualenvs are bench/run.py's (``bench/.venvs``, built by
@@ -446,6 +447,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated server names")
     parser.add_argument("--port", type=int, default=18800)
     parser.add_argument("--before", type=Path, help="an earlier tree (framework/, plugins/) to run as servekit-before")
+    parser.add_argument("--rows", default="1,100", help="rows per request to measure, comma-separated (default 1,100)")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "", help="py-spy to profile with")
     args = parser.parse_args()
     ensure_h2load()
@@ -456,6 +458,9 @@ def main() -> None:
         WORK.mkdir(parents=True, exist_ok=True)
         subprocess.run([sk, str(HERE / "models.py"), str(WORK)], check=True)
     servers = lineup(sk, args.port, args.before)
+    rows = {int(r) for r in args.rows.split(",")}
+    for _server, _port, plan in servers:
+        plan["rows"] = tuple(r for r in plan["rows"] if r in rows)
     if args.only:
         wanted = {n.strip() for n in args.only.split(",")}
         servers = [s for s in servers if s[0].name in wanted or (s[0].name == "servekit-big" and "big" in wanted)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -166,3 +167,31 @@ def test_concurrent_calls_each_get_their_own_answer(dataplane):
             assert "not a valid message" in info.value.details()
     finally:
         server.stop(None)
+
+
+@pytest.mark.slow
+def test_max_connection_age_makes_a_client_reconnect_without_failing_a_call(dataplane):
+    """--grpc-channel-arguments reaches the server: with a connection age the server sends
+    GOAWAY and the client's channel connects again (so it may land on another worker),
+    while every call on it still succeeds."""
+    arguments = "grpc.max_connection_age_ms=300,grpc.max_connection_age_grace_ms=5000"
+    server, port = build_server(
+        dataplane, Settings(host="127.0.0.1", grpc_port=0, grpc_threads=2, grpc_channel_arguments=arguments)
+    )
+    states: list[grpc.ChannelConnectivity] = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            channel.subscribe(states.append, try_to_connect=True)
+            stub = v2_grpc.GRPCInferenceServiceStub(channel)
+            request = v2.ModelInferRequest(model_name="echo")
+            request.inputs.add(name="x", datatype="FP32", shape=[1])
+            request.raw_input_contents.append(np.ones(1, dtype="<f4").tobytes())
+            deadline = time.monotonic() + 1.5
+            calls = 0
+            while time.monotonic() < deadline:
+                stub.ModelInfer(request, timeout=30)
+                calls += 1
+    finally:
+        server.stop(None)
+    assert calls > 10
+    assert states.count(grpc.ChannelConnectivity.READY) >= 2, states
