@@ -1,0 +1,222 @@
+"""The request log's spool: what a process answered is in the store once, even after ``kill -9``.
+
+A real child process spools records while its shipping is held up (as by a slow
+database), is killed with SIGKILL, and another process sharing the spool folder
+ships them: every record once, with SQLite and with PostgreSQL, after a partial
+ship too.  A server killed right after its answers has every answered row in
+the store once its replacement starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+from generative_models import STREAM_MODEL_PY, write_model
+from postgres_server import start_postgres
+from servekit.observability import log_spool
+from servekit.observability.log_spool import Spool
+from servekit.observability.log_store import Query, SqlRequestLog, open_backend
+from servekit.testing import ServerProcess
+from servekit.types import RequestLog
+
+#: a process that spools ``count`` records, ships the first ``ship_first`` of them, and then
+#: never gets through to the store again (its shipper blocks), until it is killed
+CHILD = textwrap.dedent(
+    """
+    import sys, threading, time
+    from servekit.observability.log_store import SqlRequestLog
+    from servekit.types import PredictionLog, RequestLog
+
+    url, spool, count, ship_first = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    store = SqlRequestLog(url, spool=spool)
+    write, shipped = store.backend.write, [0]
+
+    def ship(records):
+        if shipped[0] >= ship_first:
+            threading.Event().wait()  # the store is away: this process never ships again
+        take = records[: ship_first - shipped[0]]
+        write(take)
+        shipped[0] += len(take)
+        if len(take) < len(records):
+            threading.Event().wait()
+
+    store.spool.ship = ship
+    for i in range(count):
+        store.log_request(RequestLog(
+            f"r{i}", f"q{i}", 1e6 + i, "POST", "/v2/models/m/infer", "v2", "m", 200, 1.0, "{}", "{}",
+            [PredictionLog(f"p{i}-{k}", k, "[1]") for k in range(2)],
+        ))
+    while shipped[0] < ship_first:
+        time.sleep(0.01)
+    print("spooled", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def spool_and_kill(url: str, spool: Path, count: int, ship_first: int = 0) -> None:
+    """Run CHILD until it has spooled ``count`` records (shipped ``ship_first``), then SIGKILL it."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, str(spool), str(count), str(ship_first)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "spooled\n"
+        assert len(list(spool.glob("*.lock"))) == 1  # alive: its lock is held, nobody takes its files
+        assert Spool(spool, open_backend(url).write).adopt() == 0
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+
+
+def ids(url: str) -> tuple[Counter, Counter]:
+    """How many times each request log id and each prediction log id is in the store."""
+    backend = open_backend(url)
+    found = backend.search(Query(limit=100_000))
+    predictions = Counter(p.prediction_log_id for r in found for p in backend.get(r.request_log_id).predictions)
+    return Counter(r.request_log_id for r in found), predictions
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory):
+    url, stop = start_postgres(tmp_path_factory.mktemp("postgres"))
+    yield url
+    stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+def store_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'logs.db'}"
+    url = request.getfixturevalue("postgres")
+    open_backend(url)  # the tables
+    import sqlalchemy as sa
+
+    with sa.create_engine(url).begin() as db:  # a clean store for each test
+        db.execute(sa.text("TRUNCATE servekit_request_logs, servekit_prediction_logs"))
+    return url
+
+
+def test_kill_9_with_records_in_the_spool_ships_them_all_once(store_url, tmp_path):
+    spool = tmp_path / "spool"
+    spool_and_kill(store_url, spool, count=1200)
+    assert ids(store_url)[0] == Counter()  # nothing reached the store before the kill
+
+    # another process sharing the folder takes the dead one's files over
+    taker = SqlRequestLog(store_url, spool=spool)
+    assert taker.spool.adopt() == 1200
+    requests_, predictions = ids(store_url)
+    assert requests_ == Counter({f"r{i}": 1 for i in range(1200)})
+    assert predictions == Counter({f"p{i}-{k}": 1 for i in range(1200) for k in range(2)})
+    assert sorted(p.name for p in spool.iterdir()) == []  # shipped: the files are gone
+    assert taker.spool.adopt() == 0
+
+
+def test_a_replay_after_a_partial_ship_writes_no_row_twice(store_url, tmp_path):
+    spool = tmp_path / "spool"
+    spool_and_kill(store_url, spool, count=700, ship_first=300)  # the first batch reached the store
+    before = open_backend(store_url).get("r10")
+    assert before is not None and len(ids(store_url)[0]) == 300
+
+    # a line cut by the kill (the process died inside write(2)) is left out, the rest shipped
+    (segment,) = spool.glob("*.log")
+    with open(segment, "ab") as f:
+        f.write(b'{"request_log_id":"cut')
+    assert SqlRequestLog(store_url, spool=spool).spool.adopt() == 700  # all 700 again
+    requests_, predictions = ids(store_url)
+    assert requests_ == Counter({f"r{i}": 1 for i in range(700)})
+    assert max(predictions.values()) == 1 and len(predictions) == 1400
+    assert open_backend(store_url).get("r10") == before  # the row written first is left as it was
+
+
+def test_segments_rotate_and_each_is_deleted_once_shipped(tmp_path, monkeypatch):
+    monkeypatch.setattr(log_spool, "SEGMENT_BYTES", 4096)
+    url = f"sqlite:///{tmp_path / 'logs.db'}"
+    store = SqlRequestLog(url, spool=tmp_path / "spool")
+    for i in range(300):
+        store.log_request(RequestLog(f"r{i}", "", 1e6 + i, "POST", "/p", "v1", "m", 200, 1.0, "{}", "x" * 100))
+    assert store.flush()
+    assert store.spool._seq > 5  # it rotated
+    # the one being written is left, and the lock; every shipped segment is gone
+    assert sorted(p.suffix for p in (tmp_path / "spool").iterdir()) == [".lock", ".log"]
+    assert len(ids(url)[0]) == 300
+    store.spool.close()
+    assert list((tmp_path / "spool").iterdir()) == []
+
+
+def test_the_default_spool_folder():
+    assert log_spool.default_folder("sqlite:////var/log/s/requests.db?timeout=3") == Path(
+        "/var/log/s/requests.db-spool"
+    )
+    one = log_spool.default_folder("postgresql+psycopg://u@db/servekit")
+    assert one == log_spool.default_folder("postgresql+psycopg://u@db/servekit")  # servers of one store share it
+    assert one != log_spool.default_folder("postgresql+psycopg://u@db/other")
+    assert "u@db" not in str(one)
+
+
+@pytest.mark.slow
+def test_a_server_killed_after_its_answers_loses_no_row(tmp_path):
+    """Two workers answer (whole answers and a stream), every process of the server is killed
+    at once (no time to ship), and the server started in its place ships what they spooled."""
+    url, spool = f"sqlite:///{tmp_path / 'logs.db'}", tmp_path / "spool"
+    model = write_model(tmp_path / "streamer", STREAM_MODEL_PY)
+    answered = []
+    server = ServerProcess(model, workers=2, request_log_url=url, request_log_spool=spool)
+    server.start()
+    try:
+        predict = server.url + "/v1/models/streamer:predict"
+        with requests.Session() as http:
+            for _ in range(60):
+                r = http.post(predict, json={"instances": [1.0], "parameters": {"mode": "plain"}})
+                assert r.status_code == 200
+                answered.append(r.headers["X-Request-Log-Id"])
+            # a stream's record is kept before its closing comment goes out
+            r = http.post(predict + "?stream=true", json={"instances": [1.0], "parameters": {"mode": "count", "n": 3}})
+            last = r.text.rstrip("\n").splitlines()[-1]
+            assert last.startswith(": servekit-metadata "), r.text
+            trailer = json.loads(last[len(": servekit-metadata ") :])
+        answered.append(trailer["requestLogId"])
+        assert server.proc is not None
+        kill_tree(server.proc.pid)
+    finally:
+        server.stop()
+    assert len(list(spool.glob("*.lock"))) >= 2  # the workers' files, left behind
+
+    with ServerProcess(model, request_log_url=url, request_log_spool=spool):
+        deadline = time.monotonic() + 30
+        while len(ids(url)[0]) < len(answered) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    logged = ids(url)[0]
+    assert all(logged[rid] == 1 for rid in answered), [rid for rid in answered if logged[rid] != 1]
+    assert len(logged) == len(answered)
+    stream = open_backend(url).get(trailer["requestLogId"])
+    assert stream is not None and [p.prediction_log_id for p in stream.predictions] == trailer["predictionLogIds"]
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL ``root`` and every process under it, all at once (as when a container dies)."""
+    tree = [root]
+    for pid in tree:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    tree.append(int(stat.parent.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
