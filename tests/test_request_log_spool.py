@@ -96,7 +96,7 @@ def postgres(tmp_path_factory):
     stop()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+@pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'logs.db'}"
@@ -109,6 +109,7 @@ def store_url(request, tmp_path) -> str:
     return url
 
 
+@pytest.mark.slow  # a child process: seconds
 def test_kill_9_with_records_in_the_spool_ships_them_all_once(store_url, tmp_path):
     spool = tmp_path / "spool"
     spool_and_kill(store_url, spool, count=1200)
@@ -124,6 +125,7 @@ def test_kill_9_with_records_in_the_spool_ships_them_all_once(store_url, tmp_pat
     assert taker.spool.adopt() == 0
 
 
+@pytest.mark.slow
 def test_a_replay_after_a_partial_ship_writes_no_row_twice(store_url, tmp_path):
     spool = tmp_path / "spool"
     spool_and_kill(store_url, spool, count=700, ship_first=300)  # the first batch reached the store
@@ -139,6 +141,17 @@ def test_a_replay_after_a_partial_ship_writes_no_row_twice(store_url, tmp_path):
     assert requests_ == Counter({f"r{i}": 1 for i in range(700)})
     assert max(predictions.values()) == 1 and len(predictions) == 1400
     assert open_backend(store_url).get("r10") == before  # the row written first is left as it was
+
+
+@pytest.mark.slow
+def test_a_record_the_store_refuses_is_dropped_alone(postgres, tmp_path):
+    open_backend(postgres)
+    store = SqlRequestLog(postgres, spool=tmp_path / "spool")
+    for i in range(5):  # the third names a model longer than the column holds: PostgreSQL refuses it
+        model = "m" * 200 if i == 2 else "m"
+        store.log_request(RequestLog(f"refuse-{i}", "", 1e6, "POST", "/p", "v1", model, 200, 1.0, "{}", "{}"))
+    assert store.flush()
+    assert [store.backend.get(f"refuse-{i}") is not None for i in range(5)] == [True, True, False, True, True]
 
 
 def test_segments_rotate_and_each_is_deleted_once_shipped(tmp_path, monkeypatch):
@@ -205,8 +218,8 @@ def test_a_server_killed_after_its_answers_loses_no_row(tmp_path):
     assert stream is not None and [p.prediction_log_id for p in stream.predictions] == trailer["predictionLogIds"]
 
 
-def kill_tree(root: int) -> None:
-    """SIGKILL ``root`` and every process under it, all at once (as when a container dies)."""
+def kill_tree(root: int) -> list[int]:
+    """SIGKILL ``root`` and every process under it, all at once (as when a container dies); their ids."""
     tree = [root]
     for pid in tree:
         for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -220,3 +233,4 @@ def kill_tree(root: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    return tree

@@ -109,7 +109,9 @@ class Spool:
             self._ensure_open()
             if self._appended_bytes - self._shipped_bytes + len(line) > MAX_SPOOL_BYTES:
                 return False
-            os.write(self._fd, line)  # one call: whole lines, in the page cache when it returns
+            written = os.write(self._fd, line)  # one call: whole lines, in the page cache when it returns
+            while written < len(line):  # a short write (a signal, a full quota): the rest, or an OSError
+                written += os.write(self._fd, line[written:])
             self._appended += 1
             self._appended_bytes += len(line)
             self._size += len(line)
@@ -213,6 +215,14 @@ class Spool:
                 return False
             seq, at, writing = self._read_seq, self._read_at, self._seq
         path = self._segment(seq)
+        if not path.exists():  # the folder was removed under us: start afresh at the next record
+            log.warning("request log spool %s was removed; records appended to it are lost", path)
+            with self._lock:
+                self._stopping = True
+                self._forget_parent()
+                self._pid = -1
+                self._wake.notify_all()
+            return False
         with open(path, "rb") as f:
             f.seek(at)
             lines, _ = _complete_lines(f.read(READ_BYTES))

@@ -373,7 +373,7 @@ class SqlRequestLog:
     def __init__(self, url: str, spool: str | Path | None = None):
         self.url = url
         self.backend = open_backend(url)
-        self.spool = Spool(spool or default_folder(url), self.backend.write)
+        self.spool = Spool(spool or default_folder(url), self._ship)
 
     @servekit.hookimpl
     def log_request(self, record: RequestLog) -> None:
@@ -383,9 +383,24 @@ class SqlRequestLog:
             log.exception("the request log spool %s cannot be written", self.spool.folder)
             kept = False
         if not kept:
-            from .metrics import metrics  # prometheus_client loads late
+            _dropped()
 
-            metrics().log_dropped.inc()
+    def _ship(self, records: list[RequestLog]) -> None:
+        """Write a batch; a record the store refuses (not a connection problem) is dropped alone."""
+        try:
+            self.backend.write(records)
+            return
+        except Exception as exc:
+            if _transient(exc):
+                raise  # the store is away: the batch stays in the spool, to be tried again
+        for record in records:
+            try:
+                self.backend.write([record])
+            except Exception as exc:
+                if _transient(exc):
+                    raise
+                log.exception("the store refused request log %s; it is dropped", record.request_log_id)
+                _dropped()
 
     def start(self) -> None:
         """Start shipping now: what processes that are gone left in the spool goes to the store."""
@@ -408,3 +423,17 @@ class SqlRequestLog:
         self.flush()
         request_log_id = self.backend.request_of(prediction_log_id)
         return self.backend.get(request_log_id) if request_log_id else None
+
+
+def _dropped() -> None:
+    from .metrics import metrics  # prometheus_client loads late
+
+    metrics().log_dropped.inc()
+
+
+#: errors of a store that cannot be reached or is busy (sqlite3's, the DB-API's through SQLAlchemy)
+_TRANSIENT = {"OperationalError", "InterfaceError", "TimeoutError", "DisconnectionError"}
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) or any(kind.__name__ in _TRANSIENT for kind in type(exc).__mro__)
