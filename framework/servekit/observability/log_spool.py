@@ -80,6 +80,19 @@ def _complete_lines(data: bytes) -> tuple[list[bytes], int]:
     return data[:end].split(b"\n")[:-1], end
 
 
+def _position(seq: int, at: int) -> bytes:
+    """Where the owner's shipping stands, kept in its lock file (fixed width: each write covers the last)."""
+    return f"{seq:09d} {at:012d}\n".encode()
+
+
+def _read_position(fd: int) -> tuple[int, int]:
+    try:
+        seq, at = os.pread(fd, 32, 0).split()
+        return int(seq), int(at)
+    except ValueError:
+        return 0, 0  # nothing shipped yet
+
+
 def _decode_all(lines: list[bytes], where: str) -> list[RequestLog]:
     records = []
     for line in lines:
@@ -238,13 +251,13 @@ class Spool:
             self._shipped += len(lines)
             self._shipped_bytes += used
             self._wake.notify_all()
-            if lines:
-                return True
-            if seq < writing:  # done with a segment the writer left: the next one
+            moved = not lines and seq < writing
+            if moved:  # done with a segment the writer left: the next one
                 self._read_seq, self._read_at = seq + 1, 0
                 path.unlink(missing_ok=True)
-                return True
-        return False
+            if lines or moved:  # who takes these files over after a kill starts here
+                os.pwrite(self._lock_fd, _position(self._read_seq, self._read_at), 0)
+            return bool(lines) or moved
 
     def adopt(self) -> int:
         """Ship and delete the files of every owner that is gone; how many records were shipped."""
@@ -264,16 +277,18 @@ class Spool:
                     continue  # its owner is alive
                 if not lock.exists() or os.stat(lock).st_ino != os.fstat(fd).st_ino:
                     continue  # another shipper finished it between our open and our lock
-                shipped += self._ship_abandoned(owner)
+                shipped += self._ship_abandoned(owner, *_read_position(fd))
                 lock.unlink()
             finally:
                 os.close(fd)
         return shipped
 
-    def _ship_abandoned(self, owner: str) -> int:
+    def _ship_abandoned(self, owner: str, from_seq: int, from_at: int) -> int:
+        """Ship an owner's segments from where its own shipping stood, then delete them."""
         shipped = 0
         for path in sorted(self.folder.glob(f"{owner}.*.log")):
-            data = path.read_bytes()
+            seq = int(path.name.rsplit(".", 2)[1])
+            data = b"" if seq < from_seq else path.read_bytes()[from_at if seq == from_seq else 0 :]
             lines, used = _complete_lines(data)
             if used < len(data):
                 log.warning("request log spool %s ends in a cut line (its process died writing it)", path.name)
