@@ -11,8 +11,10 @@ protocol handed nothing is stored whole, as one prediction.
 ``GET /v1/logs/requests/ID`` and ``GET /v1/logs/predictions/ID`` read them back.
 
 Records reach storage through the ``log_request`` hook, so any plugin can ship
-them elsewhere; the built-in store is :mod:`.log_store`.  Bodies are kept up to
-:data:`MAX_BODY` bytes each.
+them elsewhere; the built-in store is :mod:`.log_store`, which spools each one
+(:mod:`.log_spool`) as the hook is called.  The hook is called before the
+answer's last byte goes out: for a whole answer, before its first; for a stream,
+before its closing chunk.  Bodies are kept up to :data:`MAX_BODY` bytes each.
 """
 
 from __future__ import annotations
