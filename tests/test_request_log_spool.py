@@ -142,6 +142,52 @@ def test_a_partial_ship_is_taken_up_where_it_stood_and_a_replay_writes_no_row_tw
     assert list(spool.iterdir()) == []
 
 
+#: a process whose spool file may grow to 4,000 bytes only (RLIMIT_FSIZE): past it write(2) is
+#: short, then fails (EFBIG), as on a full disk; after the 30th record the limit goes
+TORN = textwrap.dedent(
+    """
+    import json, resource, signal, sys
+    from servekit.observability.log_store import SqlRequestLog
+    from servekit.types import RequestLog
+
+    store = SqlRequestLog(sys.argv[1], spool=sys.argv[2])
+    store.start()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4000, hard))
+    kept = []
+    for i in range(40):
+        try:
+            if store.spool.append(RequestLog(f"r{i}", "", 1e6, "POST", "/p", "v1", "m", 200, 1.0, "{}", "y" * 150)):
+                kept.append(i)
+        except OSError:
+            pass  # the caller counts it as dropped
+        if i == 30:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    assert store.flush(30)
+    print(json.dumps(kept))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_write_cut_short_leaves_the_next_record_whole(tmp_path):
+    """A full disk (here a file size limit) cuts a write halfway: that record is lost, the next is whole."""
+    url, spool = f"sqlite:///{tmp_path / 'logs.db'}", tmp_path / "spool"
+    out = subprocess.run(
+        [sys.executable, "-c", TORN, url, str(spool)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    kept = json.loads(out.stdout.splitlines()[-1])
+    assert 0 < len(kept) < 40 and kept[-9:] == list(range(31, 40))  # some did not fit; room again, all did
+    assert "a line that is not a record was skipped" in out.stderr  # the one cut short
+    assert sorted(ids(url)[0]) == sorted(f"r{i}" for i in kept)
+
+
 @pytest.mark.slow
 def test_a_record_the_store_refuses_is_dropped_alone(postgres, tmp_path):
     open_backend(postgres)

@@ -36,6 +36,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -110,6 +111,12 @@ class Spool:
         self.folder = Path(folder)
         self.ship = ship
         self._pid = -1
+        self._torn = False
+        self._fresh_locks()
+        os.register_at_fork(after_in_child=partial(_after_fork, weakref.ref(self)))
+
+    def _fresh_locks(self) -> None:
+        """New locks (a forked child's copies may be held by a thread that is not there)."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
 
@@ -120,14 +127,19 @@ class Spool:
         line = encode(record)
         with self._lock:
             self._ensure_open()
-            if self._appended_bytes - self._shipped_bytes + len(line) > MAX_SPOOL_BYTES:
+            if self._appended - self._shipped + len(line) > MAX_SPOOL_BYTES:
                 return False
-            written = os.write(self._fd, line)  # one call: whole lines, in the page cache when it returns
-            while written < len(line):  # a short write (a signal, a full quota): the rest, or an OSError
-                written += os.write(self._fd, line[written:])
-            self._appended += 1
-            self._appended_bytes += len(line)
-            self._size += len(line)
+            if self._torn:  # the last write failed halfway: end its line, so that this one stands alone
+                line = b"\n" + line
+            written = 0
+            try:
+                while written < len(line):  # one call in all but a short write (a signal, a full disk)
+                    written += os.write(self._fd, line[written:])
+            finally:
+                if written:  # nothing written leaves the file as it was
+                    self._torn = written < len(line)
+                self._appended += written
+                self._size += written
             if self._size >= SEGMENT_BYTES:
                 self._rotate()
             self._wake.notify()
@@ -139,7 +151,7 @@ class Spool:
         with self._lock:
             if self._pid != os.getpid():
                 return True
-            target = self._appended
+            target = self._appended  # bytes, as _shipped
             self._urgent += 1
             self._wake.notify_all()
             try:
@@ -170,7 +182,8 @@ class Spool:
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         os.rename(staging, self.folder / f"{self.owner}.lock")
         self._seq, self._size, self._fd = -1, 0, -1
-        self._appended = self._shipped = self._appended_bytes = self._shipped_bytes = 0
+        self._appended = self._shipped = 0  # bytes written to and shipped from the spool
+        self._torn = False
         self._rotate()
         self._read_seq, self._read_at = 0, 0
         self._stopping, self._urgent = False, 0
@@ -186,8 +199,8 @@ class Spool:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _segment(self, seq: int, owner: str | None = None) -> Path:
-        return self.folder / f"{owner or self.owner}.{seq:06d}.log"
+    def _segment(self, seq: int) -> Path:
+        return self.folder / f"{self.owner}.{seq:06d}.log"
 
     def _rotate(self) -> None:
         if self._fd >= 0:
@@ -204,7 +217,7 @@ class Spool:
             with self._lock:
                 if self._stopping:
                     return
-                if self._shipped == self._appended:
+                if self._shipped >= self._appended:
                     self._wake.wait(ADOPT_SECONDS)
                 urgent = self._urgent
             if not urgent:
@@ -248,8 +261,7 @@ class Spool:
             self.ship(_decode_all(lines, path.name))
         with self._lock:
             self._read_at += used
-            self._shipped += len(lines)
-            self._shipped_bytes += used
+            self._shipped += used
             self._wake.notify_all()
             moved = not lines and seq < writing
             if moved:  # done with a segment the writer left: the next one
@@ -307,6 +319,8 @@ class Spool:
         if not self.flush(timeout):
             return
         with self._lock:
+            if self._shipped < self._appended:
+                return  # appended since: the files stay, for another process to ship
             self._stopping = True
             for seq in range(self._read_seq, self._seq + 1):
                 self._segment(seq).unlink(missing_ok=True)
@@ -314,6 +328,12 @@ class Spool:
             os.close(self._fd)
             os.close(self._lock_fd)
             self._pid = -1
+
+
+def _after_fork(ref: weakref.ref[Spool]) -> None:
+    spool = ref()
+    if spool is not None:
+        spool._fresh_locks()
 
 
 def _at_exit(ref: weakref.ref[Spool]) -> None:
