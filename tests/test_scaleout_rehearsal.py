@@ -44,7 +44,10 @@ defaults
     timeout connect 2s
     timeout client 30s
     timeout server 30s
-    # a request that met a closed or refused connection goes to another replica
+    # a request that met a closed or refused connection goes to another replica; each on a
+    # connection of its own to the replica: one that failed on a reused connection would be
+    # answered by closing the client's, for a client to retry (which it may not, for a POST)
+    option http-server-close
     retries 3
     option redispatch 1
     retry-on conn-failure empty-response response-timeout
