@@ -56,13 +56,14 @@ MAX_PAUSE = 5.0
 
 def default_folder(url: str) -> Path:
     """Next to a SQLite file (``FILE-spool``); otherwise a folder of the temporary directory
-    named after the store, so every server on the machine logging to it shares one."""
+    named after the user and the store, so every server of one user on the machine logging to
+    it shares one."""
     if url.startswith("sqlite:///"):
         path = url[len("sqlite:///") :].split("?", 1)[0]
         if path and path != ":memory:":
             return Path(path + "-spool")
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"servekit-request-log-{digest}"
+    return Path(tempfile.gettempdir()) / f"servekit-request-log-{os.getuid()}-{digest}"  # a folder per user
 
 
 def encode(record: RequestLog) -> bytes:
