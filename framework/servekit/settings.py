@@ -132,6 +132,10 @@ class Settings:
         "off",
         "request/prediction log store: 'sqlite' (a file in a temporary folder), sqlite:///FILE, a SQLAlchemy URL, or 'off'",
     )
+    request_log_spool: str = _opt(
+        "",
+        "folder where each process spools its request logs before they reach the store; default: FILE-spool beside a SQLite file, else a folder in the temporary directory named after the URL",
+    )
     log_format: str = _opt("text", "log lines as 'text' or 'json'")
     # -- security (docs/security.md) --
     body_timeout: float = _opt(60.0, "seconds a client has to send a request body (408 after); 0 sets no limit")

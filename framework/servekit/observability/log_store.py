@@ -1,9 +1,13 @@
-"""Where request logs are kept: a background writer over SQLite or any SQLAlchemy database.
+"""Where request logs are kept: SQLite or any SQLAlchemy database, fed from a local spool.
 
-:class:`SqlRequestLog` is the built-in ``log_request`` plugin.  It queues each
-record and writes batches from one thread per worker, so a request never waits
-on the database (a full queue drops the record and counts it in
-``servekit_request_log_dropped_total``).  ``sqlite:///FILE`` uses the standard
+:class:`SqlRequestLog` is the built-in ``log_request`` plugin.  It appends each
+record to this process's spool file (:mod:`.log_spool`) before the answer goes
+out, and a thread per process ships the spool in batches, so a request never
+waits on the database and a killed process loses no answered request's row (a
+record that cannot be spooled is dropped and counted in
+``servekit_request_log_dropped_total``).  A record is inserted by its id and
+ignored when the store has it already: a replayed spool writes no row twice.
+``sqlite:///FILE`` uses the standard
 library's sqlite3 in WAL mode, one file shared by every worker: nothing to
 install or start.  Any other URL (``postgresql://user@host/db``) goes through
 SQLAlchemy (``pip install 'servekit[sql]'``).  Both create their two tables,
@@ -13,24 +17,18 @@ SQLAlchemy (``pip install 'servekit[sql]'``).  Both create their two tables,
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import re
 import sqlite3
-import threading
-import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import servekit
 
 from ..types import PredictionLog, RequestLog
+from .log_spool import Spool, default_folder
 
 log = logging.getLogger("servekit.request_log")
-
-QUEUE_SIZE = 10_000
-BATCH_SIZE = 500
-BATCH_SECONDS = 0.05
 
 
 _SCHEMA = (
@@ -127,12 +125,12 @@ class SqliteBackend:
         try:
             db.execute("BEGIN IMMEDIATE")
             db.executemany(
-                f"INSERT OR REPLACE INTO servekit_request_logs ({','.join(_REQUEST_COLUMNS)}) "
+                f"INSERT OR IGNORE INTO servekit_request_logs ({','.join(_REQUEST_COLUMNS)}) "
                 f"VALUES ({','.join('?' * len(_REQUEST_COLUMNS))})",
                 [_request_row(r) for r in records],
             )
             db.executemany(
-                "INSERT OR REPLACE INTO servekit_prediction_logs VALUES (?,?,?,?)",
+                "INSERT OR IGNORE INTO servekit_prediction_logs VALUES (?,?,?,?)",
                 [(p.prediction_log_id, r.request_log_id, p.index, p.output) for r in records for p in r.predictions],
             )
             db.execute("COMMIT")
@@ -244,9 +242,26 @@ class SqlAlchemyBackend:
             for p in r.predictions
         ]
         with self.engine.begin() as conn:
-            conn.execute(self.requests.insert(), rows)
+            conn.execute(self._insert_new(self.requests), rows)
             if predictions:
-                conn.execute(self.predictions.insert(), predictions)
+                conn.execute(self._insert_new(self.predictions), predictions)
+
+    def _insert_new(self, table: Any) -> Any:
+        """An INSERT that skips rows whose id the table has (a replayed spool)."""
+        dialect = self.engine.dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects import postgresql
+
+            return postgresql.insert(table).on_conflict_do_nothing(index_elements=["id"])
+        if dialect == "sqlite":
+            from sqlalchemy.dialects import sqlite
+
+            return sqlite.insert(table).on_conflict_do_nothing(index_elements=["id"])
+        if dialect in ("mysql", "mariadb"):
+            return table.insert().prefix_with("IGNORE")
+        raise RuntimeError(
+            f"the request log cannot insert idempotently into {dialect}: use PostgreSQL, SQLite or MySQL"
+        )
 
     def get(self, request_log_id: str) -> RequestLog | None:
         sa = self.sa
@@ -353,31 +368,47 @@ def open_backend(url: str) -> SqliteBackend | SqlAlchemyBackend:
 
 
 class SqlRequestLog:
-    """The built-in ``log_request`` plugin: queue records, write them in batches from a thread."""
+    """The built-in ``log_request`` plugin: spool each record, ship the spool in batches from a thread."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, spool: str | Path | None = None):
         self.url = url
         self.backend = open_backend(url)
-        self._pid = -1
-        self._queue: queue.Queue[Any] = queue.Queue(QUEUE_SIZE)
+        self.spool = Spool(spool or default_folder(url), self._ship)
 
     @servekit.hookimpl
     def log_request(self, record: RequestLog) -> None:
-        self._ensure_thread()
         try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            from .metrics import metrics  # prometheus_client loads late
+            kept = self.spool.append(record)
+        except OSError:
+            log.exception("the request log spool %s cannot be written", self.spool.folder)
+            kept = False
+        if not kept:
+            _dropped()
 
-            metrics().log_dropped.inc()
+    def _ship(self, records: list[RequestLog]) -> None:
+        """Write a batch; a record the store refuses (not a connection problem) is dropped alone."""
+        try:
+            self.backend.write(records)
+            return
+        except Exception as exc:
+            if _transient(exc):
+                raise  # the store is away: the batch stays in the spool, to be tried again
+        for record in records:
+            try:
+                self.backend.write([record])
+            except Exception as exc:
+                if _transient(exc):
+                    raise
+                log.exception("the store refused request log %s; it is dropped", record.request_log_id)
+                _dropped()
+
+    def start(self) -> None:
+        """Start shipping now: what processes that are gone left in the spool goes to the store."""
+        self.spool.start()
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until this worker's queued records are written (reads see them after)."""
-        if self._pid != os.getpid():
-            return True
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout)
+        """Wait until this process's records are written (reads see them after)."""
+        return self.spool.flush(timeout)
 
     def get(self, request_log_id: str) -> RequestLog | None:
         self.flush()
@@ -393,29 +424,16 @@ class SqlRequestLog:
         request_log_id = self.backend.request_of(prediction_log_id)
         return self.backend.get(request_log_id) if request_log_id else None
 
-    def _ensure_thread(self) -> None:
-        if self._pid != os.getpid():  # first use, or first use after a fork
-            self._pid = os.getpid()
-            self._queue = queue.Queue(QUEUE_SIZE)
-            threading.Thread(target=self._write_loop, name="servekit-request-log", daemon=True).start()
 
-    def _write_loop(self) -> None:
-        while True:
-            batch = [self._queue.get()]
-            # gather for a moment: one transaction per batch, not per request;
-            # a flush (an Event) ends the wait at once
-            deadline = time.monotonic() + BATCH_SECONDS
-            while len(batch) < BATCH_SIZE and not isinstance(batch[-1], threading.Event):
-                try:
-                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            records = [r for r in batch if isinstance(r, RequestLog)]
-            if records:
-                try:
-                    self.backend.write(records)
-                except Exception:
-                    log.exception("writing %d request log(s) failed", len(records))
-            for item in batch:
-                if isinstance(item, threading.Event):
-                    item.set()
+def _dropped() -> None:
+    from .metrics import metrics  # prometheus_client loads late
+
+    metrics().log_dropped.inc()
+
+
+#: errors of a store that cannot be reached or is busy (sqlite3's, the DB-API's through SQLAlchemy)
+_TRANSIENT = {"OperationalError", "InterfaceError", "TimeoutError", "DisconnectionError"}
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) or any(kind.__name__ in _TRANSIENT for kind in type(exc).__mro__)

@@ -21,7 +21,7 @@ What is measured:
   worker's repository at scrape time;
 - ``servekit_resident_bytes``: resident memory of every process of the server, read
   from ``/proc`` at scrape time;
-- ``servekit_request_log_dropped_total``: request logs dropped by a full queue;
+- ``servekit_request_log_dropped_total``: request logs the spool could not keep or the store refused;
 - ``servekit_model_requests_waiting{model}``, ``servekit_model_requests_running{model}``,
   ``servekit_model_queue_seconds{model}`` and ``servekit_concurrency_per_replica``: the
   load signal an autoscaler targets (:mod:`.load`, docs/scaling.md);
@@ -129,7 +129,7 @@ class Metrics:
             "servekit_batch_size", "rows per call of a model's predict", ("model",), buckets=BATCH_BUCKETS
         )
         self.log_dropped = Counter(
-            "servekit_request_log_dropped", "request logs dropped because the log queue was full"
+            "servekit_request_log_dropped", "request logs the spool could not keep or the store refused"
         )
 
 

@@ -11,8 +11,10 @@ protocol handed nothing is stored whole, as one prediction.
 ``GET /v1/logs/requests/ID`` and ``GET /v1/logs/predictions/ID`` read them back.
 
 Records reach storage through the ``log_request`` hook, so any plugin can ship
-them elsewhere; the built-in store is :mod:`.log_store`.  Bodies are kept up to
-:data:`MAX_BODY` bytes each.
+them elsewhere; the built-in store is :mod:`.log_store`, which spools each one
+(:mod:`.log_spool`) as the hook is called.  The hook is called before the
+answer's last byte goes out: for a whole answer, before its first; for a stream,
+before its closing chunk.  Bodies are kept up to :data:`MAX_BODY` bytes each.
 """
 
 from __future__ import annotations
@@ -309,23 +311,38 @@ def _emit(app: Flask, record: RequestLog) -> None:
             log.exception("log_request of plugin %s failed", impl.plugin_name)
 
 
+#: the chunks that end a stream: the record is kept before they go out
+_STREAM_ENDS = (b": " + METADATA_COMMENT.encode(), b"data: [DONE]")
+
+
 class _StreamLog:
-    """Passes an SSE body through; at its end the record gets the predictions the protocol handed."""
+    """Passes an SSE body through; the record, with the predictions the protocol handed, is
+    kept before the stream's closing chunk (``data: [DONE]``, the ids' comment) goes out, or
+    when a stream without one ends or its client leaves."""
 
     def __init__(self, body: Any, record: RequestLog, handed: Predictions, started: float, app: Flask):
         self._body, self._record, self._handed, self._started, self._app = body, record, handed, started, app
+        self._kept = False
 
     def __iter__(self):
-        yield from self._body
+        for chunk in self._body:
+            if not self._kept and isinstance(chunk, bytes) and chunk.startswith(_STREAM_ENDS):
+                self._keep()
+            yield chunk
+
+    def _keep(self) -> None:
+        self._kept = True
+        self._record.predictions = list(self._handed.records)
+        self._record.duration_ms = (time.perf_counter() - self._started) * 1000
+        self._record.response_body = f"(a stream of {len(self._handed.records)} predictions)"
+        _emit(self._app, self._record)
 
     def close(self) -> None:
         try:
             close(self._body)
         finally:
-            self._record.predictions = self._handed.records
-            self._record.duration_ms = (time.perf_counter() - self._started) * 1000
-            self._record.response_body = f"(a stream of {len(self._handed.records)} predictions)"
-            _emit(self._app, self._record)
+            if not self._kept:
+                self._keep()
 
 
 def install(app: Flask, settings: Any) -> SqlRequestLog | None:
@@ -347,7 +364,9 @@ def install(app: Flask, settings: Any) -> SqlRequestLog | None:
         import tempfile
 
         url = "sqlite:///" + os.path.join(tempfile.mkdtemp(prefix="servekit-logs-"), "requests.db")
-    store = SqlRequestLog(url)
+    store = SqlRequestLog(url, spool=getattr(settings, "request_log_spool", "") or None)
+    if not getattr(settings, "preload", False):
+        store.start()  # ship what gone processes left; with --preload each worker starts on first use
     pm = app.extensions["servekit"].plugins
     if pm.get_plugin("servekit.request_log") is not None:
         pm.unregister(name="servekit.request_log")  # a data plane reused by a new app
