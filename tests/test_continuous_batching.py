@@ -96,6 +96,32 @@ def test_the_same_tokens_alone_and_batched(kind, settings, loaded):
     assert batched == [alone[i % len(PROMPTS)] for i in range(15)]
 
 
+@pytest.mark.parametrize("kind", ["gpt_dir", "llama_dir"])
+def test_prompts_of_one_length_arriving_together_share_one_prefill(kind, loaded):
+    model = loaded(kind)
+    kw = {"max_tokens": 12, "options": {"ignore_eos": True}}
+    settings = [s.values[0] for s in SETTINGS]
+    prompts = ["hello world", "the quick brown fox jumps over", "hi"]
+    lengths = {len(model.tokenizer(p)["input_ids"]) for p in prompts}
+    asks = [(p, s) for p in prompts for s in settings]
+    alone = [tokens(model, p, **{**kw, **s, "options": {**kw["options"], **s.get("options", {})}}) for p, s in asks]
+    scheduler = model.scheduler
+    sequences = []
+    before = scheduler.prefills
+    with scheduler.lock:  # the scheduler's thread waits: every request is there at its next step
+        for p, s in asks:
+            seq, _ = model._sequence(
+                GenerationRequest(prompt=p, **{**kw, **s, "options": {**kw["options"], **s.get("options", {})}})
+            )
+            scheduler.submit(seq)
+            sequences.append(seq)
+    for seq in sequences:
+        for _ in seq.tokens_as_produced(scheduler.alive):
+            pass
+    assert scheduler.prefills - before == len(lengths)  # one forward pass per prompt length
+    assert [seq.tokens for seq in sequences] == alone
+
+
 def test_the_same_tokens_as_generate(llama_dir):
     batched, generating = load(llama_dir), load(llama_dir, continuous_batching=False)
     for prompt in PROMPTS:
