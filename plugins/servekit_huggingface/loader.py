@@ -75,6 +75,33 @@ def pick_device(requested: str) -> str:
     return requested
 
 
+def set_threads(options: dict[str, Any]) -> None:
+    """torch's intra-op threads: ``options.intra_op_threads``, else the worker's share of the CPUs
+    (all of them in a model host, which is alone with the model).
+
+    torch starts one thread per core in every process: two workers batching on two
+    cores would run four threads that spin waiting for each other.  The setting is
+    the process's, so the last model loaded decides it.
+    """
+    import torch
+    from servekit.cpus import available_cpus, cpus_per_worker
+    from servekit.hosts.runtime import in_host
+
+    threads = positive_option(options, "intra_op_threads") or (available_cpus() if in_host() else cpus_per_worker())
+    torch.set_num_threads(threads)
+
+
+def positive_option(options: dict[str, Any], key: str, zero: bool = False) -> int | None:
+    """``options[key]`` as a positive integer (or zero when allowed), ``None`` when unset."""
+    value = options.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
+        kind = "a non-negative" if zero else "a positive"
+        raise ValueError(f"options.{key} must be {kind} integer, found {value!r}")
+    return value
+
+
 def pick_dtype(options: dict[str, Any], device: str) -> Any:
     import torch
 
@@ -101,6 +128,8 @@ def load_folder(path: Path, config: ModelConfig, name: str = "model", version: i
     task = task_of(path, hf_config, options)
     device = pick_device(config.device)
     dtype = pick_dtype(options, device)
+    if device == "cpu":
+        set_threads(options)
 
     import transformers
 
