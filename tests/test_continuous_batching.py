@@ -206,6 +206,23 @@ def test_cancelling_a_stream_frees_its_slot_at_the_next_step(long_gpt_dir):
     model.close()
 
 
+def test_tokens_ready_together_go_out_as_one_chunk_that_joins_the_same(long_gpt_dir):
+    """A stream whose reader falls behind gets every ready token in one chunk (none held back
+    while reading keeps up), and the chunks join to the whole answer's text."""
+    model = load(long_gpt_dir)
+    ask = {"prompt": "hello", "max_tokens": 60, "temperature": 1.0, "seed": 4, "options": {"ignore_eos": True}}
+    whole = model.complete(GenerationRequest(**ask))
+    stream = model.complete(GenerationRequest(**ask, stream=True))
+    pieces = [next(stream)]
+    wait_for(lambda: model.scheduler.running == 0)  # every token is produced while nobody reads
+    pieces += list(stream)
+    texts = [p.text for p in pieces if p.text]
+    assert len(texts) <= 3  # the first piece, then the rest at once (a final flush at most)
+    assert "".join(p.text for p in pieces) == whole.text
+    assert pieces[-1].completion_tokens == whole.completion_tokens == 60
+    model.close()
+
+
 def test_a_full_queue_refuses_with_429(long_gpt_dir):
     model = load(long_gpt_dir, max_num_seqs=1, max_queued=1)
     stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
