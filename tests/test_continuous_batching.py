@@ -291,3 +291,25 @@ def test_an_empty_prompt_starts_from_the_start_of_text_token(gpt_dir):
     result = model.complete(GenerationRequest(prompt="", max_tokens=5, temperature=0, options={"ignore_eos": True}))
     assert (result.prompt_tokens, result.completion_tokens) == (1, 5)
     model.close()
+
+
+def test_the_roomy_cache_holds_what_concatenation_would_without_copying_each_step():
+    from servekit_huggingface.kv_cache import RoomyLayer
+
+    gen = torch.Generator().manual_seed(0)
+    layer, keys, values = RoomyLayer(), None, None
+    buffers = set()
+    for step in range(150):
+        k, v = (torch.randn((3, 2, 1 if step else 7, 4), generator=gen) for _ in range(2))
+        if step == 90:  # the scheduler replaces the tensors (a row left): the layer moves, and still agrees
+            layer.keys, layer.values = layer.keys[[0, 2]], layer.values[[0, 2]]
+            keys, values = keys[[0, 2]], values[[0, 2]]
+        if step >= 90:
+            k, v = k[:2], v[:2]
+        got_k, got_v = layer.update(k, v)
+        keys = k if keys is None else torch.cat([keys, k], dim=-2)
+        values = v if values is None else torch.cat([values, v], dim=-2)
+        assert torch.equal(got_k, keys) and torch.equal(got_v, values)
+        assert layer.get_seq_length() == keys.shape[-2]
+        buffers.add(layer.room[0].data_ptr())
+    assert len(buffers) <= 4  # moved when full (7 -> 14+64 -> ...) and once after the rows changed

@@ -310,10 +310,10 @@ class Scheduler:
 
     def _prefill(self, group: list[Sequence]) -> tuple[Any, torch.Tensor]:
         """One forward pass over prompts of one length: their cache and first-token logits, a row each."""
-        from transformers import DynamicCache
+        from .kv_cache import roomy_cache
 
         ids = torch.tensor([seq.prompt_ids for seq in group], device=self.device)
-        cache = DynamicCache()
+        cache = roomy_cache()
         logits = self.forward(ids, torch.ones_like(ids), cache)
         self.prefills += 1
         return cache, logits[:, -1, :]
