@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -238,12 +239,32 @@ def _embeddings(url: str, model: str, count: int, rounds: int) -> int:
         return sum(pool.map(worker, range(count)))
 
 
-def embed_level(clients: ProcessPoolExecutor, url: str, model: str, concurrent: int, rounds: int) -> dict:
+def embed_level(
+    clients: ProcessPoolExecutor, url: str, model: str, concurrent: int, rounds: int, root: int = 0
+) -> dict:
     share = [concurrent // CLIENT_PROCESSES] * CLIENT_PROCESSES
+    before, calls = (cpu_seconds(root), batch_calls(url, model)) if root else ({}, (0.0, 0.0))
     start = time.perf_counter()
     done = sum(f.result() for f in [clients.submit(_embeddings, url, model, n, rounds) for n in share])
     wall = time.perf_counter() - start
-    return {"model": model, "concurrent": concurrent, "requests": done, "requests_per_s": done / wall}
+    row = {"model": model, "concurrent": concurrent, "requests": done, "requests_per_s": done / wall}
+    if root:
+        after, (count, rows) = cpu_seconds(root), batch_calls(url, model)
+        row["cpu_ms_per_request_workers"] = 1e3 * (after["workers"] - before["workers"]) / done
+        row["rows_per_call"] = (rows - calls[1]) / max(count - calls[0], 1)  # what the batcher formed
+    return row
+
+
+def batch_calls(url: str, model: str) -> tuple[float, float]:
+    """Calls of ``model``'s hook and rows they took, from ``/metrics`` (``servekit_batch_size``)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30).read().decode()
+    totals = {"count": 0.0, "sum": 0.0}
+    for kind in totals:
+        pattern = rf'^servekit_batch_size_{kind}\{{[^}}]*model="{re.escape(model)}"[^}}]*\}} (\S+)$'
+        totals[kind] = sum(float(v) for v in re.findall(pattern, text, re.M))
+    return totals["count"], totals["sum"]
 
 
 def in_process(base: Path, levels: list[int], generate_levels: list[int], tokens: int) -> list[dict]:
@@ -335,6 +356,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=32, help="per worker: enough for every stream to be in flight")
     parser.add_argument("--embeddings", type=int, default=64, help="concurrent single-text embeddings requests")
     parser.add_argument("--in-process-only", action="store_true", help="only the model side, without a server")
+    parser.add_argument("--embeddings-only", action="store_true", help="only the embeddings, through a server")
     args = parser.parse_args()
     levels = [int(n) for n in args.levels.split(",")]
     generate_levels = [int(n) for n in args.generate_levels.split(",")]
@@ -344,8 +366,11 @@ def main() -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        build(base, args.layers, args.width)
-        local = in_process(base, levels, generate_levels, args.tokens)
+        if args.embeddings_only:
+            levels, local = [], []
+        else:
+            build(base, args.layers, args.width)
+            local = in_process(base, levels, generate_levels, args.tokens)
         one = _find(local, "generate", 1)
         print(
             "in process, tokens/s: "
@@ -364,7 +389,7 @@ def main() -> int:
         server.start(timeout=900)  # five models load in every worker
         with server, ProcessPoolExecutor(CLIENT_PROCESSES) as clients:
             url = server.url + "/v1"
-            for model in MODELS:  # warm up: every worker's copy, the host, every client process
+            for model in MODELS if levels else ():  # warm up: every worker's copy, the host, every client process
                 level(clients, url, model, 2 * CLIENT_PROCESSES, 8)
             root = server.proc.pid if server.proc else 0
             for n in levels:
@@ -375,7 +400,7 @@ def main() -> int:
                     print(json.dumps(rows[-1]), flush=True)
             for model in EMBED_MODELS:
                 embed_level(clients, url, model, CLIENT_PROCESSES * 2, 2)  # warm up
-                embed_rows.append(embed_level(clients, url, model, args.embeddings, 8))
+                embed_rows.append(embed_level(clients, url, model, args.embeddings, 8, root))
                 print(json.dumps(embed_rows[-1]), flush=True)
     out = HERE / "results" / "generative.json"
     out.parent.mkdir(exist_ok=True)
@@ -393,7 +418,12 @@ def main() -> int:
     unbatched, batched = (r["requests_per_s"] for r in embed_rows)
     print(
         f"\nembeddings, {args.embeddings} concurrent single-text requests: {unbatched:,.0f}/s unbatched, "
-        f"{batched:,.0f}/s batched ({batched / unbatched:.2f}x)"
+        f"{batched:,.0f}/s batched ({batched / unbatched:.2f}x); "
+        + "; ".join(
+            f"{r['model']}: {r.get('cpu_ms_per_request_workers', float('nan')):.1f} ms worker CPU per request, "
+            f"{r.get('rows_per_call', float('nan')):.1f} rows per call"
+            for r in embed_rows
+        )
     )
     return 0
 
