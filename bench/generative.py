@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -243,28 +242,15 @@ def embed_level(
     clients: ProcessPoolExecutor, url: str, model: str, concurrent: int, rounds: int, root: int = 0
 ) -> dict:
     share = [concurrent // CLIENT_PROCESSES] * CLIENT_PROCESSES
-    before, calls = (cpu_seconds(root), batch_calls(url, model)) if root else ({}, (0.0, 0.0))
+    before = cpu_seconds(root) if root else {}
     start = time.perf_counter()
     done = sum(f.result() for f in [clients.submit(_embeddings, url, model, n, rounds) for n in share])
     wall = time.perf_counter() - start
     row = {"model": model, "concurrent": concurrent, "requests": done, "requests_per_s": done / wall}
     if root:
-        after, (count, rows) = cpu_seconds(root), batch_calls(url, model)
+        after = cpu_seconds(root)
         row["cpu_ms_per_request_workers"] = 1e3 * (after["workers"] - before["workers"]) / done
-        row["rows_per_call"] = (rows - calls[1]) / max(count - calls[0], 1)  # what the batcher formed
     return row
-
-
-def batch_calls(url: str, model: str) -> tuple[float, float]:
-    """Calls of ``model``'s hook and rows they took, from ``/metrics`` (``servekit_batch_size``)."""
-    import urllib.request
-
-    text = urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30).read().decode()
-    totals = {"count": 0.0, "sum": 0.0}
-    for kind in totals:
-        pattern = rf'^servekit_batch_size_{kind}\{{[^}}]*model="{re.escape(model)}"[^}}]*\}} (\S+)$'
-        totals[kind] = sum(float(v) for v in re.findall(pattern, text, re.M))
-    return totals["count"], totals["sum"]
 
 
 def in_process(base: Path, levels: list[int], generate_levels: list[int], tokens: int) -> list[dict]:
@@ -420,8 +406,7 @@ def main() -> int:
         f"\nembeddings, {args.embeddings} concurrent single-text requests: {unbatched:,.0f}/s unbatched, "
         f"{batched:,.0f}/s batched ({batched / unbatched:.2f}x); "
         + "; ".join(
-            f"{r['model']}: {r.get('cpu_ms_per_request_workers', float('nan')):.1f} ms worker CPU per request, "
-            f"{r.get('rows_per_call', float('nan')):.1f} rows per call"
+            f"{r['model']}: {r.get('cpu_ms_per_request_workers', float('nan')):.1f} ms worker CPU per request"
             for r in embed_rows
         )
     )
