@@ -1,6 +1,6 @@
 """Concurrent chat streams on one small causal LM: per-request ``generate`` against continuous batching.
 
-    python bench/generative.py [--levels 1,4,16,64] [--tokens 128] [--workers 2] [--threads 32]
+    python bench/generative.py [--levels 1,4,16,64] [--tokens 128] [--workers 2] [--threads 64]
                                [--layers 12] [--width 128]
 
 One ``servekit serve`` holds the same small GPT-2 (random weights, built here:
@@ -339,7 +339,9 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=128, help="the bench GPT-2's hidden size")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--workers", default="auto")
-    parser.add_argument("--threads", type=int, default=32, help="per worker: enough for every stream to be in flight")
+    parser.add_argument(
+        "--threads", type=int, default=64, help="per worker: every stream in flight however the connections spread"
+    )
     parser.add_argument("--embeddings", type=int, default=64, help="concurrent single-text embeddings requests")
     parser.add_argument("--in-process-only", action="store_true", help="only the model side, without a server")
     parser.add_argument("--embeddings-only", action="store_true", help="only the embeddings, through a server")
