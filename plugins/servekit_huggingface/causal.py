@@ -42,7 +42,7 @@ from transformers import (
     TextIteratorStreamer,
 )
 
-from .loader import positive_option
+from .options import positive_option
 from .scheduler import Scheduler, Sequence, check_cache
 
 #: ``max_tokens`` when a chat request sets none and the model has no known context length

@@ -87,19 +87,10 @@ def set_threads(options: dict[str, Any]) -> None:
     from servekit.cpus import available_cpus, cpus_per_worker
     from servekit.hosts.runtime import in_host
 
+    from .options import positive_option
+
     threads = positive_option(options, "intra_op_threads") or (available_cpus() if in_host() else cpus_per_worker())
     torch.set_num_threads(threads)
-
-
-def positive_option(options: dict[str, Any], key: str, zero: bool = False) -> int | None:
-    """``options[key]`` as a positive integer (or zero when allowed), ``None`` when unset."""
-    value = options.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
-        kind = "a non-negative" if zero else "a positive"
-        raise ValueError(f"options.{key} must be {kind} integer, found {value!r}")
-    return value
 
 
 def pick_dtype(options: dict[str, Any], device: str) -> Any:
