@@ -96,6 +96,32 @@ def test_the_same_tokens_alone_and_batched(kind, settings, loaded):
     assert batched == [alone[i % len(PROMPTS)] for i in range(15)]
 
 
+@pytest.mark.parametrize("kind", ["gpt_dir", "llama_dir"])
+def test_prompts_of_one_length_arriving_together_share_one_prefill(kind, loaded):
+    model = loaded(kind)
+    kw = {"max_tokens": 12, "options": {"ignore_eos": True}}
+    settings = [s.values[0] for s in SETTINGS]
+    prompts = ["hello world", "the quick brown fox jumps over", "hi"]
+    lengths = {len(model.tokenizer(p)["input_ids"]) for p in prompts}
+    asks = [(p, s) for p in prompts for s in settings]
+    alone = [tokens(model, p, **{**kw, **s, "options": {**kw["options"], **s.get("options", {})}}) for p, s in asks]
+    scheduler = model.scheduler
+    sequences = []
+    before = scheduler.prefills
+    with scheduler.lock:  # the scheduler's thread waits: every request is there at its next step
+        for p, s in asks:
+            seq, _ = model._sequence(
+                GenerationRequest(prompt=p, **{**kw, **s, "options": {**kw["options"], **s.get("options", {})}})
+            )
+            scheduler.submit(seq)
+            sequences.append(seq)
+    for seq in sequences:
+        for _ in seq.tokens_as_produced(scheduler.alive):
+            pass
+    assert scheduler.prefills - before == len(lengths)  # one forward pass per prompt length
+    assert [seq.tokens for seq in sequences] == alone
+
+
 def test_the_same_tokens_as_generate(llama_dir):
     batched, generating = load(llama_dir), load(llama_dir, continuous_batching=False)
     for prompt in PROMPTS:
@@ -180,6 +206,23 @@ def test_cancelling_a_stream_frees_its_slot_at_the_next_step(long_gpt_dir):
     model.close()
 
 
+def test_tokens_ready_together_go_out_as_one_chunk_that_joins_the_same(long_gpt_dir):
+    """A stream whose reader falls behind gets every ready token in one chunk (none held back
+    while reading keeps up), and the chunks join to the whole answer's text."""
+    model = load(long_gpt_dir)
+    ask = {"prompt": "hello", "max_tokens": 60, "temperature": 1.0, "seed": 4, "options": {"ignore_eos": True}}
+    whole = model.complete(GenerationRequest(**ask))
+    stream = model.complete(GenerationRequest(**ask, stream=True))
+    pieces = [next(stream)]
+    wait_for(lambda: model.scheduler.running == 0)  # every token is produced while nobody reads
+    pieces += list(stream)
+    texts = [p.text for p in pieces if p.text]
+    assert len(texts) <= 3  # the first piece, then the rest at once (a final flush at most)
+    assert "".join(p.text for p in pieces) == whole.text
+    assert pieces[-1].completion_tokens == whole.completion_tokens == 60
+    model.close()
+
+
 def test_a_full_queue_refuses_with_429(long_gpt_dir):
     model = load(long_gpt_dir, max_num_seqs=1, max_queued=1)
     stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
@@ -248,3 +291,25 @@ def test_an_empty_prompt_starts_from_the_start_of_text_token(gpt_dir):
     result = model.complete(GenerationRequest(prompt="", max_tokens=5, temperature=0, options={"ignore_eos": True}))
     assert (result.prompt_tokens, result.completion_tokens) == (1, 5)
     model.close()
+
+
+def test_the_roomy_cache_holds_what_concatenation_would_without_copying_each_step():
+    from servekit_huggingface.kv_cache import RoomyLayer
+
+    gen = torch.Generator().manual_seed(0)
+    layer, keys, values = RoomyLayer(), None, None
+    buffers = set()
+    for step in range(150):
+        k, v = (torch.randn((3, 2, 1 if step else 7, 4), generator=gen) for _ in range(2))
+        if step == 90:  # the scheduler replaces the tensors (a row left): the layer moves, and still agrees
+            layer.keys, layer.values = layer.keys[[0, 2]], layer.values[[0, 2]]
+            keys, values = keys[[0, 2]], values[[0, 2]]
+        if step >= 90:
+            k, v = k[:2], v[:2]
+        got_k, got_v = layer.update(k, v)
+        keys = k if keys is None else torch.cat([keys, k], dim=-2)
+        values = v if values is None else torch.cat([values, v], dim=-2)
+        assert torch.equal(got_k, keys) and torch.equal(got_v, values)
+        assert layer.get_seq_length() == keys.shape[-2]
+        buffers.add(layer.room[0].data_ptr())
+    assert len(buffers) <= 4  # moved when full (7 -> 14+64 -> ...) and once after the rows changed

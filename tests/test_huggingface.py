@@ -87,6 +87,28 @@ def test_cuda_without_cuda_fails_clearly(gpt_dir):
         loader.load_folder(gpt_dir, ModelConfig(device="cuda"))
 
 
+def test_torch_threads_are_the_workers_share_of_the_cpus(gpt_dir, monkeypatch):
+    """Workers each batching on all cores would spin against each other: a worker takes its share,
+    a model host all of them, ``options.intra_op_threads`` what it says."""
+    from servekit.cpus import WORKERS_ENV, available_cpus
+    from servekit.hosts.runtime import ENV_IN_HOST
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(WORKERS_ENV, str(available_cpus() + 1))  # more workers than CPUs: one thread each
+        loader.load_folder(gpt_dir, ModelConfig()).close()
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv(ENV_IN_HOST, "1")
+        loader.load_folder(gpt_dir, ModelConfig()).close()
+        assert torch.get_num_threads() == available_cpus()
+        loader.load_folder(gpt_dir, ModelConfig(options={"intra_op_threads": 3})).close()
+        assert torch.get_num_threads() == 3
+        with pytest.raises(ValueError, match="intra_op_threads must be a positive integer"):
+            loader.load_folder(gpt_dir, ModelConfig(options={"intra_op_threads": 0}))
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_task_is_guessed_and_can_be_set(gpt, minilm, gpt_dir):
     assert type(gpt).__name__ == "CausalLM" and gpt.device == "cpu" and gpt.context == 64
     assert type(minilm).__name__ == "Encoder" and minilm.pooling == ["mean"] and minilm.max_length == 256

@@ -306,6 +306,29 @@ def test_completion_stream_chunks_usage_done_and_metadata(client):
     assert len(meta["predictionLogIds"]) == 1
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": 'quotes " \\ back\nslash \u2028 \U0001f600 \x00 é'}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 'a "b" \\ \U0001f600\n'}]}),
+    ],
+)
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_streamed_pieces_are_the_bytes_the_ordinary_encoder_builds(client, path, body, include_usage):
+    """Pieces of text are sent from bytes built once per choice: each event is byte for byte
+    what encoding its JSON document builds (escapes, key order, usage null)."""
+    from servekit.protocols.streaming import event
+
+    extra = {"stream_options": {"include_usage": True}} if include_usage else {}
+    r = client.post(path, json={"model": "echo", "stream": True, **body, **extra}, buffered=False)
+    raw = read_stream(r)
+    sent = [e for e in raw.split(b"\n\n") if e.startswith(b"data: {")]
+    texts = [json.loads(e[len(b"data: ") :])["choices"] for e in sent]
+    assert any(c and (c[0].get("text") or c[0].get("delta", {}).get("content")) for c in texts)
+    for one in sent:
+        assert event(json.loads(one[len(b"data: ") :])) == one + b"\n\n"
+
+
 def test_stream_stop_sequence_split_across_pieces_is_never_sent(client):
     # pieces are "You ", "said", ": ab", "cdef": the stop "bcd" spans two pieces
     r = client.post(

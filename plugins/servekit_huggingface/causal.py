@@ -42,6 +42,7 @@ from transformers import (
     TextIteratorStreamer,
 )
 
+from .options import positive_option
 from .scheduler import Scheduler, Sequence, check_cache
 
 #: ``max_tokens`` when a chat request sets none and the model has no known context length
@@ -65,7 +66,7 @@ class CausalLM:
         self.tokenizer = tokenizer
         self.device = device
         self.context = _context_length(model.config)
-        limit = _positive(options, "max_concurrent_generations")
+        limit = positive_option(options, "max_concurrent_generations")
         self.slots = threading.BoundedSemaphore(limit) if limit else None
         eos = model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -76,9 +77,9 @@ class CausalLM:
         continuous = options.get("continuous_batching", True)
         if not isinstance(continuous, bool):
             raise ValueError(f"options.continuous_batching must be true or false, found {continuous!r}")
-        max_num_seqs = _positive(options, "max_num_seqs") or limit or DEFAULT_MAX_NUM_SEQS
-        max_batched_tokens = _positive(options, "max_batched_tokens") or DEFAULT_MAX_BATCHED_TOKENS
-        max_queued = _positive(options, "max_queued", zero=True)
+        max_num_seqs = positive_option(options, "max_num_seqs") or limit or DEFAULT_MAX_NUM_SEQS
+        max_batched_tokens = positive_option(options, "max_batched_tokens") or DEFAULT_MAX_BATCHED_TOKENS
+        max_queued = positive_option(options, "max_queued", zero=True)
         if not continuous:
             return None
         check_cache(self.model, self.device)
@@ -309,6 +310,11 @@ class Sampler(LogitsProcessor):
         self.generator = generator
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(-1, self.draw(scores), 0.0)
+
+    def draw(self, scores: Any) -> Any:
+        """The chosen token of each row (``[rows, 1]``): one draw from the filtered distribution."""
         logits = scores.float() / self.temperature
         if self.top_k and self.top_k > 0 and self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
@@ -321,9 +327,7 @@ class Sampler(LogitsProcessor):
             before = ordered.cumsum(dim=-1) - ordered  # mass of the tokens ranked above each one
             ordered = ordered.masked_fill(before >= self.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, ordered)
-        chosen = torch.multinomial(probs, 1, generator=self.generator)
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter(-1, chosen, 0.0)
+        return torch.multinomial(probs, 1, generator=self.generator)
 
 
 class Chooser:
@@ -342,6 +346,8 @@ class Chooser:
         if self.sampler is None and self.penalty is None:
             return int(logits.argmax())
         scores = logits.float().unsqueeze(0)
+        if self.penalty is None and self.sampler is not None:  # the one score the processor leaves finite
+            return int(self.sampler.draw(scores))
         if self.penalty is not None:
             ids = torch.tensor([self.prompt_ids + tokens], device=scores.device)
             scores = self.penalty(ids, scores)
@@ -463,17 +469,6 @@ class _Slot:
     def __exit__(self, *exc: Any) -> None:
         if self.held and self.slots is not None:
             self.slots.release()
-
-
-def _positive(options: dict[str, Any], key: str, zero: bool = False) -> int | None:
-    """``options[key]`` as a positive integer (or zero when allowed), ``None`` when unset."""
-    value = options.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if zero else 1):
-        kind = "a non-negative" if zero else "a positive"
-        raise ValueError(f"options.{key} must be {kind} integer, found {value!r}")
-    return value
 
 
 def _context_length(config: Any) -> int | None:

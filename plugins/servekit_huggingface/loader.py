@@ -75,6 +75,24 @@ def pick_device(requested: str) -> str:
     return requested
 
 
+def set_threads(options: dict[str, Any]) -> None:
+    """torch's intra-op threads: ``options.intra_op_threads``, else the worker's share of the CPUs
+    (all of them in a model host, which is alone with the model).
+
+    torch starts one thread per core in every process: two workers batching on two
+    cores would run four threads that spin waiting for each other.  The setting is
+    the process's, so the last model loaded decides it.
+    """
+    import torch
+    from servekit.cpus import available_cpus, cpus_per_worker
+    from servekit.hosts.runtime import in_host
+
+    from .options import positive_option
+
+    threads = positive_option(options, "intra_op_threads") or (available_cpus() if in_host() else cpus_per_worker())
+    torch.set_num_threads(threads)
+
+
 def pick_dtype(options: dict[str, Any], device: str) -> Any:
     import torch
 
@@ -101,6 +119,8 @@ def load_folder(path: Path, config: ModelConfig, name: str = "model", version: i
     task = task_of(path, hf_config, options)
     device = pick_device(config.device)
     dtype = pick_dtype(options, device)
+    if device == "cpu":
+        set_threads(options)
 
     import transformers
 

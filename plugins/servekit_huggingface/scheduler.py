@@ -6,10 +6,12 @@ repeats one step:
 1. sequences whose client went away (or that were cancelled) leave the batch;
 2. waiting requests join while the batch has room (``max_num_seqs``) and the
    step's token budget allows (``max_batched_tokens``: each running sequence
-   costs one token, each joining one its prompt's length).  Each joining prompt
-   is prefilled on its own, with a cache of its own, so its first token is
-   exactly what it would be alone; its keys and values are then added to the
-   batch's cache, left-padded to the batch's length;
+   costs one token, each joining one its prompt's length).  Joining prompts of
+   the same length are prefilled together, in one forward pass without padding
+   (sixteen users arriving at once cost one prefill, not sixteen in a row, so
+   the last one's first token does not wait behind the others'); a prompt of a
+   length of its own is prefilled alone.  The rows' keys and values are then
+   added to the batch's cache, left-padded to the batch's length;
 3. one forward pass decodes the next token of every sequence that was already
    running: the padding is masked out of attention and each row gets its own
    position ids, so a row computes what it would compute alone;
@@ -113,12 +115,12 @@ class Batch:
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def add(self, seq: Sequence, cache: Any) -> None:
-        """Join a prefilled sequence with its own cache (batch of one, no padding)."""
+    def add(self, seqs: list[Sequence], cache: Any) -> None:
+        """Join prefilled sequences with their own cache (one row each, one length: no padding)."""
         length = cache.get_seq_length()
-        mask = torch.ones((1, length), dtype=torch.long, device=_device_of(cache))
+        mask = torch.ones((len(seqs), length), dtype=torch.long, device=_device_of(cache))
         if self.cache is None:
-            self.seqs, self.cache, self.mask = [seq], cache, mask
+            self.seqs, self.cache, self.mask = list(seqs), cache, mask
             return
         assert self.mask is not None
         width = max(self.mask.shape[1], length)
@@ -126,7 +128,7 @@ class Batch:
             mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)], dim=0)
             mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)], dim=0)
         self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)], dim=0)
-        self.seqs.append(seq)
+        self.seqs.extend(seqs)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only these rows (the others finished or were cancelled) and drop all-padding columns."""
@@ -182,9 +184,10 @@ class Scheduler:
         self.lock = threading.Condition()
         self.thread: threading.Thread | None = None
         self.stopping = False
-        #: decoding steps run, and the most rows one of them had (for tests and the bench)
+        #: decoding steps run, the most rows one of them had, and prefill passes run (for tests and the bench)
         self.steps = 0
         self.most_rows = 0
+        self.prefills = 0
 
     # -- the request side -------------------------------------------------------------
 
@@ -280,16 +283,18 @@ class Scheduler:
             staying = [i for i, seq in enumerate(batch.seqs) if not self._advance(seq, logits[i])]
             if len(staying) < len(batch):
                 batch.keep(staying)
-        for seq in joining:
-            if seq.cancelled:
-                continue
-            try:  # one request's prefill failing fails that request only
-                cache, logits = self._prefill(seq)
+        for group in _same_length([s for s in joining if not s.cancelled]):
+            try:  # a prefill failing fails the requests in it only
+                cache, logits = self._prefill(group)
             except Exception as exc:
-                seq.events.put(_failure(exc))
+                for seq in group:
+                    seq.events.put(_failure(exc))
                 continue
-            if not self._advance(seq, logits):
-                batch.add(seq, cache)
+            staying = [i for i, seq in enumerate(group) if not self._advance(seq, logits[i])]
+            if staying:
+                if len(staying) < len(group):
+                    cache.batch_select_indices(torch.tensor(staying, device=logits.device))
+                batch.add([group[i] for i in staying], cache)
 
     @staticmethod
     def _advance(seq: Sequence, logits: torch.Tensor) -> bool:
@@ -303,13 +308,15 @@ class Scheduler:
             seq.events.put(None)
         return done
 
-    def _prefill(self, seq: Sequence) -> tuple[Any, torch.Tensor]:
-        from transformers import DynamicCache
+    def _prefill(self, group: list[Sequence]) -> tuple[Any, torch.Tensor]:
+        """One forward pass over prompts of one length: their cache and first-token logits, a row each."""
+        from .kv_cache import roomy_cache
 
-        ids = torch.tensor([seq.prompt_ids], device=self.device)
-        cache = DynamicCache()
+        ids = torch.tensor([seq.prompt_ids for seq in group], device=self.device)
+        cache = roomy_cache()
         logits = self.forward(ids, torch.ones_like(ids), cache)
-        return cache, logits[0, -1, :]
+        self.prefills += 1
+        return cache, logits[:, -1, :]
 
     def _gauge(self) -> None:
         if self.gauges is not None:
@@ -349,6 +356,14 @@ def check_cache(model: Any, device: str) -> None:
             f"{type(model).__name__} keeps a cache continuous batching cannot share "
             f"({type(cache).__name__}); set options.continuous_batching: false"
         )
+
+
+def _same_length(seqs: list[Sequence]) -> list[list[Sequence]]:
+    """Sequences grouped by prompt length, in order of arrival of each group's first."""
+    groups: dict[int, list[Sequence]] = {}
+    for seq in seqs:
+        groups.setdefault(len(seq.prompt_ids), []).append(seq)
+    return list(groups.values())
 
 
 def _failure(exc: Exception) -> ModelFailure:

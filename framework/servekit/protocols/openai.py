@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 from flask import Blueprint, request
 from werkzeug.exceptions import HTTPException
 
@@ -311,6 +312,7 @@ def _job_events(
             index = job.index(generation)
             texts: list[str] = []
             last = gen.GenerationChunk()
+            piece_event = PieceEvent(job, index, extra)
             if job.chat:
                 yield event(job.envelope(choices=[_chat_choice(index, {"role": "assistant", "content": ""})], **extra))
             elif job.echo:
@@ -318,8 +320,10 @@ def _job_events(
             for chunk in current:
                 texts.append(chunk.text)
                 last = chunk
-                if chunk.text or chunk.reasoning:
+                if chunk.reasoning:
                     yield event(job.envelope(choices=[_piece(job, index, chunk)], **extra))
+                elif chunk.text:
+                    yield piece_event(chunk.text)
             result = gen.GenerationResult(
                 "".join(texts), last.finish_reason, last.prompt_tokens, last.completion_tokens
             )
@@ -344,6 +348,24 @@ def _job_events(
         close(current)
     yield DONE
     yield job.predictions.trailer()
+
+
+class PieceEvent:
+    """The SSE event of a streamed piece of text, from bytes built once per choice.
+
+    The event of a placeholder piece is built the ordinary way and split at the
+    placeholder, so each piece costs one string encoding, and its bytes are those
+    :func:`event` would build.
+    """
+
+    PLACEHOLDER = "\x00servekit-piece\x00"
+
+    def __init__(self, job: Job, index: int, extra: dict[str, Any]):
+        sample = event(job.envelope(choices=[_piece(job, index, gen.GenerationChunk(self.PLACEHOLDER))], **extra))
+        self.head, self.tail = sample.split(orjson.dumps(self.PLACEHOLDER))
+
+    def __call__(self, text: str) -> bytes:
+        return self.head + orjson.dumps(text) + self.tail
 
 
 def _piece(job: Job, index: int, chunk: gen.GenerationChunk) -> dict[str, Any]:
