@@ -707,21 +707,16 @@ def trees_lineup(sk: str, port: int) -> list[Server]:
             models=boosters,
             note="the same with adaptive batching: max_batch_size 32, max_batch_time 2 ms",
         ),
-        Server(
-            "xgbserver-1w",
-            "kserve",
-            kserve_runtime("xgbserver", "xgb", WORK / "models" / "xgb" / "1", 1),
-            port,
-            models=("xgb",),
-            note=f"{xgbserver}, 1 worker",
-        ),
-        Server(
-            "xgbserver-2w",
-            "kserve",
-            kserve_runtime("xgbserver", "xgb", WORK / "models" / "xgb" / "1", 2),
-            port,
-            models=("xgb",),
-            note=f"{xgbserver}, 2 workers",
+        *(
+            Server(
+                f"xgbserver-{workers}w",
+                "kserve",
+                kserve_runtime("xgbserver", "xgb", WORK / "models" / "xgb" / "1", workers),
+                port,
+                models=("xgb",),
+                note=f"{xgbserver}, {workers} worker(s)",
+            )
+            for workers in (1, 2)
         ),
         Server(
             "lgbserver",
