@@ -10,8 +10,9 @@ read by the KServe peer), ``OUT_DIR/models/echo/model.py`` (the 1M-element
 tensor round trip), ``OUT_DIR/mlserver[-batch]/...`` model settings, and the request
 bodies under ``OUT_DIR/bodies``.  Where xgboost and lightgbm are installed, also
 100-round boosters on rf's data: ``OUT_DIR/models/xgb/1/model.json``,
-``OUT_DIR/models/lgb/1/model.txt`` and ``OUT_DIR/mlserver-trees/`` settings for
-MLServer's mlserver-xgboost and mlserver-lightgbm runtimes.
+``OUT_DIR/models/lgb/1/model.txt``, ``OUT_DIR/mlserver-trees[-batch]/`` settings for
+MLServer's mlserver-xgboost and mlserver-lightgbm runtimes, and ``OUT_DIR/kserve-lgb/model.bst``
+for KServe's lgbserver (the same LightGBM file under the name it reads).
 """
 
 from __future__ import annotations
@@ -93,8 +94,13 @@ def fit_boosters(out: Path, X: np.ndarray, y: np.ndarray) -> dict[str, np.ndarra
         path.parent.mkdir(parents=True, exist_ok=True)
         booster.save_model(str(path))
         settings = {"name": name, "implementation": implementation, "parameters": {"uri": str(path), "version": "1"}}
-        (out / "mlserver-trees" / name).mkdir(parents=True, exist_ok=True)
-        (out / "mlserver-trees" / name / "model-settings.json").write_text(json.dumps(settings))
+        batched = {**settings, "max_batch_size": 32, "max_batch_time": 0.002}  # MLServer's adaptive batching
+        for folder, doc in (("mlserver-trees", settings), ("mlserver-trees-batch", batched)):
+            (out / folder / name).mkdir(parents=True, exist_ok=True)
+            (out / folder / name / "model-settings.json").write_text(json.dumps(doc))
+    # KServe's lgbserver reads a ``*.bst`` file only: the same LightGBM text file under that name
+    (out / "kserve-lgb").mkdir(parents=True, exist_ok=True)
+    boosters["lgb"].save_model(str(out / "kserve-lgb" / "model.bst"))
     return {name: X for name in boosters}
 
 

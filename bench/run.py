@@ -28,9 +28,12 @@ The line-up (``--only`` takes these names):
   batching, 1-row V2); ``kserve-1w`` and ``kserve-2w`` (V2 and V1, every cell);
 - ``wsgi-gunicorn`` and ``wsgi-granian``: ``peers/plain_wsgi.py`` (orjson, one
   numpy array, ``model.predict``) on each engine with 2 workers: the ceilings;
-- ``servekit-trees`` and ``mlserver-trees``: a 100-round XGBoost and LightGBM
-  booster (``xgb``, ``lgb``; bench/models.py) through servekit's plugins and
-  through MLServer's mlserver-xgboost and mlserver-lightgbm, V2, 1 and 100 rows.
+- ``servekit-trees``, ``mlserver-trees`` (defaults), ``mlserver-trees-batch``
+  (adaptive batching), ``xgbserver-1w``, ``xgbserver-2w`` and ``lgbserver``: a
+  100-round XGBoost and LightGBM booster (``xgb``, ``lgb``; bench/models.py)
+  through servekit's plugins, MLServer's mlserver-xgboost and mlserver-lightgbm,
+  and KServe's xgbserver and lgbserver (built from KServe's repository: they are
+  not on PyPI), V2, 1 and 100 rows; bench/trees_report.py compares them.
 
 servekit serves only the iris and rf folders (scikit-learn artifacts, so
 ``--preload`` is on for several workers); batched servekit runs read
@@ -69,6 +72,8 @@ WORK = RESULTS / "work"
 
 MLSERVER_VERSION = "1.7.1"
 KSERVE_VERSION = "0.21.0"
+#: the newest tag of KServe's repository with xgbserver and lgbserver (unchanged since; not on PyPI)
+KSERVE_RUNTIMES_REF = "v0.20.0"
 CONNECTIONS = (8, 64)
 ROWS = (1, 100)
 STOP_TIMEOUT_S = 10.0  # after SIGTERM, seconds before the tree is killed
@@ -110,17 +115,21 @@ def ensure_wrk() -> None:
     ensure_debian_tool("wrk", "wrk")
 
 
-def ensure_venv(name: str, packages: list[str]) -> str:
-    """A virtualenv under bench/.venvs with ``packages``; reused when its marker matches."""
+def ensure_venv(name: str, packages: list[str], without_deps: tuple[str, ...] = ()) -> str:
+    """A virtualenv under bench/.venvs with ``packages`` (then ``without_deps``, each with ``--no-deps``);
+    reused when its marker matches."""
     venv = VENVS / name
     python = venv / "bin" / "python"
     marker = venv / ".bench-packages"
-    wanted = "\n".join(packages)
+    wanted = "\n".join([*packages, *without_deps])
     if python.exists() and marker.exists() and marker.read_text() == wanted:
         return str(python)
-    print(f"creating bench/.venvs/{name}: {' '.join(packages)}", flush=True)
+    print(f"creating bench/.venvs/{name}: {' '.join([*packages, *without_deps])}", flush=True)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *packages], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, *packages], check=True)
+    if without_deps:
+        subprocess.run([*pip, "--no-deps", *without_deps], check=True)
     marker.write_text(wanted)
     return str(python)
 
@@ -644,10 +653,33 @@ def ceiling_lineup(sk: str, port: int) -> list[Server]:
 
 
 def trees_lineup(sk: str, port: int) -> list[Server]:
-    """The gradient-boosted trees, through servekit's plugins and MLServer's runtimes (V2: MLServer has no V1)."""
+    """The gradient-boosted trees through servekit's plugins, MLServer's runtimes (V2: MLServer has no
+    V1; defaults and adaptive batching) and KServe's xgbserver and lgbserver (one model each)."""
     boosters = ("xgb", "lgb")
     serve = servekit_command(sk, [WORK / "models" / m for m in boosters], port)
     mlserver = str(VENVS / "mlserver-trees" / "bin" / "mlserver")
+    kserve = str(VENVS / "kserve-trees" / "bin" / "python")
+
+    def kserve_runtime(runtime: str, model: str, folder: Path, workers: int) -> list[str]:
+        return [
+            kserve,
+            "-m",
+            runtime,
+            "--model_name",
+            model,
+            "--model_dir",
+            str(folder),
+            "--http_port",
+            str(port),
+            "--enable_grpc",
+            "false",
+            "--configure_logging",
+            "false",
+            "--workers",
+            str(workers),
+        ]
+
+    xgbserver = f"KServe {KSERVE_VERSION} with xgbserver ({KSERVE_RUNTIMES_REF} source), nthread 1 (its default)"
     return [
         Server(
             "servekit-trees",
@@ -665,6 +697,34 @@ def trees_lineup(sk: str, port: int) -> list[Server]:
             env=mlserver_env(port),
             models=boosters,
             note=f"MLServer {MLSERVER_VERSION}, mlserver-xgboost and mlserver-lightgbm, default settings",
+        ),
+        Server(
+            "mlserver-trees-batch",
+            "mlserver",
+            [mlserver, "start", str(WORK / "mlserver-trees-batch")],
+            port,
+            env=mlserver_env(port),
+            models=boosters,
+            note="the same with adaptive batching: max_batch_size 32, max_batch_time 2 ms",
+        ),
+        *(
+            Server(
+                f"xgbserver-{workers}w",
+                "kserve",
+                kserve_runtime("xgbserver", "xgb", WORK / "models" / "xgb" / "1", workers),
+                port,
+                models=("xgb",),
+                note=f"{xgbserver}, {workers} worker(s)",
+            )
+            for workers in (1, 2)
+        ),
+        Server(
+            "lgbserver",
+            "kserve",
+            kserve_runtime("lgbserver", "lgb", WORK / "kserve-lgb", 1),
+            port,
+            models=("lgb",),
+            note=f"KServe {KSERVE_VERSION} with lgbserver ({KSERVE_RUNTIMES_REF} source): one worker, as it insists",
         ),
     ]
 
@@ -689,35 +749,79 @@ def lineup(sk: str, mls: str, ks: str, port: int) -> list[Server]:
 
 
 def environments(args: argparse.Namespace, sk: str) -> tuple[str, str, str]:
-    """The MLServer, KServe and tools interpreters, installed unless --skip-install."""
+    """The MLServer, KServe and tools interpreters; unless --skip-install, the virtualenvs the
+    servers chosen with --only need (all of them without it) are installed."""
+    mls, ks, tools = (str(VENVS / n / "bin" / "python") for n in ("mlserver", "kserve", "tools"))
     if args.skip_install:
-        mls, ks, tools = (str(VENVS / n / "bin" / "python") for n in ("mlserver", "kserve", "tools"))
         return mls, ks, tools
+    names = [n.strip() for n in args.only.split(",")] if args.only else None
+
+    def needed(*servers: str) -> bool:
+        return names is None or any(n in servers for n in names)
+
     pin = f"scikit-learn=={sklearn_version(sk)}"
     # uvloop 0.22 made get_event_loop() raise outside a running loop, which kills
     # MLServer 1.7.1's inference-pool workers at start: pin the one it was built against
-    mls = ensure_venv(
-        "mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin, "uvloop<0.22"]
-    )
-    ks = ensure_venv("kserve", [f"kserve=={KSERVE_VERSION}", pin, "joblib"])
+    if needed("mlserver", "mlserver-batch"):
+        mls = ensure_venv(
+            "mlserver", [f"mlserver=={MLSERVER_VERSION}", f"mlserver-sklearn=={MLSERVER_VERSION}", pin, "uvloop<0.22"]
+        )
+    if needed("kserve-1w", "kserve-2w"):
+        ks = ensure_venv("kserve", [f"kserve=={KSERVE_VERSION}", pin, "joblib"])
     tools = ensure_venv("tools", ["matplotlib", "py-spy"])
-    if not args.only or "mlserver-trees" in args.only:
-        ensure_venv("mlserver-trees", [*mlserver_trees_packages(sk), "uvloop<0.22"])
+    if needed("mlserver-trees", "mlserver-trees-batch"):
+        ensure_venv("mlserver-trees", [*mlserver_trees_packages(sk), *booster_packages(sk), "uvloop<0.22"])
+    if needed("xgbserver-1w", "xgbserver-2w", "lgbserver"):
+        ensure_venv("kserve-trees", [*kserve_trees_packages(), *booster_packages(sk)], kserve_tree_runtimes())
     return mls, ks, tools
 
 
-def mlserver_trees_packages(sk: str) -> list[str]:
-    """MLServer with its XGBoost and LightGBM runtimes, on the library versions servekit has (same files, same maths)."""
+def booster_packages(sk: str) -> list[str]:
+    """xgboost and lightgbm at the versions servekit has: the peers load the same files with the same library."""
     probe = "import xgboost, lightgbm; print(xgboost.__version__, lightgbm.__version__)"
     out = subprocess.run([sk, "-c", probe], capture_output=True, text=True)
     xgb_version, lgb_version = out.stdout.split() if out.returncode == 0 else ("", "")
     return [
-        f"mlserver=={MLSERVER_VERSION}",
-        f"mlserver-xgboost=={MLSERVER_VERSION}",
-        f"mlserver-lightgbm=={MLSERVER_VERSION}",
         f"xgboost=={xgb_version}" if xgb_version else "xgboost",
         f"lightgbm=={lgb_version}" if lgb_version else "lightgbm",
     ]
+
+
+def mlserver_trees_packages(sk: str) -> list[str]:
+    """MLServer with its XGBoost and LightGBM runtimes."""
+    return [
+        f"mlserver=={MLSERVER_VERSION}",
+        f"mlserver-xgboost=={MLSERVER_VERSION}",
+        f"mlserver-lightgbm=={MLSERVER_VERSION}",
+    ]
+
+
+def kserve_trees_packages() -> list[str]:
+    """What KServe's xgbserver and lgbserver import (their pyprojects name kserve by a path in KServe's repo)."""
+    return [f"kserve=={KSERVE_VERSION}", f"kserve-storage=={KSERVE_VERSION}", "pandas<3"]
+
+
+def kserve_tree_runtimes() -> tuple[str, ...]:
+    """KServe's xgbserver and lgbserver, built from KServe's repository (they are not on PyPI):
+    the folders to install, from a clone under bench/.venvs/src.
+
+    ``BENCH_KSERVE_GIT`` names another clone of github.com/kserve/kserve: a URL, or a local
+    git directory (a mirror), from which only the two folders are read (``git archive``)."""
+    repo = os.environ.get("BENCH_KSERVE_GIT", "https://github.com/kserve/kserve")
+    source = VENVS / "src" / f"kserve-{KSERVE_RUNTIMES_REF}"
+    folders = [f"python/{name}" for name in ("xgbserver", "lgbserver")]
+    if not all((source / f).is_dir() for f in folders):
+        shutil.rmtree(source, ignore_errors=True)
+        source.mkdir(parents=True)
+        if Path(repo).is_dir():
+            tar = subprocess.run(
+                ["git", "--git-dir", repo, "archive", KSERVE_RUNTIMES_REF, *folders], capture_output=True, check=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(source)], input=tar, check=True)
+        else:
+            clone = ["git", "clone", "-q", "--depth", "1", "--branch", KSERVE_RUNTIMES_REF, repo, str(source)]
+            subprocess.run(clone, check=True)
+    return tuple(str(source / f) for f in folders)
 
 
 def chosen(servers: list[Server], only: str | None) -> list[Server]:
@@ -797,6 +901,8 @@ def main() -> None:
     if args.merge and previous.exists():
         results = merged(results, previous, [s.name for s in everyone])
     previous.write_text(json.dumps(results, indent=2))
+    if any(s.name == "servekit-trees" for s in servers):
+        subprocess.run([sk, str(HERE / "trees_report.py"), str(previous)], check=False)
     subprocess.run([sk, str(HERE / "report.py"), str(previous)], check=True, stdout=subprocess.DEVNULL)
     if Path(tools).exists():
         subprocess.run([tools, str(HERE / "chart.py"), str(previous)], check=False)

@@ -10,6 +10,14 @@ if [ ! -x .venv-kserve/bin/python ]; then
     (python -m venv .venv-kserve && .venv-kserve/bin/python -m pip install --quiet "kserve==0.21.0") \
         || echo "could not install KServe's client; its test will skip"
 fi
+# `mlflow server` needs the full mlflow (the test extra has mlflow-skinny, the client only), so
+# the server lives in a virtualenv of its own, at the client's version; tests/test_mlflow_registry.py
+# starts it with a SQLite backend.
+if [ ! -x .venv-mlflow/bin/mlflow ]; then
+    mlflow_version="$(python -c 'from importlib.metadata import version; print(version("mlflow-skinny"))' 2>/dev/null)"
+    (python -m venv .venv-mlflow && .venv-mlflow/bin/python -m pip install --quiet "mlflow${mlflow_version:+==$mlflow_version}") \
+        || echo "could not install mlflow's server; the registry test will skip"
+fi
 # The status-page test drives headless Chromium; as root on Debian, install it when missing
 # (without it that test skips with the reason).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,9 +1,9 @@
 """``options.model_uri: models:/NAME/VERSION`` against a real ``mlflow server`` on loopback.
 
 ``mlflow server`` needs the full mlflow package (the ``servekit[mlflow]`` extra
-installs mlflow-skinny, the client): the test runs the ``mlflow`` found beside
-this Python, or the one ``SERVEKIT_TEST_MLFLOW_SERVER`` names, and skips when
-neither can start a server.
+installs mlflow-skinny, the client): the test runs the one ``SERVEKIT_TEST_MLFLOW_SERVER``
+names, else the virtualenv ``.venv-mlflow`` that ``scripts/test.sh`` makes, else the
+``mlflow`` beside this Python, and skips when none can start a server.
 """
 
 from __future__ import annotations
@@ -29,10 +29,18 @@ from servekit.testing import free_port
 ROWS = data()[0][:5]
 
 
+ROOT = Path(__file__).resolve().parent.parent
+MLFLOW_VENV = ROOT / ".venv-mlflow" / "bin" / "mlflow"
+
+
 def server_command() -> list[str]:
-    exe = os.environ.get("SERVEKIT_TEST_MLFLOW_SERVER") or shutil.which("mlflow", path=str(Path(sys.executable).parent))
+    exe = (
+        os.environ.get("SERVEKIT_TEST_MLFLOW_SERVER")
+        or (str(MLFLOW_VENV) if MLFLOW_VENV.exists() else None)
+        or shutil.which("mlflow", path=str(Path(sys.executable).parent))
+    )
     if not exe:
-        pytest.skip("no mlflow executable")
+        pytest.skip("no mlflow executable: scripts/test.sh makes .venv-mlflow")
     probe = subprocess.run([exe, "server", "--help"], capture_output=True, timeout=120)
     if probe.returncode != 0:
         pytest.skip("this mlflow cannot run a server (mlflow-skinny); set SERVEKIT_TEST_MLFLOW_SERVER")

@@ -171,6 +171,41 @@ def test_the_planner_polls_the_store_new_versions_in_removed_ones_out(s3_env):
     assert not (folder / "3").exists() and (folder / "2" / "model.joblib").read_bytes() == b"2"
 
 
+def test_a_model_folder_added_to_a_bucket_repository_is_found_by_name(s3_env):
+    put(s3_env, "late", {"models/iris/1/model.joblib": b"1"})
+    folder = storage.prepare("s3://late/models")
+    planner = Planner({"iris": folder / "iris"}, roots=[folder], explicit=True)
+    planner.refresh()
+    put(s3_env, "late", {"models/wine/1/model.joblib": b"w1", "models/wine/2/model.joblib": b"w2"})
+    assert planner.refresh()  # the next poll lists it, not loaded (explicit model control), as a local one
+    wine = planner.plan["models"]["wine"]
+    assert not wine["enabled"] and "not loaded" in wine["reason"]
+    assert (folder / "wine" / "2" / "model.joblib").read_bytes() == b"w2"  # mirrored by its own policy
+    assert not (folder / "wine" / "1").exists()
+    planner.enable("wine")
+    planner.refresh()
+    assert list(planner.plan["models"]["wine"]["versions"]) == [2]
+    # a load by name finds a folder that landed after the last poll
+    put(s3_env, "late", {"models/oak/1/model.joblib": b"o1"})
+    planner.enable("oak")
+    planner.refresh()
+    assert list(planner.plan["models"]["oak"]["versions"]) == [1]
+    assert storage.source_of(folder / "oak")[1]["uri"] == "s3://late/models/oak"
+
+
+def test_a_bucket_repository_that_stops_answering_keeps_its_models(s3_env, monkeypatch, caplog):
+    put(s3_env, "gone", {"models/iris/1/model.joblib": b"1"})
+    folder = storage.prepare("s3://gone/models")
+    planner = Planner({"iris": folder / "iris"}, roots=[folder], explicit=True)
+    planner.refresh()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    planner.refresh()
+    planner.refresh()
+    said = [r.getMessage() for r in caplog.records if "no new model folder" in r.getMessage()]
+    assert len(said) == 1 and "s3://gone/models: access denied" in said[0]  # once, naming the URI
+    assert list(planner.plan["models"]["iris"]["versions"]) == [1]
+
+
 def test_the_operators_policy_decides_what_is_downloaded(s3_env):
     put(s3_env, "policy", {"iris/1/model.joblib": b"1", "iris/2/model.joblib": b"2"})
     folder = storage.prepare("s3://policy/iris")
@@ -367,6 +402,25 @@ def test_a_model_in_s3_serves_v1_and_v2_from_two_workers_and_takes_a_new_version
     finally:
         server.stop()
         s3.delete("e2e", "models/iris/3")
+
+
+@pytest.mark.slow
+def test_a_model_folder_uploaded_to_a_served_bucket_repository_loads_by_name(s3, stored_iris, tmp_path):
+    env = {**s3.env(), storage.CACHE_ENV: str(tmp_path / "cache")}
+    server = ServerProcess("s3://e2e/models", env=env, workers=2, model_control_mode="explicit").start(timeout=180)
+    try:
+        load = f"{server.url}/v2/repository/models/setosa/load"
+        assert requests.post(load, timeout=60).status_code == 404  # not in the bucket yet
+        s3.upload(stored_iris / "1", "e2e", "models/setosa/1")  # a new model folder lands in the bucket
+        assert requests.post(load, timeout=60).status_code == 200
+        body = {"instances": [SETOSA]}
+        # both workers serve it
+        for _ in range(10):
+            answer = requests.post(f"{server.url}/v1/models/setosa:predict", json=body, timeout=30)
+            assert answer.status_code == 200 and answer.json() == {"predictions": ["setosa"]}
+    finally:
+        server.stop()
+        s3.delete("e2e", "models/setosa")
 
 
 @pytest.mark.slow

@@ -171,3 +171,20 @@ def test_threads_and_device(tmp_path, monkeypatch):
             load_booster(file, ModelConfig(device="cuda"))
         except ValueError as exc:  # no GPU here: said at load, not a silent CPU fallback
             assert "no GPU" in str(exc)
+
+
+@pytest.mark.parametrize("objective", ["binary:logistic", "multi:softprob", "multi:softmax", "reg:squarederror"])
+def test_the_dense_call_answers_what_inplace_predict_answers(objective):
+    from servekit_xgboost.dense import DensePredict
+
+    booster = xgboost_booster(objective, classes=3)
+    dense = DensePredict(booster)
+    assert dense.c_call is not None  # the C call is reached, not the fallback
+    X = data(n=64, seed=3)[0]
+    X[2, 1] = np.nan
+    inputs = [X, X[:1], X[:0], X.astype(np.float32), X.astype(np.float16), (X * 10).astype(np.int64), X.T.copy().T]
+    for rows in inputs:
+        for margin in (False, True):
+            want = booster.inplace_predict(rows, predict_type="margin" if margin else "value")
+            got = dense(rows, margin)
+            assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want, equal_nan=True)

@@ -78,6 +78,7 @@ def predict(
     output_names: list[str] | None,
     name: str,
     version: int,
+    sequence: Any,
 ) -> Any:
     if model.pyfunc is not None:
         return model.pyfunc.predict(inputs, parameters)
@@ -89,6 +90,7 @@ def predict(
         output_names=output_names,
         name=name,
         version=version,
+        sequence=sequence,
     )
 
 

@@ -5,9 +5,11 @@ The objective (``binary:logistic``, ``multi:softprob``, ``reg:squarederror``,
 feature names and count say what rows it takes.  All of it is in the saved
 model (``save_config``), so nothing is guessed from a probe call.
 
-Predictions go through ``inplace_predict``, which answers what
-``predict(DMatrix(X))`` answers without building a DMatrix per request;
-contributions need the DMatrix (``pred_contribs`` is not an in-place option).
+Predictions go through XGBoost's in-place prediction (:mod:`.dense`: what
+``inplace_predict`` answers, without its per-call Python overhead), which
+answers what ``predict(DMatrix(X))`` answers without building a DMatrix per
+request; contributions need the DMatrix (``pred_contribs`` is not an in-place
+option).
 """
 
 from __future__ import annotations
@@ -23,14 +25,12 @@ from servekit.errors import BadRequest
 from servekit.tabular import example_rows, feature_rows
 from servekit.types import CLASSIFY_METHOD, REGRESS_METHOD, ModelConfig, ModelMetadata, Signature, TensorSpec
 
+from .dense import DensePredict
+
 #: objectives whose ``predict`` is class probabilities (binary: of class 1)
 PROBABILITY_OBJECTIVES = ("binary:logistic", "multi:softprob")
-#: signature name -> output name and the ``inplace_predict`` keywords
-CALLS: dict[str, dict[str, Any]] = {
-    "serving_default": {"predict_type": "value"},
-    "predict_proba": {"predict_type": "value"},
-    "predict_margin": {"predict_type": "margin"},
-}
+#: signature name -> whether it answers the margin (``inplace_predict(predict_type="margin")``)
+MARGIN = {"serving_default": False, "predict_proba": False, "predict_margin": True}
 OUTPUTS = {"serving_default": "predict", "predict_proba": "predict_proba", "predict_margin": "predict_margin"}
 
 
@@ -43,6 +43,10 @@ class XGBoostModel:
     n_classes: int
     feature_names: list[str] | None
     classes: list[str] = field(default_factory=list)
+    dense: DensePredict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.dense = DensePredict(self.booster)
 
     @property
     def is_classifier(self) -> bool:
@@ -103,7 +107,7 @@ class XGBoostModel:
         return {OUTPUTS[signature]: self.call(signature, self.rows(inputs))}
 
     def call(self, signature: str, X: np.ndarray) -> np.ndarray:
-        out = self.booster.inplace_predict(X, **CALLS[signature])
+        out = self.dense(X, MARGIN[signature])
         if signature == "predict_proba" and self.objective == "binary:logistic":
             return np.column_stack([1 - out, out])
         return out

@@ -175,6 +175,7 @@ class Planner:
     def _find_new_models(self, wanted: str | None = None) -> None:
         """Model folders that appeared in a repository folder: listed, not served until loaded."""
         for root in self.roots:
+            storage.sync_new_models(root)  # a repository in a bucket: its new model folders mirrored first
             if not root.is_dir():
                 continue
             for folder in model_folders_in(root):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import StorageError
-from .mirror import CACHE_ENV, Synced, cache_root, local_path, prepare, source_of, sync
+from .mirror import CACHE_ENV, Synced, cache_root, local_path, prepare, source_of, sync, sync_new_models
 from .uris import is_uri
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "prepare_paths",
     "source_of",
     "sync",
+    "sync_new_models",
 ]
 
 _prepared: dict[str, Path] = {}

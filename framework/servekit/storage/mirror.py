@@ -265,18 +265,58 @@ def prepare(uri: str, select: Callable[[Path], Select] | None = None) -> Path:
                 raise StorageError("; ".join(synced.errors[v] for v in sorted(synced.errors)))
             return folder
         folder.mkdir(parents=True, exist_ok=True)
-        models = sorted({rel.split("/", 1)[0] for rel in files if "/" in rel and not rel.startswith(".")})
-        for name in models:
-            sub = _under(files, name)
-            if _is_model(sub):
-                synced = _sync_model(fs, f"{uri}/{name}", folder / name, sub, policy(folder / name))
-                if synced.errors:
-                    log.error("%s", "; ".join(synced.errors.values()))
+        models = _sync_repository(fs, uri, folder, files, policy)
         for child in folder.iterdir():  # model folders that left the store
             if child.is_dir() and child.name not in models and read_state(child).get("uri"):
                 shutil.rmtree(child, ignore_errors=True)
         _write_state(folder, {"uri": uri, "kind": "repository"})
     return folder
+
+
+def _sync_repository(
+    fs: Any,
+    uri: str,
+    folder: Path,
+    files: dict[str, dict[str, Any]],
+    policy: Callable[[Path], Select],
+    only_new: bool = False,
+) -> list[str]:
+    """Mirror each model folder of a repository (``only_new``: those not in the cache yet); their names."""
+    models = sorted({rel.split("/", 1)[0] for rel in files if "/" in rel and not rel.startswith(".")})
+    for name in models:
+        sub = _under(files, name)
+        if _is_model(sub) and not (only_new and read_state(folder / name).get("uri")):
+            synced = _sync_model(fs, f"{uri}/{name}", folder / name, sub, policy(folder / name))
+            if synced.errors:
+                log.error("%s", "; ".join(synced.errors.values()))
+    return models
+
+
+_listing_errors: dict[str, str] = {}  # the last listing error of each repository, logged once
+
+
+def sync_new_models(folder: Path) -> None:
+    """Mirror the model folders added to a cached repository's store since it was last listed.
+
+    Each is downloaded by its own version policy, as at the start, so the repository's
+    folder then holds it like a model folder copied into a local repository (the control
+    plane finds it by name).  Nothing for a local folder, a model folder or an archive;
+    a listing that fails is logged once and leaves the cache as it is.
+    """
+    state = read_state(folder)
+    if state.get("kind") != "repository" or not state.get("uri"):
+        return
+    uri = str(state["uri"])
+    try:
+        with _locked(folder):
+            fs = filesystem(uri)
+            _sync_repository(fs, uri, folder, _list(fs, uri), _own_policy, only_new=True)
+    except StorageError as exc:
+        if _listing_errors.get(uri) != str(exc):
+            log.error("%s; no new model folder is looked for until it answers", exc)
+        _listing_errors[uri] = str(exc)
+        return
+    _listing_errors.pop(uri, None)
 
 
 def sync(folder: Path, select: Select) -> Synced | None:
