@@ -35,7 +35,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import hookspecs, sibling_imports
 
 log = logging.getLogger("servekit.plugins")
 
@@ -145,27 +145,35 @@ def import_plugin(spec: str) -> ModuleType:
         raise PluginError(f"cannot import plugin module {spec!r}: {exc}") from exc
 
 
-def import_file(path: Path, module_name: str | None = None) -> ModuleType:
-    """Import a Python file as a module of its own (a model's ``model.py``, a ``--plugin`` file)."""
+def import_file(path: Path, module_name: str | None = None, *, fresh: bool = False) -> ModuleType:
+    """Import a Python file as a module of its own (a model's ``model.py``, a ``--plugin`` file).
+
+    Imported once per file, unless ``fresh``: then the file and the modules it
+    imported from its folder run again (a model version loading anew), and the
+    new module replaces the old one under the file's module name.
+    """
     path = path.resolve()
     module_name = module_name or f"servekit_user_{abs(hash(str(path))):x}_{path.stem}"
     with _load_lock:
-        if module_name in sys.modules:
+        if module_name in sys.modules and not fresh:
             return sys.modules[module_name]
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise PluginError(f"cannot import {path.name}")
         module = importlib.util.module_from_spec(spec)
-        # Let a model.py import its sibling modules.
-        sys.path.insert(0, str(path.parent))
+        if fresh:
+            sibling_imports.forget(path.parent)
+        previous = sys.modules.get(module_name)
         try:
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
+            sys.modules[module_name] = module  # dataclasses look their module up while it runs
+            with sibling_imports.beside(path.parent):  # a model.py imports its sibling modules
+                spec.loader.exec_module(module)
         except BaseException:
-            sys.modules.pop(module_name, None)
+            if previous is None:
+                sys.modules.pop(module_name, None)
+            else:
+                sys.modules[module_name] = previous
             raise
-        finally:
-            sys.path.remove(str(path.parent))
     return module
 
 
@@ -193,7 +201,7 @@ def model_manager(base: pluggy.PluginManager, model_py: Path | None) -> pluggy.P
         if plugin is not None:
             pm.register(plugin, name=name)
     try:
-        module = import_file(model_py)
+        module = import_file(model_py, fresh=True)
     except Exception as exc:  # the user's code: any error, reported naming the file
         raise PluginError(f"{model_py.name} could not be imported: {type(exc).__name__}: {exc}") from exc
     name = f"{MODEL_PY_PREFIX}{model_py.parent.name}"

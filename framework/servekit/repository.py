@@ -127,7 +127,6 @@ class ModelRepository:
         self._first_load_done = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._managers: dict[Path, pluggy.PluginManager] = {}
         #: runs a loading version's warm-up before it is AVAILABLE (servekit.warmup.Warmer)
         self.warm: Callable[[ModelVersion], None] | None = None
 
@@ -423,15 +422,18 @@ class ModelRepository:
         return meta if isinstance(meta, ModelMetadata) else ModelMetadata()
 
     def _manager_for(self, model: Model, path: Path) -> pluggy.PluginManager:
+        """The hooks for the version in ``path``: a ``model.py`` runs afresh each time a version loads.
+
+        So a changed ``model.py`` takes effect with the next version folder (or a
+        reload of this one) without a restart; versions loaded side by side keep
+        the code each was loaded with.
+        """
         model_py = path / "model.py"
         if not model_py.is_file():
             model_py = model.base_path / "model.py"
         if not model_py.is_file():
             return self.pm
-        key = model_py.resolve()
-        if key not in self._managers:
-            self._managers[key] = plugins.model_manager(self.pm, model_py)
-        return self._managers[key]
+        return plugins.model_manager(self.pm, model_py)
 
     def _unload_version(self, model: Model, mv: ModelVersion) -> None:
         with self._lock:

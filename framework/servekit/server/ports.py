@@ -12,7 +12,6 @@ stops with one line naming the port and the flag that changes it.
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import tempfile
 
@@ -52,7 +51,9 @@ def check_temp_dir() -> None:
 
 def grpc_enabled(settings: Settings) -> bool:
     """gRPC is served when ``--grpc-port`` is not 0 and the ``grpc`` extra is installed."""
-    return bool(settings.grpc_port) and importlib.util.find_spec("grpc") is not None
+    from ..protocols import grpc
+
+    return bool(settings.grpc_port) and not grpc.missing_libraries()
 
 
 def check_ports(settings: Settings) -> None:
