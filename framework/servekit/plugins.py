@@ -28,7 +28,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -49,11 +49,60 @@ class PluginError(RuntimeError):
     """A plugin could not be registered (name clash, unreadable file)."""
 
 
+#: The extra that installs a framework library, by its top-level module.
+EXTRAS = {
+    "joblib": "sklearn",
+    "sklearn": "sklearn",
+    "skops": "sklearn",
+    "pandas": "sklearn",
+    "torch": "torch",
+    "tensorflow": "tensorflow",
+    "transformers": "huggingface",
+    "safetensors": "huggingface",
+    "tokenizers": "huggingface",
+    "xgboost": "xgboost",
+    "lightgbm": "lightgbm",
+    "onnxruntime": "onnx",
+    "mlflow": "mlflow",
+    "shap": "explain",
+    "captum": "torch-explain",
+}
+
+
 @dataclass
 class PluginInfo:
     name: str
     hooks: list[str]
     source: str  # distribution name, file path or module name
+    #: the libraries the plugin declares (``SERVEKIT_REQUIRES``) that are not installed: it loads nothing
+    missing: list[str] = field(default_factory=list)
+
+
+def missing_libraries(plugin: object) -> list[str]:
+    """The modules of a plugin's ``SERVEKIT_REQUIRES`` that cannot be found (found without importing them)."""
+    missing = []
+    for module in getattr(plugin, "SERVEKIT_REQUIRES", ()):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def usable(infos: Iterable[PluginInfo]) -> tuple[list[str], dict[str, str]]:
+    """The plugins that can load models, and the others with what installs each (the start-up line)."""
+    ready, missing = [], {}
+    for info in infos:
+        if not info.missing:
+            ready.append(info.name)
+            continue
+        extras = sorted({EXTRAS[m] for m in info.missing if m in EXTRAS})
+        missing[info.name] = (
+            f"pip install 'servekit[{','.join(extras)}]'" if extras else "needs " + ", ".join(info.missing)
+        )
+    return ready, missing
 
 
 def new_manager() -> pluggy.PluginManager:
@@ -346,4 +395,5 @@ def describe(pm: pluggy.PluginManager) -> list[PluginInfo]:
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         info = infos.setdefault(top, PluginInfo(top, [], _source_of(pm, name)))
         info.hooks = sorted(set(info.hooks) | set(hooks))
+        info.missing = sorted(set(info.missing) | set(missing_libraries(plugin)))
     return sorted(infos.values(), key=lambda i: i.name)

@@ -559,31 +559,12 @@ def _no_plugin_message(path: Path) -> str:
     )
 
 
-#: The extra of servekit that installs a framework library a plugin imports.
-EXTRAS = {
-    "joblib": "sklearn",
-    "sklearn": "sklearn",
-    "skops": "sklearn",
-    "pandas": "sklearn",
-    "torch": "torch",
-    "tensorflow": "tensorflow",
-    "transformers": "huggingface",
-    "safetensors": "huggingface",
-    "tokenizers": "huggingface",
-    "xgboost": "xgboost",
-    "lightgbm": "lightgbm",
-    "onnxruntime": "onnx",
-    "mlflow": "mlflow",
-    "shap": "explain",
-    "captum": "torch-explain",
-}
-
 
 def _describe_error(exc: Exception) -> str:
     """A load error as a reader needs it: messages like ``'32'`` (a KeyError) say nothing alone,
     and a missing framework library says which extra installs it."""
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        extra = EXTRAS.get(exc.name.split(".")[0])
+        extra = plugins.EXTRAS.get(exc.name.split(".")[0])
         if extra is not None:
             return f"{exc}: install it with pip install 'servekit[{extra}]'"
     message = str(exc)
