@@ -559,7 +559,6 @@ def _no_plugin_message(path: Path) -> str:
     )
 
 
-
 def _describe_error(exc: Exception) -> str:
     """A load error as a reader needs it: messages like ``'32'`` (a KeyError) say nothing alone,
     and a missing framework library says which extra installs it."""

@@ -29,4 +29,4 @@ def write_json_error(sock: Any, status_int: int, reason: str, mesg: str) -> None
 
 def install() -> None:
     """In a worker: gunicorn's error answers are JSON from now on."""
-    util.write_error = write_json_error  # type: ignore[assignment]
+    util.write_error = write_json_error
