@@ -6,6 +6,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a model loaded per test
+
 DECLARED = textwrap.dedent("""
     import servekit
     from servekit import ModelMetadata, Signature, TensorSpec

@@ -3,7 +3,8 @@
 A ``<!-- example: NAME -->`` line before a fenced block makes it (part of) the
 ``model.py`` of a model named NAME (blocks of one name join, in order, into one
 file, as a reader combines a page's hooks); ``<!-- example: NAME plugin -->``
-makes it a ``--plugin`` file beside a model. ``<!-- fragment: why -->`` marks a
+makes it a ``--plugin`` file beside a model, ``<!-- example: NAME commands -->`` a shell
+block whose ``servekit plugins`` lines run as written. ``<!-- fragment: why -->`` marks a
 block that is no whole file. Every Python block of docs/hooks.md carries one of
 the two, and every example has a scenario below, so a doc edit is tested.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,7 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MARKED = re.compile(r"<!-- (example|fragment): ?([^>]*?) -->\n```(\w+)\n(.*?)```", re.S)
-PAGES_ALL_MARKED = ("hooks.md",)
+PAGES_ALL_MARKED = ("hooks.md", "writing-plugins.md", "openai.md")
 
 
 def examples() -> dict[str, dict[str, str]]:
@@ -31,6 +34,8 @@ def examples() -> dict[str, dict[str, str]]:
             if what != "example":
                 continue
             name, _, kind = label.partition(" ")
+            if kind == "commands":
+                name = f"{name} commands"
             entry = found.setdefault(name, {"kind": kind or "model.py", "source": ""})
             entry["source"] += code + "\n"
     return found
@@ -64,7 +69,7 @@ def _serve(tmp_path, servekit_app, name, *, files=None, model=None, config=None)
         (folder / file).write_text(text)
     plugins = []
     if example["kind"] == "plugin":
-        plugin = tmp_path / f"{name.replace(' ', '_')}.py"
+        plugin = tmp_path / f"{name.replace(' ', '_').replace('-', '_')}.py"
         plugin.write_text(example["source"])
         plugins.append(str(plugin))
         (folder / "model.py").write_text(EXAMPLES[target]["source"])
@@ -170,7 +175,29 @@ def audit(tmp_path, servekit_app, caplog):
     assert line["requestLogId"]
 
 
+def my_hooks(tmp_path, servekit_app, caplog, capsys):
+    client = _serve(tmp_path, servekit_app, "my-hooks", model="scaled")
+    assert client.post("/v1/models/scaled:predict", json={"instances": [[3]]}).status_code == 200
+    assert re.search(r"^scaled v1: \d+\.\d ms$", capsys.readouterr().out, re.M)
+
+
+def my_hooks_commands(tmp_path, servekit_app, caplog):
+    """The page's ``servekit plugins --plugin my_hooks.py``, run as written beside the page's my_hooks.py."""
+    (tmp_path / "my_hooks.py").write_text(EXAMPLES["my-hooks"]["source"])
+    lines = [line.split("#")[0].split() for line in EXAMPLES["my-hooks commands"]["source"].splitlines()]
+    commands = [argv for argv in lines if argv[:2] == ["servekit", "plugins"]]
+    assert commands
+    for argv in commands:
+        done = subprocess.run(
+            [sys.executable, "-m", "servekit", *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert re.search(r"^my_hooks  \(.*my_hooks\.py\)\n  hooks: predict$", done.stdout, re.M), done.stdout
+
+
 SCENARIOS = {
+    "my-hooks": my_hooks,
+    "my-hooks commands": my_hooks_commands,
     "scaled": scaled,
     "timing": timing,
     "pairs": pairs,
@@ -185,6 +212,7 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.slow  # a model loaded per example
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_the_example_runs_as_written(name, tmp_path, servekit_app, caplog, capsys):
     scenario = SCENARIOS[name]

@@ -68,6 +68,7 @@ def test_generated_modules_carry_no_runtime_version_guard():
     assert guarded == []
 
 
+@pytest.mark.slow  # a Python of its own per protobuf
 @pytest.mark.parametrize("version", OLD_PROTOBUFS)
 def test_generated_modules_work_on_an_older_protobuf(version):
     target = _old_protobuf(version)
