@@ -79,6 +79,9 @@ for version in "${versions[@]}"; do
         fi
         "$venv/bin/python" -c "import tensorflow" 2>/dev/null \
             && "${pip[@]}" --no-deps "tensorflow-serving-api>=2.15"
+        # PyPI's torch (the CUDA build) brings triton, whose LLVM clashes with TensorFlow's in one
+        # process (importing both segfaults); the suite runs torch on the CPU, which needs no triton
+        "$venv/bin/python" -m pip uninstall --quiet --yes triton 2>/dev/null || true
         touch "$stamp"
     fi
     "$venv/bin/python" -m pytest -m "not slow" -q -rfEs || status=1
