@@ -79,9 +79,14 @@ class PluginInfo:
 
 
 def missing_libraries(plugin: object) -> list[str]:
-    """The modules of a plugin's ``SERVEKIT_REQUIRES`` that cannot be found (found without importing them)."""
+    """The modules of a plugin's ``SERVEKIT_REQUIRES`` that are not installed."""
+    return not_found(getattr(plugin, "SERVEKIT_REQUIRES", ()))
+
+
+def not_found(modules: Iterable[str]) -> list[str]:
+    """The modules that are not installed, found out without importing them."""
     missing = []
-    for module in getattr(plugin, "SERVEKIT_REQUIRES", ()):
+    for module in modules:
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):

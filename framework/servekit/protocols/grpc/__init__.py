@@ -12,7 +12,6 @@ every gRPC client gets "connection refused".
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import Any
 
@@ -28,15 +27,9 @@ REQUIRED = {"grpc": "grpcio", "google.protobuf": "protobuf"}
 
 def missing_libraries() -> list[str]:
     """The ``grpc`` extra's distributions that are not installed (found without importing them)."""
-    missing = []
-    for module, distribution in REQUIRED.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # its parent package (``google``) is missing
-            found = False
-        if not found:
-            missing.append(distribution)
-    return missing
+    from ...plugins import not_found
+
+    return [REQUIRED[module] for module in not_found(REQUIRED)]
 
 
 def start_in_worker(worker: Any, settings: Any) -> None:
