@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -84,17 +85,13 @@ def forget(folder: Path) -> None:
     ``utils.py``), so each ``model.py`` gets its own siblings, read afresh.
     """
     root = folder.resolve()
+    # the folder as given and as resolved: a string test per module, no system call
+    prefixes = tuple({os.path.join(str(folder.absolute()), ""), os.path.join(str(root), "")})
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
         if top in _FINDER.served and ((root / f"{top}.py").is_file() or (root / top).is_dir()):
             sys.modules.pop(name, None)
             continue
         file: Any = getattr(module, "__file__", None)
-        if not file:
-            continue
-        try:
-            inside = Path(file).resolve().is_relative_to(root)
-        except (OSError, ValueError):
-            continue
-        if inside:
+        if isinstance(file, str) and file.startswith(prefixes):
             sys.modules.pop(name, None)
