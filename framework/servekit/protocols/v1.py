@@ -125,8 +125,13 @@ def check_declared_shapes(mv: Any, inputs: Any, signature: str | None) -> None:
     """The 400 V2 answers for a shape the model's metadata rules out (``-1``: any size).
 
     Rows of one tensor (``"instances": [[...], ...]``) arrive as one array: it is
-    the signature's input when the signature declares exactly one.
+    the signature's input when the signature declares exactly one.  A TensorFlow
+    model is not held to its signature, as TF Serving does not hold it (nor does
+    servekit's gRPC ``Predict``): a SavedModel may take shapes its signature does
+    not say, and TF Serving's clients send them.
     """
+    if mv.metadata.platform == "tensorflow":
+        return
     if not isinstance(inputs, dict):
         declared = mv.metadata.signature(signature)
         if declared is None or len(declared.inputs) != 1:
