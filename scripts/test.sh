@@ -4,8 +4,8 @@
 # TF Serving's client package depends on the full `tensorflow`; we run it beside
 # tensorflow-cpu, so it goes in without its dependencies.
 python -c "import tensorflow_serving" 2>/dev/null || python -m pip install --quiet --no-deps "tensorflow-serving-api>=2.15"
-# KServe's own client pins protobuf < 7 (servekit's gRPC stubs need 7), so it lives in a
-# virtualenv of its own; tests/test_kserve_client.py drives servekit with it.
+# KServe's own client pins protobuf < 7 and much else, so it lives in a virtualenv of its own;
+# tests/test_kserve_client.py drives servekit with it.
 if [ ! -x .venv-kserve/bin/python ]; then
     (python -m venv .venv-kserve && .venv-kserve/bin/python -m pip install --quiet "kserve==0.21.0") \
         || echo "could not install KServe's client; its test will skip"
@@ -18,6 +18,13 @@ if [ ! -x .venv-mlflow/bin/mlflow ]; then
     (python -m venv .venv-mlflow && .venv-mlflow/bin/python -m pip install --quiet "mlflow${mlflow_version:+==$mlflow_version}") \
         || echo "could not install mlflow's server; the registry test will skip"
 fi
+# servekit's gRPC stubs read with protobuf 5.26.1 and up: tests/test_grpc_startup.py runs them on the
+# grpc extra's floor and on the 6.x a Triton client moves protobuf to, from these folders
+for pb in 5.26.1 6.33.5; do
+    [ -d ".cache/protobuf-$pb/google/protobuf" ] \
+        || python -m pip install --quiet --no-deps --target ".cache/protobuf-$pb" "protobuf==$pb" \
+        || echo "could not install protobuf $pb; its tests will skip"
+done
 # The status-page test drives headless Chromium; as root on Debian, install it when missing
 # (without it that test skips with the reason).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -91,12 +91,17 @@ def test_unload_is_called_when_a_version_is_replaced(tmp_path, servekit_app):
     folder = _model(tmp_path)
     client = servekit_app(tmp_path / "models")
     repo = client.application.extensions["servekit"].repository
+
+    def events():  # each version runs model.py afresh: its own module, its own EVENTS
+        return repo.resolve("lin").hooks.load.get_hookimpls()[-1].plugin.EVENTS
+
+    first = events()
     (folder / "2").mkdir()
     (folder / "2" / "weights.json").write_text("3")
     repo.sync()
     assert client.post("/v1/models/lin:predict", json={"instances": [[1, 1]]}).get_json() == {"predictions": [6]}
-    events = repo.resolve("lin").hooks.load.get_hookimpls()[-1].plugin.EVENTS
-    assert ("load", "lin", 2) in events and ("unload", 2) in events
+    assert first == [("load", "lin", 1), ("unload", 2)]
+    assert events() == [("load", "lin", 2)]
 
 
 def test_register_routes_and_server_started(tmp_path, servekit_app):

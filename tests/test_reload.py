@@ -86,3 +86,45 @@ def test_a_broken_new_version_leaves_the_previous_one_serving(tmp_path, servekit
     (base / "iris" / "2" / "model.joblib").unlink()
     fit_iris(base / "iris", 2)
     assert _wait_for(lambda: _versions(server, "iris") == {2: "AVAILABLE"})
+
+
+ANSWERING = """
+import servekit
+
+@servekit.hookimpl
+def load(path):
+    return "constant"
+
+@servekit.hookimpl
+def predict(inputs):
+    return inputs * 0 + {answer}
+"""
+
+
+def _answers(server, name, n=20):
+    with requests.Session() as s:
+        return {
+            s.post(f"{server.url}/v1/models/{name}:predict", json={"instances": [1]}, timeout=30).json()["predictions"][
+                0
+            ]
+            for _ in range(n)
+        }
+
+
+def test_a_changed_model_py_runs_with_the_next_version_in_every_worker(tmp_path, servekit_server):
+    """model.py beside the version folders: a new version runs the file as it is now, no restart."""
+    model = tmp_path / "models" / "const"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "weights.json").write_text("{}")
+    (model / "model.py").write_text(ANSWERING.format(answer=1))
+    server = servekit_server(tmp_path / "models", workers=2, poll_interval=0.2)
+    assert _answers(server, "const") == {1}
+
+    (model / "model.py").write_text(ANSWERING.format(answer=2))
+    staging = tmp_path / "staging"
+    (staging / "2").mkdir(parents=True)
+    (staging / "2" / "weights.json").write_text("{}")
+    shutil.move(str(staging / "2"), str(model / "2"))
+    assert _wait_for(lambda: _versions(server, "const") == {2: "AVAILABLE"})
+    time.sleep(1.0)  # both workers have swapped (each polls on its own)
+    assert _answers(server, "const", 40) == {2}

@@ -86,5 +86,5 @@ def test_tf_serving_model_name_and_base_path(tmp_path):
 
 
 def test_wrong_types_are_reported():
-    with pytest.raises(ValueError, match="http_port"):
+    with pytest.raises(ValueError, match="--http-port: expected an integer, found 'eighty'"):
         parse(["--http-port", "eighty"])

@@ -53,7 +53,10 @@ BROKEN = {
         "model.pkl: the file is empty; expected an estimator saved with joblib.dump",
     ),
     "truncated joblib": (_truncated_joblib, "model.joblib: not a readable joblib/pickle file ("),
-    "truncated pickle": (_truncated_pickle, "model.pkl: not a readable joblib/pickle file (UnpicklingError"),
+    "truncated pickle": (
+        _truncated_pickle,
+        "model.pkl: not a readable joblib/pickle file (",
+    ),  # UnpicklingError (EOFError on 3.10)
     "text file": (
         lambda f: (f / "model.pkl").write_text("hello\n"),
         "model.pkl: not a readable joblib/pickle file (",

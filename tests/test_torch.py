@@ -145,7 +145,7 @@ def test_v1_metadata_names_inputs_by_forward_arguments(torch_server):
         ("ep_heads", {"inputs": {"x": ROWS.tolist(), "bias": [1.0, 2.0, 3.0]}}, 400, "unknown input(s) bias"),
         ("ep_heads", {"inputs": {"x": ROWS.tolist()}}, 400, "missing input(s) offset"),
         ("ep_heads", {"instances": ROWS.tolist()}, 400, "takes 2 inputs"),
-        ("ep_clf", {"instances": [[1.0, 2.0, 3.0]]}, 400, "expected shape [None, 4], found [1, 3]"),
+        ("ep_clf", {"instances": [[1.0, 2.0, 3.0]]}, 400, "shape [1, 3] does not match the model's shape [-1, 4]"),
         ("ts_clf", {"instances": [[1.0, 2.0, 3.0]]}, 400, "shapes cannot be multiplied"),
         ("sd_clf", {"instances": [[1, 2, 3, 4]]}, 400, "send floats"),
         ("ep_clf", {"instances": [["a", "b", "c", "d"]]}, 400, "numeric or boolean"),

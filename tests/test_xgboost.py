@@ -118,11 +118,11 @@ def test_lightgbm_bst_is_left_to_lightgbm(tmp_path):
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
-        ([[1.0, 2.0]], "expected rows of 4 features"),
+        ([[1.0, 2.0]], "shape [1, 2] does not match the model's shape [-1, 4]"),  # its metadata, as V2
         ([["a", "b", "c", "d"]], "expected numbers"),
         ([[1, 2, 3, 4]], None),
         ([[1e400, 0, 0, 0]], "infinite"),
-        ([[[1, 2, 3, 4]]], "2 dimensions"),
+        ([[[1, 2, 3, 4]]], "shape [1, 1, 4] does not match the model's shape [-1, 4]"),
     ],
 )
 def test_bad_rows_are_a_400(tmp_path, servekit_app, rows, message):

@@ -54,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     """
     try:
         settings = settings_mod.resolve(args)
-        models, plugin_names = _check_serve(settings)
+        models, (plugin_names, not_installed) = _check_serve(settings)
     except (ValueError, OSError, yaml.YAMLError, _Refused) as exc:
         print(f"servekit: {exc}", file=sys.stderr)
         return 2
@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .server import ports
 
     log_setup.configure(settings.log_format, settings.log_level)
-    for line in ports.startup_lines(settings, models, plugin_names):
+    for line in ports.startup_lines(settings, models, plugin_names, not_installed):
         log.info("%s", line)
     from .server.engines import run
 
@@ -74,8 +74,9 @@ class _Refused(Exception):
     """A setting that would make the server fail; the message is the one line to print."""
 
 
-def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]:
-    """The served model names and the loaded plugins; :class:`_Refused` for the first mistake."""
+def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], tuple[list[str], dict[str, str]]]:
+    """The served model names and the plugins (usable, and not installed with what installs them);
+    :class:`_Refused` for the first mistake."""
     if not settings.paths:
         raise _Refused("no model path given (pass PATH, SERVEKIT_PATHS or MODEL_BASE_PATH)")
     if settings.threads < 1:
@@ -102,7 +103,7 @@ def _check_serve(settings: settings_mod.Settings) -> tuple[list[str], list[str]]
         check_ports(settings)  # last: the nearer the bind, the smaller the window
     except (NoTempDir, PortTaken) as exc:
         raise _Refused(str(exc)) from None
-    return models, [info.name for info in plugins.describe(pm)]
+    return models, plugins.usable(plugins.describe(pm))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -124,8 +125,11 @@ def _plugins(args: argparse.Namespace) -> int:
 
         print(json.dumps([vars(i) for i in infos], indent=2))
         return 0
+    _, not_installed = plugins.usable(infos)
     for info in infos:
         print(f"{info.name}  ({info.source})")
+        if info.name in not_installed:
+            print(f"  not installed: {', '.join(info.missing)} is missing ({not_installed[info.name]})")
         print("  hooks: " + (", ".join(info.hooks) or "none"))
     return 0
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,9 @@ class DataPlane:
         self.load_wait = load_wait
         #: asks the control plane to load a model the memory budget unloaded (ControlPlane.ensure)
         self.on_demand: Any = None
+        #: parts of this worker that must be up before it is ready: each says why not, or None
+        #: (a requested gRPC port, servekit.protocols.grpc)
+        self.readiness_gates: list[Callable[[], str | None]] = []
         self._here = LocalExecutor(self)
 
     # -- health ---------------------------------------------------------------
@@ -82,6 +85,10 @@ class DataPlane:
         """Readiness and, when not ready, why."""
         if self.draining:
             return False, "shutting down (SIGTERM): finishing in-flight requests"
+        for gate in self.readiness_gates:
+            reason = gate()
+            if reason:
+                return False, reason
         return self.repository.readiness(self.strict_readiness)
 
     def model_names(self) -> list[str]:

@@ -28,14 +28,14 @@ import os
 import sys
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import hookspecs, sibling_imports
 
 log = logging.getLogger("servekit.plugins")
 
@@ -49,11 +49,65 @@ class PluginError(RuntimeError):
     """A plugin could not be registered (name clash, unreadable file)."""
 
 
+#: The extra that installs a framework library, by its top-level module.
+EXTRAS = {
+    "joblib": "sklearn",
+    "sklearn": "sklearn",
+    "skops": "sklearn",
+    "pandas": "sklearn",
+    "torch": "torch",
+    "tensorflow": "tensorflow",
+    "transformers": "huggingface",
+    "safetensors": "huggingface",
+    "tokenizers": "huggingface",
+    "xgboost": "xgboost",
+    "lightgbm": "lightgbm",
+    "onnxruntime": "onnx",
+    "mlflow": "mlflow",
+    "shap": "explain",
+    "captum": "torch-explain",
+}
+
+
 @dataclass
 class PluginInfo:
     name: str
     hooks: list[str]
     source: str  # distribution name, file path or module name
+    #: the libraries the plugin declares (``SERVEKIT_REQUIRES``) that are not installed: it loads nothing
+    missing: list[str] = field(default_factory=list)
+
+
+def missing_libraries(plugin: object) -> list[str]:
+    """The modules of a plugin's ``SERVEKIT_REQUIRES`` that are not installed."""
+    return not_found(getattr(plugin, "SERVEKIT_REQUIRES", ()))
+
+
+def not_found(modules: Iterable[str]) -> list[str]:
+    """The modules that are not installed, found out without importing them."""
+    missing = []
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def usable(infos: Iterable[PluginInfo]) -> tuple[list[str], dict[str, str]]:
+    """The plugins that can load models, and the others with what installs each (the start-up line)."""
+    ready, missing = [], {}
+    for info in infos:
+        if not info.missing:
+            ready.append(info.name)
+            continue
+        extras = sorted({EXTRAS[m] for m in info.missing if m in EXTRAS})
+        missing[info.name] = (
+            f"pip install 'servekit[{','.join(extras)}]'" if extras else "needs " + ", ".join(info.missing)
+        )
+    return ready, missing
 
 
 def new_manager() -> pluggy.PluginManager:
@@ -145,27 +199,35 @@ def import_plugin(spec: str) -> ModuleType:
         raise PluginError(f"cannot import plugin module {spec!r}: {exc}") from exc
 
 
-def import_file(path: Path, module_name: str | None = None) -> ModuleType:
-    """Import a Python file as a module of its own (a model's ``model.py``, a ``--plugin`` file)."""
+def import_file(path: Path, module_name: str | None = None, *, fresh: bool = False) -> ModuleType:
+    """Import a Python file as a module of its own (a model's ``model.py``, a ``--plugin`` file).
+
+    Imported once per file, unless ``fresh``: then the file and the modules it
+    imported from its folder run again (a model version loading anew), and the
+    new module replaces the old one under the file's module name.
+    """
     path = path.resolve()
     module_name = module_name or f"servekit_user_{abs(hash(str(path))):x}_{path.stem}"
     with _load_lock:
-        if module_name in sys.modules:
+        if module_name in sys.modules and not fresh:
             return sys.modules[module_name]
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
             raise PluginError(f"cannot import {path.name}")
         module = importlib.util.module_from_spec(spec)
-        # Let a model.py import its sibling modules.
-        sys.path.insert(0, str(path.parent))
+        if fresh:
+            sibling_imports.forget(path.parent)
+        previous = sys.modules.get(module_name)
         try:
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
+            sys.modules[module_name] = module  # dataclasses look their module up while it runs
+            with sibling_imports.beside(path.parent):  # a model.py imports its sibling modules
+                spec.loader.exec_module(module)
         except BaseException:
-            sys.modules.pop(module_name, None)
+            if previous is None:
+                sys.modules.pop(module_name, None)
+            else:
+                sys.modules[module_name] = previous
             raise
-        finally:
-            sys.path.remove(str(path.parent))
     return module
 
 
@@ -193,7 +255,7 @@ def model_manager(base: pluggy.PluginManager, model_py: Path | None) -> pluggy.P
         if plugin is not None:
             pm.register(plugin, name=name)
     try:
-        module = import_file(model_py)
+        module = import_file(model_py, fresh=True)
     except Exception as exc:  # the user's code: any error, reported naming the file
         raise PluginError(f"{model_py.name} could not be imported: {type(exc).__name__}: {exc}") from exc
     name = f"{MODEL_PY_PREFIX}{model_py.parent.name}"
@@ -338,4 +400,5 @@ def describe(pm: pluggy.PluginManager) -> list[PluginInfo]:
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
         info = infos.setdefault(top, PluginInfo(top, [], _source_of(pm, name)))
         info.hooks = sorted(set(info.hooks) | set(hooks))
+        info.missing = sorted(set(info.missing) | set(missing_libraries(plugin)))
     return sorted(infos.values(), key=lambda i: i.name)

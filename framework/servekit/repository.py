@@ -127,7 +127,6 @@ class ModelRepository:
         self._first_load_done = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._managers: dict[Path, pluggy.PluginManager] = {}
         #: runs a loading version's warm-up before it is AVAILABLE (servekit.warmup.Warmer)
         self.warm: Callable[[ModelVersion], None] | None = None
 
@@ -427,15 +426,18 @@ class ModelRepository:
         return configured or (meta if isinstance(meta, ModelMetadata) else ModelMetadata())
 
     def _manager_for(self, model: Model, path: Path) -> pluggy.PluginManager:
+        """The hooks for the version in ``path``: a ``model.py`` runs afresh each time a version loads.
+
+        So a changed ``model.py`` takes effect with the next version folder (or a
+        reload of this one) without a restart; versions loaded side by side keep
+        the code each was loaded with.
+        """
         model_py = path / "model.py"
         if not model_py.is_file():
             model_py = model.base_path / "model.py"
         if not model_py.is_file():
             return self.pm
-        key = model_py.resolve()
-        if key not in self._managers:
-            self._managers[key] = plugins.model_manager(self.pm, model_py)
-        return self._managers[key]
+        return plugins.model_manager(self.pm, model_py)
 
     def _unload_version(self, model: Model, mv: ModelVersion) -> None:
         with self._lock:
@@ -561,31 +563,11 @@ def _no_plugin_message(path: Path) -> str:
     )
 
 
-#: The extra of servekit that installs a framework library a plugin imports.
-EXTRAS = {
-    "joblib": "sklearn",
-    "sklearn": "sklearn",
-    "skops": "sklearn",
-    "pandas": "sklearn",
-    "torch": "torch",
-    "tensorflow": "tensorflow",
-    "transformers": "huggingface",
-    "safetensors": "huggingface",
-    "tokenizers": "huggingface",
-    "xgboost": "xgboost",
-    "lightgbm": "lightgbm",
-    "onnxruntime": "onnx",
-    "mlflow": "mlflow",
-    "shap": "explain",
-    "captum": "torch-explain",
-}
-
-
 def _describe_error(exc: Exception) -> str:
     """A load error as a reader needs it: messages like ``'32'`` (a KeyError) say nothing alone,
     and a missing framework library says which extra installs it."""
     if isinstance(exc, ModuleNotFoundError) and exc.name:
-        extra = EXTRAS.get(exc.name.split(".")[0])
+        extra = plugins.EXTRAS.get(exc.name.split(".")[0])
         if extra is not None:
             return f"{exc}: install it with pip install 'servekit[{extra}]'"
     message = str(exc)

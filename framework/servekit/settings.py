@@ -242,11 +242,15 @@ def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | No
         given["paths"] = [model_dir]
     config_file = given.get("config") or environ.get(env_name("config"))
     values: dict[str, Any] = _config_file(config_file) if config_file else {}
+    #: where each value came from, as the user wrote it: the config file's key, the variable, the flag
+    origin = {name: f"{config_file}: {name}" for name in values}
     for f in fields(Settings):
         if env_name(f.name) in environ:
             raw = environ[env_name(f.name)]
             values[f.name] = raw.split(",") if f.name in ("paths", "plugin", "open_paths") else raw
+            origin[f.name] = env_name(f.name)
     values.update(given)
+    origin.update({name: "--" + name.replace("_", "-") for name in given})
     if not values.get("paths") and environ.get("MODEL_BASE_PATH"):
         model = environ.get("MODEL_NAME", "model")
         base = environ["MODEL_BASE_PATH"]
@@ -254,7 +258,7 @@ def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | No
         values.setdefault("model_name", model)
     if not values.get("paths") and environ.get("STORAGE_URI"):  # KServe's model-server images
         values["paths"] = [environ["STORAGE_URI"]]
-    settings = _coerce(values)
+    settings = _coerce(values, origin)
     if settings.model_cache_dir:  # the storage cache is found through the environment by every process
         from .storage import CACHE_ENV
 
@@ -262,11 +266,16 @@ def resolve(args: argparse.Namespace | None = None, environ: dict[str, str] | No
     return settings
 
 
-def _coerce(values: dict[str, Any]) -> Settings:
+#: What a value of each type must look like, for the one-line error.
+_EXPECTED = {int: "an integer", float: "a number", str: "a string", list: "a list"}
+
+
+def _coerce(values: dict[str, Any], origin: dict[str, str] | None = None) -> Settings:
     settings = Settings()
     for f in fields(Settings):
         if f.name not in values:
             continue
+        where = (origin or {}).get(f.name) or "--" + f.name.replace("_", "-")
         raw = values[f.name]
         default = getattr(settings, f.name)
         value: Any
@@ -282,10 +291,11 @@ def _coerce(values: dict[str, Any]) -> Settings:
             else:
                 value = None if raw is None else str(raw)
         except ValueError:
-            raise ValueError(f"setting {f.name}: expected a {type(default).__name__}, found {raw!r}") from None
+            expected = _EXPECTED.get(type(default), f"a {type(default).__name__}")
+            raise ValueError(f"{where}: expected {expected}, found {raw!r}") from None
         choices = f.metadata.get("choices")
         if choices and value not in choices:
-            raise ValueError(f"setting {f.name}: expected one of {', '.join(choices)}, found {raw!r}")
+            raise ValueError(f"{where}: expected one of {', '.join(choices)}, found {raw!r}")
         setattr(settings, f.name, value)
     _validate(settings)
     return settings

@@ -25,6 +25,9 @@ from servekit.types import ModelMetadata
 
 from .loader import LoadError, load_folder
 
+#: The library this plugin needs; without it `servekit serve` lists the plugin as not installed.
+SERVEKIT_REQUIRES = ("transformers",)
+
 __all__ = ["LoadError"]
 
 

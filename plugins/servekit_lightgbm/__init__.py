@@ -28,6 +28,9 @@ from servekit.model_files import find_artifact, is_lightgbm_text
 
 from .booster import LightGBMModel
 
+#: The library this plugin needs; without it `servekit serve` lists the plugin as not installed.
+SERVEKIT_REQUIRES = ("lightgbm",)
+
 log = logging.getLogger("servekit.lightgbm")
 
 NAMES = ("model.txt", "model.bst")

@@ -25,6 +25,9 @@ from servekit.model_files import find_artifact
 
 from .session import OnnxModel
 
+#: The library this plugin needs; without it `servekit serve` lists the plugin as not installed.
+SERVEKIT_REQUIRES = ("onnxruntime",)
+
 log = logging.getLogger("servekit.onnx")
 
 NAMES = ("model.onnx",)

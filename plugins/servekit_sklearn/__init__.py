@@ -25,6 +25,9 @@ import servekit
 
 from .estimator import SklearnModel, load_estimator
 
+#: The library this plugin needs; without it `servekit serve` lists the plugin as not installed.
+SERVEKIT_REQUIRES = ("sklearn",)
+
 
 @servekit.hookimpl
 def load(path: Path, config: servekit.ModelConfig) -> SklearnModel | None:

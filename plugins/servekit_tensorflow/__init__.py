@@ -29,6 +29,9 @@ from .savedmodel import TFModel, is_saved_model
 from .savedmodel import load as _load
 from .tflite import TFLiteModel
 
+#: The library this plugin needs; without it `servekit serve` lists the plugin as not installed.
+SERVEKIT_REQUIRES = ("tensorflow",)
+
 PLUGIN_NAME = "tensorflow"
 
 

@@ -22,6 +22,9 @@ import servekit
 
 from .served import TorchModel
 
+#: The library this plugin needs; without it `servekit serve` lists the plugin as not installed.
+SERVEKIT_REQUIRES = ("torch",)
+
 log = logging.getLogger("servekit.torch")
 
 _PLUGIN_NAMES = ("torch", "pytorch", "servekit_torch")

@@ -27,6 +27,9 @@ from servekit.model_files import find_artifact, header, is_lightgbm_text
 
 from .booster import XGBoostModel
 
+#: The library this plugin needs; without it `servekit serve` lists the plugin as not installed.
+SERVEKIT_REQUIRES = ("xgboost",)
+
 log = logging.getLogger("servekit.xgboost")
 
 NAMES = ("model.json", "model.ubj", "model.bst")

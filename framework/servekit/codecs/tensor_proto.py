@@ -176,7 +176,7 @@ def _from_content(content: bytes, dt: DType, shape: tuple[int, ...], count: int,
             f"{where}: tensor_content holds {len(content)} bytes; a {dt.name} tensor of shape "
             f"{list(shape)} needs {expected}"
         )
-    if dt.name == "DT_BOOL" and count and np.frombuffer(content, np.uint8).max() > 1:
+    if dt.name == "DT_BOOL" and count and bool((np.frombuffer(content, np.uint8) > 1).any()):
         raise BadRequest(f"{where}: DT_BOOL tensor_content bytes must be 0 or 1")
     # astype copies into native byte order, so the model gets a writable array
     return np.frombuffer(content, dtype=little).astype(dt.numpy).reshape(shape)

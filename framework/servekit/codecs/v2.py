@@ -126,7 +126,7 @@ def tensor_from_bytes(
         )
     if datatype == "BOOL":
         as_bytes = np.frombuffer(view, dtype=np.uint8)
-        if as_bytes.size and as_bytes.max() > 1:
+        if as_bytes.size and bool((as_bytes > 1).any()):
             raise BadRequest(f"{where}: BOOL elements must be bytes 0 or 1")
     arr = np.frombuffer(view, dtype=dtype)
     if view.readonly:

@@ -159,7 +159,7 @@ class Packer:
 
     def _put(self, array: np.ndarray) -> ShmArray:
         start = self.offset
-        target = np.ndarray(array.shape, array.dtype, buffer=self.slab.map, offset=start)
+        target: np.ndarray = np.ndarray(array.shape, array.dtype, buffer=self.slab.map, offset=start)
         np.copyto(target, array, casting="no")
         self.offset = start + _aligned(array.nbytes)
         return ShmArray(start, array.dtype.str, tuple(array.shape))
@@ -168,7 +168,7 @@ class Packer:
 def unpack(value: Any, slab: Slab, *, copy: bool) -> Any:
     """The inverse of :meth:`Packer.pack`; ``copy=False`` gives views into the slab."""
     if isinstance(value, ShmArray):
-        array = np.ndarray(value.shape, np.dtype(value.dtype), buffer=slab.map, offset=value.offset)
+        array: np.ndarray = np.ndarray(value.shape, np.dtype(value.dtype), buffer=slab.map, offset=value.offset)
         return array.copy() if copy else array
     if isinstance(value, dict):
         return {k: unpack(v, slab, copy=copy) if isinstance(v, ShmArray) else v for k, v in value.items()}

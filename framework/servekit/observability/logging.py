@@ -125,7 +125,34 @@ def configure(log_format: str = "text", level: str = "info") -> None:
                 handler.addFilter(RequestIdFilter())
 
 
-class GunicornLogger(glogging.Logger):
+class AddressLogger(glogging.Logger):
+    """gunicorn's own logger, its ``Listening at:`` line naming the address.
+
+    Each worker binds its own ``SO_REUSEPORT`` listener, so gunicorn's master
+    holds none and logs an empty ``Listening at:  (PID)``; this names the
+    address the workers bind, as gunicorn does when the master binds it.
+    """
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        self._cfg = cfg
+
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        if msg.startswith("Listening at:") and args and not args[0]:
+            scheme = "https" if getattr(self._cfg, "is_ssl", False) else "http"
+            bound = ",".join(_url(scheme, address) for address in self._cfg.address)
+            args = (bound, *args[1:])
+        super().info(msg, *args, **kwargs)
+
+
+def _url(scheme: str, address: Any) -> str:
+    if isinstance(address, tuple):  # (host, port)
+        host, port = address[0], address[1]
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+    return f"unix:{address}"
+
+
+class GunicornLogger(AddressLogger):
     """gunicorn's own logger, writing its lines (the master's too) as JSON."""
 
     def setup(self, cfg: Any) -> None:
@@ -135,7 +162,7 @@ class GunicornLogger(glogging.Logger):
             handler.addFilter(RequestIdFilter())
 
 
-def gunicorn_logger_class(log_format: str) -> str | None:
-    """The ``logger_class`` gunicorn setting for a log format (``None``: gunicorn's own)."""
+def gunicorn_logger_class(log_format: str) -> str:
+    """The ``logger_class`` gunicorn setting for a log format."""
     formatter(log_format)  # reject an unknown format before forking
-    return f"{__name__}.GunicornLogger" if log_format == "json" else None
+    return f"{__name__}.{'GunicornLogger' if log_format == 'json' else 'AddressLogger'}"

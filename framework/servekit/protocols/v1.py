@@ -13,7 +13,7 @@ from typing import Any
 from flask import Blueprint, Response, request
 
 from ..codecs import tf_json
-from ..dataplane import DataPlane
+from ..dataplane import DataPlane, check_inputs
 from ..errors import BadRequest, NotFound
 from ..observability import tracing
 from . import tf_documents as documents
@@ -112,12 +112,32 @@ def infer_answer(dp: DataPlane, target: str, raw: bytes, stream_query: str | Non
         return json_answer({"results": [float(v) for v in results]})
     with tracing.span("servekit.decode"):
         inputs, row_format = tf_json.decode_predict_request(body)
+    check_declared_shapes(mv, inputs, signature)
     if verb == "explain":
         explanations = dp.explain(mv, inputs, parameters=parameters, signature_name=signature)
         return json_answer(tf_json.encode_explain_response(explanations, row_format))
     outputs = dp.predict(mv, inputs, parameters=parameters, signature_name=signature)
     with tracing.span("servekit.encode"):  # a stream's items encode as it is sent, under the request's span
         return predict_answer(outputs, row_format, stream_requested(body, stream_query))
+
+
+def check_declared_shapes(mv: Any, inputs: Any, signature: str | None) -> None:
+    """The 400 V2 answers for a shape the model's metadata rules out (``-1``: any size).
+
+    Rows of one tensor (``"instances": [[...], ...]``) arrive as one array: it is
+    the signature's input when the signature declares exactly one.  A TensorFlow
+    model is not held to its signature, as TF Serving does not hold it (nor does
+    servekit's gRPC ``Predict``): a SavedModel may take shapes its signature does
+    not say, and TF Serving's clients send them.
+    """
+    if mv.metadata.platform == "tensorflow":
+        return
+    if not isinstance(inputs, dict):
+        declared = mv.metadata.signature(signature)
+        if declared is None or len(declared.inputs) != 1:
+            return
+        inputs = {declared.inputs[0].name: inputs}
+    check_inputs(mv, inputs, signature)
 
 
 def signature_name(body: dict[str, Any]) -> str | None:

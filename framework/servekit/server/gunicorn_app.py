@@ -26,11 +26,13 @@ from collections.abc import Callable
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.errors import HaltServer
 
 from .. import hosts
 from ..observability import logging as log_setup
 from ..observability import metrics
 from ..settings import Settings, worker_count
+from . import gunicorn_errors
 
 log = logging.getLogger("servekit.server")
 
@@ -100,6 +102,7 @@ class ServekitApplication(BaseApplication):
             self._control.start()
 
     def _post_worker_init(self, worker) -> None:
+        gunicorn_errors.install()
         install_drain(worker, self.settings)
         # gRPC beside HTTP: one server per worker, after the fork, over the worker's app
         if self.settings.grpc_port:
@@ -217,5 +220,10 @@ def run(settings: Settings) -> None:
     cleanup = prepare_server(settings)
     try:
         ServekitApplication(settings).run()
+    except HaltServer as exc:
+        # gunicorn raises this out of its own halt when a second worker fails to boot while
+        # the first one's failure stops the server: the same stop, without the traceback
+        log.error("stopped: %s", exc.reason)
+        raise SystemExit(exc.exit_status) from None
     finally:
         cleanup()

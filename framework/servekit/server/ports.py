@@ -12,7 +12,6 @@ stops with one line naming the port and the flag that changes it.
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import tempfile
 
@@ -52,7 +51,9 @@ def check_temp_dir() -> None:
 
 def grpc_enabled(settings: Settings) -> bool:
     """gRPC is served when ``--grpc-port`` is not 0 and the ``grpc`` extra is installed."""
-    return bool(settings.grpc_port) and importlib.util.find_spec("grpc") is not None
+    from ..protocols import grpc
+
+    return bool(settings.grpc_port) and not grpc.missing_libraries()
 
 
 def check_ports(settings: Settings) -> None:
@@ -100,13 +101,20 @@ def _taken_message(host: str, port: int, flag: str, exc: OSError) -> str:
 # -- what each port serves -------------------------------------------------------------
 
 
-def startup_lines(settings: Settings, models: list[str], plugins: list[str]) -> list[str]:
-    """The start-up summary: models and plugins, then which URL serves which protocol."""
+def startup_lines(
+    settings: Settings, models: list[str], plugins: list[str], not_installed: dict[str, str] | None = None
+) -> list[str]:
+    """The start-up summary: models and the plugins that can load them, then which URL serves which protocol.
+
+    ``not_installed``: the plugins whose library is missing, with what installs it
+    (:func:`servekit.plugins.usable`); they are named apart, never as usable.
+    """
     http = _display_host(settings.host)
     bound = " (all interfaces)" if settings.host in _ALL_INTERFACES else ""
+    missing = "".join(f"; {name} not installed ({how})" for name, how in sorted((not_installed or {}).items()))
     lines = [
         f"servekit {__version__}: {len(models)} model(s): {', '.join(models) or 'none'}; "
-        f"plugins: {', '.join(plugins) or 'none'}",
+        f"plugins: {', '.join(plugins) or 'none'}{missing}",
         f"HTTP http://{http}:{settings.http_port}{bound}: TF Serving REST /v1/models/NAME, "
         "V2 /v2 and /v2/models/NAME, OpenAI /v1/chat/completions, /v1/completions, /v1/embeddings "
         "(also under /openai/v1), health /v2/health/live|ready, metrics /metrics, status page /, "

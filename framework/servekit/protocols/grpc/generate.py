@@ -8,11 +8,18 @@ modules of the same message names; ``--check`` fails when the checked-in files
 differ from what the ``.proto`` files generate.  The ``.pyi`` stubs (protoc's
 ``--pyi_out``) give type checkers the message classes and their fields, which the
 ``_pb2.py`` modules only build at run time.
+
+protoc's runtime-version guard is taken out of the ``_pb2.py`` modules: it
+refuses any protobuf older than the protoc that wrote them, although the
+modules use nothing newer than :data:`OLDEST_PROTOBUF` (the ``grpc`` extra's
+floor).  Installing a client that pins an older protobuf beside servekit (the
+Triton client wants protobuf 6) then no longer stops ``servekit serve``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -22,6 +29,13 @@ PROTOS = Path(__file__).parent / "protos"
 #: The import root: proto paths (and so Python module paths) start at ``servekit/``.
 ROOT = PROTOS.parents[3]
 _POOL_IMPORT = "from servekit.protocols.grpc.protos.pool import POOL as _POOL\n"
+#: The oldest protobuf runtime the generated modules are tested with (pyproject's ``grpc`` extra).
+OLDEST_PROTOBUF = "5.26.1"
+_GUARD_IMPORT = "from google.protobuf import runtime_version as _runtime_version\n"
+_GUARD = re.compile(r"_runtime_version\.ValidateProtobufRuntimeVersion\(\n(?: {4}.*\n)*?\)\n")
+_NO_GUARD = (
+    f"# runtime-version guard removed by servekit.protocols.grpc.generate: protobuf>={OLDEST_PROTOBUF} reads this\n"
+)
 
 
 def proto_files() -> list[Path]:
@@ -52,7 +66,7 @@ def generate(out: Path) -> list[Path]:
             path.unlink()  # a file without a service gets an empty stub module
             continue
         if path.name.endswith("_pb2.py"):
-            path.write_text(_use_private_pool(path.read_text(), path))
+            path.write_text(_without_version_guard(_use_private_pool(path.read_text(), path), path))
         written.append(path)
     return written
 
@@ -63,6 +77,12 @@ def _use_private_pool(source: str, path: Path) -> str:
     if source.count(default) != 1 or marker not in source:
         raise SystemExit(f"{path.name}: unexpected protoc output; cannot redirect it to the private pool")
     return source.replace(marker, marker + "\n" + _POOL_IMPORT).replace(default, "_POOL.AddSerializedFile(")
+
+
+def _without_version_guard(source: str, path: Path) -> str:
+    if source.count(_GUARD_IMPORT) != 1 or len(_GUARD.findall(source)) != 1:
+        raise SystemExit(f"{path.name}: unexpected protoc output; cannot take out its runtime-version guard")
+    return _GUARD.sub(_NO_GUARD, source.replace(_GUARD_IMPORT, ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,8 +37,8 @@ for _name, _setting in _servekit.cfg.settings.items():
 def when_ready(server):
     """The start-up summary `servekit serve` logs: models, plugins, and which URL serves what."""
     models = sorted(discover(_settings.model_paths, _settings.model_name))
-    names = [info.name for info in plugins.describe(plugins.build_manager(_settings.plugin))]
-    for line in ports.startup_lines(_settings, models, names):
+    names, not_installed = plugins.usable(plugins.describe(plugins.build_manager(_settings.plugin)))
+    for line in ports.startup_lines(_settings, models, names, not_installed):
         server.log.info("%s", line)
 
 

@@ -6,17 +6,9 @@
 """Generated protocol buffer code."""
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
-from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-_runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC,
-    7,
-    35,
-    1,
-    '',
-    'servekit/protocols/grpc/protos/inference/model_config.proto'
-)
+# runtime-version guard removed by servekit.protocols.grpc.generate: protobuf>=5.26.1 reads this
 # @@protoc_insertion_point(imports)
 
 from servekit.protocols.grpc.protos.pool import POOL as _POOL

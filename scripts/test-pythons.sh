@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The quick lane (-m "not slow") on the oldest and the newest Python that requires-python
+# admits, each in a venv of its own (.venv-py3.10, .venv-py3.13) holding the extras that
+# install on that Python. A Python the machine lacks is skipped with a message; an extra
+# with no release for it (torch, tensorflow-cpu on a new Python) is left out, and its tests
+# skip as they do wherever that library is missing.
+# Usage: bash scripts/test-pythons.sh [VERSION...]   (default: 3.10 3.13)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+versions=("$@")
+[ ${#versions[@]} -gt 0 ] || versions=(3.10 3.13)
+
+# python$1 on PATH when it runs (a pyenv shim of a version not selected does not), else
+# pyenv's own install of that version.
+find_python() {
+    local candidate
+    candidate="$(command -v "python$1" 2>/dev/null || true)"
+    if [ -n "$candidate" ] && "$candidate" -c "" >/dev/null 2>&1; then
+        echo "$candidate"
+        return 0
+    fi
+    if command -v pyenv >/dev/null 2>&1; then
+        for candidate in "$(pyenv root)"/versions/"$1".*/bin/"python$1"; do
+            if [ -x "$candidate" ] && "$candidate" -c "" >/dev/null 2>&1; then
+                echo "$candidate"
+                return 0
+            fi
+        done
+    fi
+    return 1
+}
+
+# The requirements of the extras "all" and "test", one a line (nested servekit[...] expanded).
+requirements() {
+    "$1" - <<'PY'
+import re, sys
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+seen, out = set(), []
+def add(name):
+    for req in extras[name]:
+        nested = re.fullmatch(r"servekit\[(.+)\]", req)
+        if nested:
+            for sub in nested.group(1).split(","):
+                if sub not in seen:
+                    seen.add(sub)
+                    add(sub)
+        elif req not in out:
+            out.append(req)
+add("all"); add("test")
+print("\n".join(out))
+PY
+}
+
+status=0
+for version in "${versions[@]}"; do
+    python="$(find_python "$version")" || {
+        echo "== Python $version: not on this machine (no python$version, no pyenv install); its quick lane is skipped"
+        continue
+    }
+    venv=".venv-py$version"
+    echo "== Python $version ($python): quick lane in $venv"
+    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || { status=1; continue; }
+    pip=("$venv/bin/python" -m pip install --quiet)
+    stamp="$venv/.servekit-installed-$(sha1sum pyproject.toml | cut -c1-12)"
+    if [ ! -f "$stamp" ]; then
+        "${pip[@]}" --upgrade pip tomli
+        "${pip[@]}" -e . || { echo "servekit does not install on Python $version"; status=1; continue; }
+        if ! "${pip[@]}" -e ".[all,test]"; then
+            # one at a time, so one extra without a release for this Python leaves the rest in
+            missing=()
+            while IFS= read -r req; do
+                "${pip[@]}" "$req" >/dev/null 2>&1 || missing+=("$req")
+            done < <(requirements "$venv/bin/python")
+            echo "Python $version: not installable here, their tests skip: ${missing[*]:-none}"
+        fi
+        "$venv/bin/python" -c "import tensorflow" 2>/dev/null \
+            && "${pip[@]}" --no-deps "tensorflow-serving-api>=2.15"
+        # PyPI's torch (the CUDA build) brings triton, whose LLVM clashes with TensorFlow's in one
+        # process (importing both segfaults); the suite runs torch on the CPU, which needs no triton
+        "$venv/bin/python" -m pip uninstall --quiet --yes triton 2>/dev/null || true
+        touch "$stamp"
+    fi
+    "$venv/bin/python" -m pytest -m "not slow" -q -rfEs || status=1
+done
+exit $status
