@@ -12,7 +12,9 @@ bodies under ``OUT_DIR/bodies``.  Where xgboost and lightgbm are installed, also
 100-round boosters on rf's data: ``OUT_DIR/models/xgb/1/model.json``,
 ``OUT_DIR/models/lgb/1/model.txt``, ``OUT_DIR/mlserver-trees[-batch]/`` settings for
 MLServer's mlserver-xgboost and mlserver-lightgbm runtimes, and ``OUT_DIR/kserve-lgb/model.bst``
-for KServe's lgbserver (the same LightGBM file under the name it reads).
+for KServe's lgbserver (the same LightGBM file under the name it reads).  Where skl2onnx is
+installed, also the iris and rf models converted to ONNX (FP64 input ``input``, no ZipMap):
+``OUT_DIR/onnx/{iris,rf}/1/model.onnx``, for servekit_onnx beside servekit_sklearn.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def fit(out: Path) -> dict[str, np.ndarray]:
             (out / folder / name / "model-settings.json").write_text(json.dumps(doc))
     data = {"iris": X, "rf": Xr}
     data.update(fit_boosters(out, Xr, yr))
+    to_onnx(out, {"iris": (iris, X), "rf": (rf, Xr)})
     echo = out / "models" / "echo"
     echo.mkdir(parents=True, exist_ok=True)
     (echo / "model.py").write_text(ECHO_MODEL_PY)
@@ -102,6 +105,25 @@ def fit_boosters(out: Path, X: np.ndarray, y: np.ndarray) -> dict[str, np.ndarra
     (out / "kserve-lgb").mkdir(parents=True, exist_ok=True)
     boosters["lgb"].save_model(str(out / "kserve-lgb" / "model.bst"))
     return {name: X for name in boosters}
+
+
+def to_onnx(out: Path, models: dict) -> None:
+    """The scikit-learn models as ONNX graphs that take the same FP64 rows (skl2onnx), if it is here."""
+    try:
+        from skl2onnx import to_onnx as convert
+        from skl2onnx.common.data_types import DoubleTensorType
+    except ImportError:
+        return
+    for name, (model, X) in models.items():
+        graph = convert(
+            model,
+            initial_types=[("input", DoubleTensorType([None, X.shape[1]]))],
+            options={id(model): {"zipmap": False}},  # label and probabilities as tensors
+            target_opset={"": 17, "ai.onnx.ml": 3},
+        )
+        path = out / "onnx" / name / "1" / "model.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(graph.SerializeToString())
 
 
 def bodies(out: Path, data: dict[str, np.ndarray]) -> None:

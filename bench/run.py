@@ -19,6 +19,8 @@ The line-up (``--only`` takes these names):
   with py-spy under iris 1 row V2 at 64 connections, and a 1M-element FP32
   tensor goes through V2 JSON and the binary extension (the echo model);
 - ``servekit-granian``: the same cells under ``--server granian``;
+- ``servekit-onnx``: the same iris and rf converted to ONNX (bench/models.py), through
+  servekit_onnx with the defaults, every cell of ``servekit``;
 - ``servekit-batch`` / ``servekit-granian-batch``: ``--max-batch-size 32
   --max-batch-time-ms 2`` in each worker, 1-row V2 (rf for batching on vs off
   and vs MLServer's adaptive batching, iris as the in-worker reference);
@@ -188,7 +190,7 @@ def memory(pid: int) -> dict[str, float]:
 @dataclass
 class Server:
     name: str
-    family: str  # servekit | mlserver | kserve | ceiling
+    family: str  # servekit | onnx (servekit on the ONNX graphs) | mlserver | kserve | ceiling
     command: list[str]
     port: int
     env: dict[str, str] = field(default_factory=dict)
@@ -509,6 +511,14 @@ def servekit_lineup(sk: str, port: int) -> list[Server]:
             note="defaults: gunicorn, --workers auto, --preload auto, fast lane, batching off",
         ),
         Server("servekit-granian", "servekit", serve + granian, port, protocols=both, note="--server granian"),
+        Server(
+            "servekit-onnx",
+            "onnx",
+            servekit_command(sk, [WORK / "onnx" / "iris", WORK / "onnx" / "rf"], port),
+            port,
+            protocols=both,
+            note="the same iris and rf converted to ONNX (skl2onnx), through servekit_onnx; defaults",
+        ),
         Server(
             "servekit-batch",
             "servekit",
