@@ -303,7 +303,7 @@ def churn(tmp_path, server):
 
 
 def half_plus_two(tmp_path, server):
-    values, spec = _run_client("half-plus-two", server, tmp_path).split("\n", 1)
+    values, _, spec = _run_client("half-plus-two", server, tmp_path).partition("\n")
     assert _numbers(values) == [2.5, 3.0]
     _shown("half-plus-two", values)
     # "name, version 123, signature_name "serving_default"": the label "stable" is version 123
