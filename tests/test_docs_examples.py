@@ -4,26 +4,38 @@ A ``<!-- example: NAME -->`` line before a fenced block makes it (part of) the
 ``model.py`` of a model named NAME (blocks of one name join, in order, into one
 file, as a reader combines a page's hooks); ``<!-- example: NAME plugin -->``
 makes it a ``--plugin`` file beside a model, ``<!-- example: NAME commands -->`` a shell
-block whose ``servekit plugins`` lines run as written. ``<!-- fragment: why -->`` marks a
-block that is no whole file. Every Python block of docs/hooks.md carries one of
+block whose ``servekit plugins`` lines run as written, ``<!-- example: NAME client -->`` a
+client program (tritonclient, TF Serving's API) run with this Python against a real server
+that serves the models it names, its ``localhost:8080`` / ``localhost:8081`` replaced by
+that server's ports (the only change made to its text). ``<!-- fragment: why -->`` marks a
+block that is no whole file. Every Python block of a page that has one carries one of
 the two, and every example has a scenario below, so a doc edit is tested.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import logging
 import re
+import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DATA, TF_DATA, fit_iris, fit_regressor
+from framework_models import xgboost_booster
+from servekit.testing import ServerProcess
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MARKED = re.compile(r"<!-- (example|fragment): ?([^>]*?) -->\n```(\w+)\n(.*?)```", re.S)
-PAGES_ALL_MARKED = ("hooks.md", "writing-plugins.md", "openai.md")
+PYTHON_BLOCK = re.compile(r"^```python\n", re.M)
+#: every page with a Python block: each of its Python blocks must be an example or a fragment
+PAGES_ALL_MARKED = tuple(sorted(p.name for p in DOCS.glob("*.md") if PYTHON_BLOCK.search(p.read_text())))
 
 
 def examples() -> dict[str, dict[str, str]]:
@@ -47,13 +59,14 @@ EXAMPLES = examples()
 @pytest.mark.parametrize("page", PAGES_ALL_MARKED)
 def test_every_python_block_is_an_example_or_a_fragment(page):
     text = (DOCS / page).read_text()
-    blocks = len(re.findall(r"^```python\n", text, re.M))
+    blocks = len(PYTHON_BLOCK.findall(text))
     marked = len([m for m in MARKED.findall(text) if m[2] == "python"])
     assert blocks and marked == blocks, f"{page}: {blocks - marked} Python block(s) without an example/fragment mark"
 
 
 def test_every_example_has_a_scenario():
-    assert set(EXAMPLES) == set(SCENARIOS)
+    assert set(EXAMPLES) == set(SCENARIOS) | set(CLIENT_SCENARIOS)
+    assert {name for name, e in EXAMPLES.items() if e["kind"] == "client"} == set(CLIENT_SCENARIOS)
 
 
 def _serve(tmp_path, servekit_app, name, *, files=None, model=None, config=None):
@@ -218,3 +231,130 @@ def test_the_example_runs_as_written(name, tmp_path, servekit_app, caplog, capsy
     scenario = SCENARIOS[name]
     kwargs = {"capsys": capsys} if "capsys" in scenario.__code__.co_varnames else {}
     scenario(tmp_path, servekit_app, caplog, **kwargs)
+
+
+# --- client programs, against one real server ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client_server(tmp_path_factory):
+    """``servekit serve`` (two workers, HTTP and gRPC, explicit model control) with the client examples' models."""
+    base = tmp_path_factory.mktemp("client_models")
+    fit_regressor(base / "linear")  # input "input" FP64 [-1, 2], output "predict": 2 * x0 + 3 * x1 + 1
+    fit_iris(base / "iris")
+    shutil.copytree(DATA / "triton" / "simple", base / "simple")
+    if importlib.util.find_spec("xgboost"):
+        (base / "churn" / "1").mkdir(parents=True)
+        xgboost_booster().save_model(str(base / "churn" / "1" / "model.json"))  # input "input" [-1, 4]
+    if importlib.util.find_spec("servekit_tensorflow") and importlib.util.find_spec("tensorflow"):
+        shutil.copytree(TF_DATA / "saved_model_half_plus_two_cpu", base / "half_plus_two")  # version 123
+        (base / "half_plus_two" / "servekit.yaml").write_text("labels: {stable: 123}\n")
+    with ServerProcess(base, grpc_port="auto", workers=2, model_control_mode="explicit").start(timeout=300) as server:
+        yield server
+
+
+def _imports(source: str) -> list[str]:
+    """The modules a program imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.append(node.module)
+    return found
+
+
+def _run_client(name: str, server: ServerProcess, cwd: Path) -> str:
+    """The example NAME as a program, run with this Python against SERVER; its standard output."""
+    written = EXAMPLES[name]["source"]
+    source = written.replace("localhost:8080", f"127.0.0.1:{server.http_port}")
+    source = source.replace("localhost:8081", f"127.0.0.1:{server.grpc_port}")
+    assert source != written, f"{name} names no server address"
+    program = cwd / "client.py"
+    program.write_text(source)
+    done = subprocess.run([sys.executable, program.name], cwd=cwd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _post(server: ServerProcess, path: str, body: dict | None = None):
+    request = urllib.request.Request(server.url + path, data=json.dumps(body or {}).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.load(r)
+
+
+def _numbers(text: str) -> list[float]:
+    """The numbers numpy printed, in order."""
+    return [float(n) for n in re.findall(r"-?\d+(?:\.\d*)?(?:e[-+]\d+)?", text)]
+
+
+def _shown(name: str, line: str) -> None:
+    """LINE, as the program printed it, is what the example's comment says it prints."""
+    assert f"# {line}" in EXAMPLES[name]["source"], f"{name} prints {line!r}, its comment says otherwise"
+
+
+def churn(tmp_path, server):
+    import xgboost as xgb
+
+    rows = np.array([[0.1, 2.0, 3.5, 1.0], [1.2, 0.3, 0.0, 4.1]], np.float32)
+    printed = _numbers(_run_client("churn", server, tmp_path))
+    booster = xgboost_booster()  # the server's booster: the same fixed data, the same trees
+    assert printed == pytest.approx(booster.predict(xgb.DMatrix(rows)), rel=1e-6)  # "what booster.predict answers"
+
+
+def half_plus_two(tmp_path, server):
+    values, _, spec = _run_client("half-plus-two", server, tmp_path).partition("\n")
+    assert _numbers(values) == [2.5, 3.0]
+    _shown("half-plus-two", values)
+    # "name, version 123, signature_name "serving_default"": the label "stable" is version 123
+    assert re.fullmatch(
+        r'name: "half_plus_two"\nversion \{\n  value: 123\n\}\nsignature_name: "serving_default"\n+', spec
+    )
+
+
+def linear_grpc(tmp_path, server):
+    out = _run_client("linear-grpc", server, tmp_path)
+    assert _numbers(out) == pytest.approx([9.0, 19.0])  # 2 * x0 + 3 * x1 + 1 per row
+    _shown("linear-grpc", out.strip())
+
+
+def linear_binary(tmp_path, server):
+    out = _run_client("linear-binary", server, tmp_path)
+    assert _numbers(out) == pytest.approx([5.75, 1.0, 22.0])
+    _shown("linear-binary", out.strip())
+
+
+def simple_shm(tmp_path, server):
+    out = _run_client("simple-shm", server, tmp_path)
+    assert _numbers(out) == list(range(0, 32, 2)), out  # OUTPUT0 = INPUT0 + INPUT1, both arange(16)
+    _shown("simple-shm", out.strip())
+
+
+def load_and_unload(tmp_path, server):
+    fit_regressor(tmp_path / "built")
+    (tmp_path / "built" / "1" / "model.joblib").rename(tmp_path / "model.joblib")  # what the program opens
+    assert _run_client("load-and-unload", server, tmp_path) == ""
+    index = {m["name"]: m for m in _post(server, "/v2/repository/index")}
+    assert index["fresh"]["state"] == "READY", index["fresh"]
+    assert (index["iris"]["state"], index["iris"]["reason"]) == ("UNAVAILABLE", "unloaded"), index["iris"]
+    body = {"inputs": [{"name": "input", "datatype": "FP64", "shape": [1, 2], "data": [1, 1]}]}
+    for _ in range(4):  # a connection each: both workers serve it
+        assert _post(server, "/v2/models/fresh/infer", body)["outputs"][0]["data"] == pytest.approx([6.0])
+
+
+CLIENT_SCENARIOS = {
+    "churn": churn,
+    "half-plus-two": half_plus_two,
+    "linear-grpc": linear_grpc,
+    "linear-binary": linear_binary,
+    "simple-shm": simple_shm,
+    "load-and-unload": load_and_unload,
+}
+
+
+@pytest.mark.slow  # a server with TensorFlow, two workers; a client program per example
+@pytest.mark.parametrize("name", sorted(CLIENT_SCENARIOS))
+def test_the_client_example_runs_as_written(name, tmp_path, client_server):
+    for module in _imports(EXAMPLES[name]["source"]):
+        pytest.importorskip(module)  # the client library the page's reader installs
+    CLIENT_SCENARIOS[name](tmp_path, client_server)
