@@ -541,6 +541,7 @@ def test_a_version_uploaded_under_64_connections_fails_no_request(s3, stored_iri
     stop = threading.Event()
     failures: list[str] = []
     versions: list[str] = []
+    first_v2: list[float] = []
 
     def send() -> None:
         with requests.Session() as session:
@@ -554,16 +555,24 @@ def test_a_version_uploaded_under_64_connections_fails_no_request(s3, stored_iri
                     failures.append(f"{answer.status_code} {answer.text[:200]}")
                 else:
                     versions.append(answer.json()["model_version"])
+                    if versions[-1] == "2" and not first_v2:
+                        first_v2.append(time.monotonic())
 
     threads = [threading.Thread(target=send, daemon=True) for _ in range(64)]
     try:
         for thread in threads:
             thread.start()
         wait_for(lambda: len(versions) > 64)
-        uploaded = time.monotonic()
+        started = time.monotonic()
         s3.upload(stored_iris / "2", "e2e", "load/iris/2")
+        uploaded = time.monotonic()
         wait_for(lambda: versions[-64:].count("2") == 64, timeout=120)
-        print(f"version 2 answered every request {time.monotonic() - uploaded:.1f}s after its upload")
+        every = time.monotonic()
+        poll = server.settings["poll_interval"]
+        print(
+            f"version 2 uploaded in {uploaded - started:.2f} s; from the upload's end its first answer after "
+            f"{first_v2[0] - uploaded:.2f} s, every request's after {every - uploaded:.2f} s (poll period {poll} s)"
+        )
     finally:
         stop.set()
         for thread in threads:
