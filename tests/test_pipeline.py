@@ -70,7 +70,9 @@ def test_pipeline_and_ensemble_answer_in_process(servekit_app, repo):
     got = client.post("/v2/models/simple_ensemble/infer", json={"inputs": tensors(names=("A", "B"))}).get_json()
     assert {o["name"] for o in got["outputs"]} == {"TWICE_A", "TWICE_B"}
     meta = client.get("/v2/models/simple_ensemble").get_json()
-    assert meta["platform"] == "pipeline" and [i["name"] for i in meta["inputs"]] == ["A", "B"]
+    # a Triton ensemble reports the platform Triton does; a servekit.yaml pipeline its own
+    assert meta["platform"] == "ensemble" and [i["name"] for i in meta["inputs"]] == ["A", "B"]
+    assert client.get("/v2/models/simple_pipeline").get_json()["platform"] == "pipeline"
     assert meta["inputs"][0]["datatype"] == "INT32" and meta["inputs"][0]["shape"] == [1, 16]
 
 

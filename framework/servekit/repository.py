@@ -406,6 +406,9 @@ class ModelRepository:
         mv.loaded_by = "pipeline"
         mv.hooks = plugins.new_manager().hook  # no hooks of its own
         mv.metadata = mv.model.metadata()
+        triton = triton_model_config.of_version(mv)
+        if triton and triton.get("platform") == "ensemble":  # a Triton ensemble reports itself as one
+            mv.metadata.platform = "ensemble"
 
     def _fail(self, mv: ModelVersion, message: str, exc: BaseException | None = None) -> None:
         """Mark ``mv`` failed; the client reads ``message``, the log also gets the traceback."""
