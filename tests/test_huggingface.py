@@ -297,15 +297,32 @@ def test_concurrent_embeddings_requests_share_forward_passes(tmp_path):
         barrier.wait()
         return client.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json
 
+    calls_before, texts_before = _embed_batches(client)
     with ThreadPoolExecutor(len(texts) + 1) as pool:
         together = list(pool.map(embed, [{"input": t} for t in texts] + [{"input": ids}]))
     mv = app.extensions["servekit"].repository.resolve("minilm")
     assert mv.batcher.stats.largest > 1  # requests were merged
+    calls, embedded = _embed_batches(client)  # the batch-size histogram counts embed calls, merged ones as one
+    assert embedded - texts_before == len(texts) + 1
+    assert calls - calls_before == mv.batcher.stats.calls + (len(texts) + 1 - mv.batcher.stats.requests)
+    assert calls - calls_before < len(texts) + 1
     for one, other in zip([*alone, as_ids], together):
         assert np.allclose(one["data"][0]["embedding"], other["data"][0]["embedding"], atol=1e-5)
         assert one["usage"] == other["usage"]
     too_long = client.post("/v1/embeddings", json={"input": "word " * 400})
     assert too_long.status_code == 400 and "at most 256" in too_long.json["error"]["message"]
+
+
+def _embed_batches(client) -> tuple[float, float]:
+    """``servekit_batch_size{model="minilm"}``'s count and sum: embed calls and the texts in them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {"servekit_batch_size_count": 0.0, "servekit_batch_size_sum": 0.0}
+    for family in text_string_to_metric_families(client.get("/metrics").get_data(as_text=True)):
+        for sample in family.samples:
+            if sample.name in found and sample.labels.get("model") == "minilm":
+                found[sample.name] += sample.value
+    return found["servekit_batch_size_count"], found["servekit_batch_size_sum"]
 
 
 def test_streamed_text_joins_the_same_however_the_ids_arrive(gpt_dir):
