@@ -37,6 +37,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
+from servekit.tally import FLUSH_SECONDS
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the suite's tiny model builder
 
@@ -206,7 +208,13 @@ def level(clients: ProcessPoolExecutor, url: str, model: str, streams: int, toke
     }
 
 
-EMBED_MODELS = {"minilm": "{}\n", "minilm-batched": "batching: {max_batch_size: 64, max_batch_time_ms: 5}\n"}
+#: ``minilm-batched`` waits for the running call (up to 1 s) and so runs one batch at a time per worker;
+#: with 5 ms its batch-mates stop waiting long before a ~100 ms call ends and run in small concurrent calls
+EMBED_MODELS = {
+    "minilm": "{}\n",
+    "minilm-batched": "batching: {max_batch_size: 64, max_batch_time_ms: 1000}\n",
+    "minilm-batched-5ms": "batching: {max_batch_size: 64, max_batch_time_ms: 5}\n",
+}
 
 
 def build_embedders(base: Path) -> None:
@@ -221,8 +229,9 @@ def build_embedders(base: Path) -> None:
         (folder / "servekit.yaml").write_text(settings)
 
 
-def _embeddings(url: str, model: str, count: int, rounds: int) -> int:
-    """``count`` threads each sending ``rounds`` single-text requests."""
+def _embeddings(url: str, model: str, count: int, rounds: int) -> tuple[int, float]:
+    """``count`` threads each sending ``rounds`` single-text requests; how many, and this
+    client process's CPU seconds meanwhile (the openai client's share of the cores)."""
     global _client
     import openai
 
@@ -234,22 +243,48 @@ def _embeddings(url: str, model: str, count: int, rounds: int) -> int:
             _client.embeddings.create(model=model, input=f"request {i} round {r}: the quick brown fox")
         return rounds
 
+    start = time.process_time()
     with ThreadPoolExecutor(count) as pool:
-        return sum(pool.map(worker, range(count)))
+        done = sum(pool.map(worker, range(count)))
+    return done, time.process_time() - start
+
+
+def embed_calls(url: str, model: str) -> tuple[float, float]:
+    """``servekit_batch_size{model}``'s count and sum from ``/metrics``: embed calls and the texts in them."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {"servekit_batch_size_count": 0.0, "servekit_batch_size_sum": 0.0}
+    with urlopen(url + "/metrics", timeout=60) as reply:
+        for family in text_string_to_metric_families(reply.read().decode()):
+            for sample in family.samples:
+                if sample.name in found and sample.labels.get("model") == model:
+                    found[sample.name] += sample.value
+    return found["servekit_batch_size_count"], found["servekit_batch_size_sum"]
 
 
 def embed_level(
     clients: ProcessPoolExecutor, url: str, model: str, concurrent: int, rounds: int, root: int = 0
 ) -> dict:
+    """``concurrent`` single-text requests at once, spread over the client processes; with ``root``
+    (the server's pid) also the batch sizes formed and the CPU time per request of each process kind."""
     share = [concurrent // CLIENT_PROCESSES] * CLIENT_PROCESSES
     before = cpu_seconds(root) if root else {}
+    calls_before = embed_calls(url, model) if root else (0.0, 0.0)
     start = time.perf_counter()
-    done = sum(f.result() for f in [clients.submit(_embeddings, url, model, n, rounds) for n in share])
+    parts = [f.result() for f in [clients.submit(_embeddings, url + "/v1", model, n, rounds) for n in share]]
     wall = time.perf_counter() - start
+    done = sum(n for n, _ in parts)
     row = {"model": model, "concurrent": concurrent, "requests": done, "requests_per_s": done / wall}
     if root:
         after = cpu_seconds(root)
+        time.sleep(3 * FLUSH_SECONDS)  # every worker's last observations reach /metrics
+        calls, texts = (a - b for a, b in zip(embed_calls(url, model), calls_before))
+        row["embed_calls"] = calls
+        row["texts_per_call"] = texts / max(calls, 1)
         row["cpu_ms_per_request_workers"] = 1e3 * (after["workers"] - before["workers"]) / done
+        row["cpu_ms_per_request_clients"] = 1e3 * sum(cpu for _, cpu in parts) / done
     return row
 
 
@@ -387,8 +422,8 @@ def main() -> int:
                     rows.append(level(clients, url, model, n, args.tokens, root))
                     print(json.dumps(rows[-1]), flush=True)
             for model in EMBED_MODELS:
-                embed_level(clients, url, model, CLIENT_PROCESSES * 2, 2)  # warm up
-                embed_rows.append(embed_level(clients, url, model, args.embeddings, 8, root))
+                embed_level(clients, server.url, model, CLIENT_PROCESSES * 2, 2)  # warm up
+                embed_rows.append(embed_level(clients, server.url, model, args.embeddings, 8, root))
                 print(json.dumps(embed_rows[-1]), flush=True)
     out = HERE / "results" / "generative.json"
     out.parent.mkdir(exist_ok=True)
@@ -403,12 +438,13 @@ def main() -> int:
     out.write_text(json.dumps(document, indent=1))
     print(table(rows, levels))
     print("\n".join(targets(rows)))
-    unbatched, batched = (r["requests_per_s"] for r in embed_rows)
+    unbatched = embed_rows[0]["requests_per_s"]
     print(
-        f"\nembeddings, {args.embeddings} concurrent single-text requests: {unbatched:,.0f}/s unbatched, "
-        f"{batched:,.0f}/s batched ({batched / unbatched:.2f}x); "
+        f"\nembeddings, {args.embeddings} concurrent single-text requests: "
         + "; ".join(
-            f"{r['model']}: {r.get('cpu_ms_per_request_workers', float('nan')):.1f} ms worker CPU per request"
+            f"{r['model']} {r['requests_per_s']:,.0f}/s ({r['requests_per_s'] / unbatched:.2f}x), "
+            f"{r['texts_per_call']:.1f} texts per embed call, CPU per request "
+            f"{r['cpu_ms_per_request_workers']:.1f} ms workers, {r['cpu_ms_per_request_clients']:.1f} ms clients"
             for r in embed_rows
         )
     )
