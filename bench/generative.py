@@ -18,7 +18,9 @@ over the one-at-a-time figure (``generate`` with one stream: the issue's
 baseline) and the CPU time each process kind (workers, model host) spent per
 generated token; then all-MiniLM-L6-v2 answers
 ``--embeddings`` concurrent single-text embeddings requests without and with
-adaptive batching (``batching: {max_batch_size: 64}``).  First, the same GPT-2 in this process
+adaptive batching (:data:`EMBED_MODELS`), with the texts per ``embed`` call
+(``servekit_batch_size`` at ``/metrics``) and the CPU time per request of the
+workers and of the client processes.  First, the same GPT-2 in this process
 without HTTP (threads calling ``complete``) shows what the model side alone
 does.  The numbers are also
 written as JSON
@@ -271,6 +273,8 @@ def embed_level(
     (the server's pid) also the batch sizes formed and the CPU time per request of each process kind."""
     share = [concurrent // CLIENT_PROCESSES] * CLIENT_PROCESSES
     before = cpu_seconds(root) if root else {}
+    if root:
+        time.sleep(3 * FLUSH_SECONDS)  # the warm-up's last observations reach /metrics first
     calls_before = embed_calls(url, model) if root else (0.0, 0.0)
     start = time.perf_counter()
     parts = [f.result() for f in [clients.submit(_embeddings, url + "/v1", model, n, rounds) for n in share]]

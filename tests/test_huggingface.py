@@ -19,7 +19,7 @@ import pytest
 from generative_models import build_tiny_gpt2, minilm_folder
 from servekit.errors import BadRequest
 from servekit.generation import GenerationRequest
-from servekit.types import ModelConfig
+from servekit.types import BatchingConfig, ModelConfig
 
 torch = pytest.importorskip("torch")
 from servekit_huggingface import loader
@@ -105,6 +105,22 @@ def test_torch_threads_are_the_workers_share_of_the_cpus(gpt_dir, monkeypatch):
         assert torch.get_num_threads() == 3
         with pytest.raises(ValueError, match="intra_op_threads must be a positive integer"):
             loader.load_folder(gpt_dir, ModelConfig(options={"intra_op_threads": 0}))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_encoders_torch_threads_are_the_workers_share_too(monkeypatch):
+    """Two workers each running a merged embed batch must not run a thread per core each."""
+    from servekit.cpus import WORKERS_ENV, available_cpus
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(WORKERS_ENV, str(available_cpus() + 1))
+        batched = ModelConfig(batching=BatchingConfig(max_batch_size=64, max_batch_time_ms=1000))
+        assert loader.load_folder(minilm_folder(), batched).embed(["a sentence"]).shape == (1, 384)
+        assert torch.get_num_threads() == 1
+        loader.load_folder(minilm_folder(), ModelConfig(options={"intra_op_threads": 2}))
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 
