@@ -233,20 +233,22 @@ def build_embedders(base: Path) -> None:
 
 def _embeddings(url: str, model: str, count: int, rounds: int) -> tuple[int, float]:
     """``count`` threads each sending ``rounds`` single-text requests; how many, and this
-    client process's CPU seconds meanwhile (the openai client's share of the cores)."""
-    global _client
+    client process's CPU seconds meanwhile (the openai client's share of the cores).
+
+    A client of its own each time: connections left idle between levels (the
+    ``/metrics`` scrapes wait for the workers' flush) could outlive the server's
+    keep-alive and be closed just as a request reuses them (no retries here)."""
     import openai
 
-    if _client is None:
-        _client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
 
     def worker(i: int) -> int:
         for r in range(rounds):
-            _client.embeddings.create(model=model, input=f"request {i} round {r}: the quick brown fox")
+            client.embeddings.create(model=model, input=f"request {i} round {r}: the quick brown fox")
         return rounds
 
     start = time.process_time()
-    with ThreadPoolExecutor(count) as pool:
+    with client, ThreadPoolExecutor(count) as pool:
         done = sum(pool.map(worker, range(count)))
     return done, time.process_time() - start
 
@@ -270,26 +272,39 @@ def embed_level(
     clients: ProcessPoolExecutor, url: str, model: str, concurrent: int, rounds: int, root: int = 0
 ) -> dict:
     """``concurrent`` single-text requests at once, spread over the client processes; with ``root``
-    (the server's pid) also the batch sizes formed and the CPU time per request of each process kind."""
+    (the server's pid) also the embed calls they made and the CPU seconds of each process kind."""
     share = [concurrent // CLIENT_PROCESSES] * CLIENT_PROCESSES
-    before = cpu_seconds(root) if root else {}
     if root:
         time.sleep(3 * FLUSH_SECONDS)  # the warm-up's last observations reach /metrics first
+    before = cpu_seconds(root) if root else {}
     calls_before = embed_calls(url, model) if root else (0.0, 0.0)
     start = time.perf_counter()
     parts = [f.result() for f in [clients.submit(_embeddings, url + "/v1", model, n, rounds) for n in share]]
     wall = time.perf_counter() - start
-    done = sum(n for n, _ in parts)
-    row = {"model": model, "concurrent": concurrent, "requests": done, "requests_per_s": done / wall}
+    row = {"model": model, "concurrent": concurrent, "requests": sum(n for n, _ in parts), "seconds": wall}
     if root:
         after = cpu_seconds(root)
         time.sleep(3 * FLUSH_SECONDS)  # every worker's last observations reach /metrics
-        calls, texts = (a - b for a, b in zip(embed_calls(url, model), calls_before))
-        row["embed_calls"] = calls
-        row["texts_per_call"] = texts / max(calls, 1)
-        row["cpu_ms_per_request_workers"] = 1e3 * (after["workers"] - before["workers"]) / done
-        row["cpu_ms_per_request_clients"] = 1e3 * sum(cpu for _, cpu in parts) / done
+        row["embed_calls"], row["texts"] = (a - b for a, b in zip(embed_calls(url, model), calls_before))
+        row["cpu_s_workers"] = after["workers"] - before["workers"]
+        row["cpu_s_clients"] = sum(cpu for _, cpu in parts)
     return row
+
+
+def embed_summary(rows: list[dict]) -> dict:
+    """One model's interleaved rounds summed: requests per second, texts per embed call, CPU per request."""
+    total = {key: sum(r[key] for r in rows) for key in ("requests", "seconds", "embed_calls", "texts")}
+    cpu = {kind: sum(r[f"cpu_s_{kind}"] for r in rows) for kind in ("workers", "clients")}
+    return {
+        "model": rows[0]["model"],
+        "concurrent": rows[0]["concurrent"],
+        "rounds": len(rows),
+        **total,
+        "requests_per_s": total["requests"] / total["seconds"],
+        "requests_per_s_by_round": [r["requests"] / r["seconds"] for r in rows],
+        "texts_per_call": total["texts"] / max(total["embed_calls"], 1),
+        **{f"cpu_ms_per_request_{kind}": 1e3 * cpu[kind] / total["requests"] for kind in cpu},
+    }
 
 
 def in_process(base: Path, levels: list[int], generate_levels: list[int], tokens: int) -> list[dict]:
@@ -382,6 +397,7 @@ def main() -> int:
         "--threads", type=int, default=64, help="per worker: every stream in flight however the connections spread"
     )
     parser.add_argument("--embeddings", type=int, default=64, help="concurrent single-text embeddings requests")
+    parser.add_argument("--embed-rounds", type=int, default=3, help="interleaved rounds of each embeddings model")
     parser.add_argument("--in-process-only", action="store_true", help="only the model side, without a server")
     parser.add_argument("--embeddings-only", action="store_true", help="only the embeddings, through a server")
     args = parser.parse_args()
@@ -427,8 +443,12 @@ def main() -> int:
                     print(json.dumps(rows[-1]), flush=True)
             for model in EMBED_MODELS:
                 embed_level(clients, server.url, model, CLIENT_PROCESSES * 2, 2)  # warm up
-                embed_rows.append(embed_level(clients, server.url, model, args.embeddings, 8, root))
-                print(json.dumps(embed_rows[-1]), flush=True)
+            by_model: dict[str, list[dict]] = {model: [] for model in EMBED_MODELS}
+            for _ in range(args.embed_rounds):  # interleaved: a noisy machine's slow spell hits every model
+                for model in EMBED_MODELS:
+                    by_model[model].append(embed_level(clients, server.url, model, args.embeddings, 8, root))
+                    print(json.dumps(by_model[model][-1]), flush=True)
+            embed_rows = [embed_summary(rounds) for rounds in by_model.values()]
     out = HERE / "results" / "generative.json"
     out.parent.mkdir(exist_ok=True)
     document = {
@@ -446,7 +466,9 @@ def main() -> int:
     print(
         f"\nembeddings, {args.embeddings} concurrent single-text requests: "
         + "; ".join(
-            f"{r['model']} {r['requests_per_s']:,.0f}/s ({r['requests_per_s'] / unbatched:.2f}x), "
+            f"{r['model']} {r['requests_per_s']:,.0f}/s ({r['requests_per_s'] / unbatched:.2f}x; rounds "
+            + "/".join(f"{v:,.0f}" for v in r["requests_per_s_by_round"])
+            + "), "
             f"{r['texts_per_call']:.1f} texts per embed call, CPU per request "
             f"{r['cpu_ms_per_request_workers']:.1f} ms workers, {r['cpu_ms_per_request_clients']:.1f} ms clients"
             for r in embed_rows
