@@ -109,6 +109,7 @@ def test_torch_threads_are_the_workers_share_of_the_cpus(gpt_dir, monkeypatch):
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_an_encoders_torch_threads_are_the_workers_share_too(monkeypatch):
     """Two workers each running a merged embed batch must not run a thread per core each."""
     from servekit.cpus import WORKERS_ENV, available_cpus
