@@ -19,7 +19,7 @@ import pytest
 from generative_models import build_tiny_gpt2, minilm_folder
 from servekit.errors import BadRequest
 from servekit.generation import GenerationRequest
-from servekit.types import ModelConfig
+from servekit.types import BatchingConfig, ModelConfig
 
 torch = pytest.importorskip("torch")
 from servekit_huggingface import loader
@@ -105,6 +105,23 @@ def test_torch_threads_are_the_workers_share_of_the_cpus(gpt_dir, monkeypatch):
         assert torch.get_num_threads() == 3
         with pytest.raises(ValueError, match="intra_op_threads must be a positive integer"):
             loader.load_folder(gpt_dir, ModelConfig(options={"intra_op_threads": 0}))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_an_encoders_torch_threads_are_the_workers_share_too(monkeypatch):
+    """Two workers each running a merged embed batch must not run a thread per core each."""
+    from servekit.cpus import WORKERS_ENV, available_cpus
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(WORKERS_ENV, str(available_cpus() + 1))
+        batched = ModelConfig(batching=BatchingConfig(max_batch_size=64, max_batch_time_ms=1000))
+        assert loader.load_folder(minilm_folder(), batched).embed(["a sentence"]).shape == (1, 384)
+        assert torch.get_num_threads() == 1
+        loader.load_folder(minilm_folder(), ModelConfig(options={"intra_op_threads": 2}))
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 
@@ -297,15 +314,32 @@ def test_concurrent_embeddings_requests_share_forward_passes(tmp_path):
         barrier.wait()
         return client.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json
 
+    calls_before, texts_before = _embed_batches(client)
     with ThreadPoolExecutor(len(texts) + 1) as pool:
         together = list(pool.map(embed, [{"input": t} for t in texts] + [{"input": ids}]))
     mv = app.extensions["servekit"].repository.resolve("minilm")
     assert mv.batcher.stats.largest > 1  # requests were merged
+    calls, embedded = _embed_batches(client)  # the batch-size histogram counts embed calls, merged ones as one
+    assert embedded - texts_before == len(texts) + 1
+    assert calls - calls_before == mv.batcher.stats.calls + (len(texts) + 1 - mv.batcher.stats.requests)
+    assert calls - calls_before < len(texts) + 1
     for one, other in zip([*alone, as_ids], together):
         assert np.allclose(one["data"][0]["embedding"], other["data"][0]["embedding"], atol=1e-5)
         assert one["usage"] == other["usage"]
     too_long = client.post("/v1/embeddings", json={"input": "word " * 400})
     assert too_long.status_code == 400 and "at most 256" in too_long.json["error"]["message"]
+
+
+def _embed_batches(client) -> tuple[float, float]:
+    """``servekit_batch_size{model="minilm"}``'s count and sum: embed calls and the texts in them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {"servekit_batch_size_count": 0.0, "servekit_batch_size_sum": 0.0}
+    for family in text_string_to_metric_families(client.get("/metrics").get_data(as_text=True)):
+        for sample in family.samples:
+            if sample.name in found and sample.labels.get("model") == "minilm":
+                found[sample.name] += sample.value
+    return found["servekit_batch_size_count"], found["servekit_batch_size_sum"]
 
 
 def test_streamed_text_joins_the_same_however_the_ids_arrive(gpt_dir):

@@ -52,7 +52,7 @@ class Encoder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for ``texts``, in forward passes of ``batch_size`` texts of similar length."""
-        rows = [self._ids(i, text) for i, text in enumerate(texts)]
+        rows = self._ids(texts)
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length buckets: little padding
         vectors = np.zeros((0, self.dimension), dtype=np.float32) if not rows else None
         for start in range(0, len(order), self.batch_size):
@@ -64,19 +64,24 @@ class Encoder:
         assert vectors is not None
         return vectors
 
-    def _ids(self, index: int, text: str) -> list[int]:
-        """One input's token ids: as sent (token-id inputs), else the tokenizer's; checked against the limit."""
-        ids = getattr(text, "token_ids", None)
-        if ids is None:
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        """Each input's token ids: as sent (token-id inputs), else the tokenizer's, every text of a
+        (merged) batch in one tokenizer call; checked against the limit."""
+        rows: list[Any] = [getattr(text, "token_ids", None) for text in texts]
+        strings = [i for i, ids in enumerate(rows) if ids is None]
+        if strings:
             limit = {"truncation": True, "max_length": self.max_length} if self.truncate else {}
-            ids = self.tokenizer(text, **limit)["input_ids"]
-        if len(ids) > self.max_length:
-            if not self.truncate:
-                raise BadRequest(
-                    f"input {index} has {len(ids)} tokens; the model takes at most {self.max_length}", param="input"
-                )
-            ids = ids[: self.max_length]
-        return list(ids)
+            for i, ids in zip(strings, self.tokenizer([texts[i] for i in strings], **limit)["input_ids"]):
+                rows[i] = ids
+        for index, ids in enumerate(rows):
+            if len(ids) > self.max_length:
+                if not self.truncate:
+                    raise BadRequest(
+                        f"input {index} has {len(ids)} tokens; the model takes at most {self.max_length}",
+                        param="input",
+                    )
+                rows[index] = ids[: self.max_length]
+        return [list(ids) for ids in rows]
 
     def _batch(self, rows: list[list[int]]) -> np.ndarray:
         encoded = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt").to(self.device)

@@ -14,8 +14,8 @@ What is measured:
   ``servekit_request_duration_seconds{model,protocol,status}`` per request, as the
   client saw it (413/429/504 answered by the limits included);
 - ``servekit_requests_in_flight``: requests being answered now;
-- ``servekit_batch_size{model}``: rows per call of the model's ``predict`` (the
-  merged batch when adaptive batching is on);
+- ``servekit_batch_size{model}``: rows per call of the model's ``predict``, or texts
+  per call of its ``embed`` (the merged batch when adaptive batching is on);
 - ``servekit_model_state{model,version,state}`` and
   ``servekit_model_load_seconds{model,version}``, read from the answering
   worker's repository at scrape time;
@@ -126,7 +126,10 @@ class Metrics:
         )
         self.in_flight = Gauge("servekit_requests_in_flight", "requests being answered", multiprocess_mode="livesum")
         self.batch_size = Histogram(
-            "servekit_batch_size", "rows per call of a model's predict", ("model",), buckets=BATCH_BUCKETS
+            "servekit_batch_size",
+            "rows per call of a model's predict (texts per embed call)",
+            ("model",),
+            buckets=BATCH_BUCKETS,
         )
         self.log_dropped = Counter(
             "servekit_request_log_dropped", "request logs the spool could not keep or the store refused"
@@ -333,7 +336,7 @@ def scrape():
 
 
 class BatchSizePlugin:
-    """Wraps every model's ``predict`` and records how many rows it was given."""
+    """Wraps every model's ``predict`` and ``embed`` and records how many rows (texts) each call was given."""
 
     def __init__(self, dataplane: Served):
         self.dataplane = dataplane
@@ -344,6 +347,13 @@ class BatchSizePlugin:
         result = yield
         if result is not None and rows:
             observe_batch(name, rows)
+        return result
+
+    @servekit.hookimpl(wrapper=True)
+    def embed(self, texts: list[str], name: str):
+        result = yield
+        if result is not None and texts:
+            observe_batch(name, len(texts))
         return result
 
 
