@@ -293,6 +293,7 @@ def test_completion_with_explain_through_the_app(gpt_dir):
     assert isinstance(explanation["target"], str)
 
 
+@pytest.mark.slow  # seconds: concurrent MiniLM passes
 def test_concurrent_embeddings_requests_share_forward_passes(tmp_path):
     from servekit.server.app import create_app
     from servekit.settings import Settings
