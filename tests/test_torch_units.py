@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")  # a Python without torch (scripts/test-pythons.sh) skips these
 from conftest import fit_regressor
 from servekit.errors import BadRequest, ModelFailure
 from servekit.types import ModelConfig
