@@ -34,7 +34,8 @@ class DensePredict:
         self.args = {margin: _arguments(margin) for margin in (False, True)}
 
     def __call__(self, X: np.ndarray, margin: bool = False) -> np.ndarray:
-        if self.c_call is None:
+        if self.c_call is None or not len(X):
+            # no rows: the library's own answer, whose shape differs between xgboost releases
             return self.booster.inplace_predict(X, predict_type="margin" if margin else "value")
         X = np.ascontiguousarray(X, dtype=np.float32 if X.dtype in AS_FLOAT32 else None)
         predict, check, ulong = self.c_call
@@ -55,8 +56,6 @@ class DensePredict:
                 ctypes.byref(out),
             )
         )
-        if not out:  # no rows: no buffer, and inplace_predict answers an empty vector
-            return np.empty((0,), dtype=np.float32)
         answer_shape = tuple(int(shape[i]) for i in range(dims.value))
         size = math.prod(answer_shape)
         if size == 0:
