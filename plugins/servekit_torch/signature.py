@@ -93,7 +93,7 @@ def script_output_fields(module: Any) -> list[str] | None:
     returns = module.forward.schema.returns
     if len(returns) != 1 or not isinstance(returns[0].type, torch.TupleType):
         return None
-    text = returns[0].type.str()  # type: ignore[attr-defined]  # torch's stubs leave it out
+    text = returns[0].type.str()  # type: ignore[attr-defined, unused-ignore]  # torch's stubs leave it out (unused without torch)
     if not text.startswith("NamedTuple(") or not text.endswith(")"):
         return None
     names, depth, start = [], 0, len("NamedTuple(")

@@ -78,7 +78,7 @@ def test_bad_input_is_a_400(servekit_app, linear_dir):
     client = servekit_app(linear_dir)
     response = client.post("/v1/models/linear:predict", json={"instances": [[1.0, 2.0, 3.0]]})
     assert response.status_code == 400
-    assert "expected rows of 2 numbers" in response.get_json()["error"]
+    assert "does not match the model's shape [-1, 2]" in response.get_json()["error"]
 
 
 def test_works_in_the_real_server(servekit_server, linear_dir):

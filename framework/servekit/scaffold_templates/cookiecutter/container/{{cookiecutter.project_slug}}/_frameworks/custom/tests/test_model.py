@@ -53,7 +53,7 @@ def test_stream_sends_one_event_per_row(client):
 def test_wrong_width_is_a_clear_400(client):
     response = client.post(f"{BASE}:predict", json={"instances": [[1.0, 2.0]]})
     assert response.status_code == 400
-    assert "rows of 3 numbers" in response.get_json()["error"]
+    assert "does not match the model's shape [-1, 3]" in response.get_json()["error"]
 
 
 def test_served_by_gunicorn(server):

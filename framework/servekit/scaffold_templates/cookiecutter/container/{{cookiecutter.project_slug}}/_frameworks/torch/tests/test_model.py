@@ -29,7 +29,7 @@ def test_predict_rows(client):
 def test_wrong_width_is_a_clear_400(client):
     response = client.post(PREDICT, json={"instances": [[1.0, 2.0]]})
     assert response.status_code == 400
-    assert "rows of 4 numbers" in response.get_json()["error"]
+    assert "does not match the model's shape [-1, 4]" in response.get_json()["error"]
 
 
 def test_served_by_gunicorn(server):
