@@ -33,14 +33,18 @@ pytestmark = pytest.mark.slow
 
 CONNECTIONS = 64
 REPLICAS = 3
+MAXCONN = 24  # requests HAProxy has at one replica at once, at most (more wait in its queue)
 ROW = {"instances": [[5.1, 3.5, 1.4, 0.2]]}
 
 HAPROXY = """\
 global
     maxconn 1024
     stats socket {folder}/haproxy.sock mode 600 level admin
+    log stderr format raw local0
 defaults
     mode http
+    log global
+    option httplog
     timeout connect 2s
     timeout client 30s
     timeout server 30s
@@ -53,6 +57,7 @@ defaults
     retry-on conn-failure empty-response response-timeout
 frontend servekit
     bind 127.0.0.1:{port}
+    capture request header X-Request-ID len 32
     default_backend replicas
 backend replicas
     balance leastconn
@@ -62,7 +67,7 @@ backend replicas
     # free thread; more wait in HAProxy's queue (timeout queue), not in a replica.  A check may
     # take seconds on a busy machine (timeout check 5s): three failures take a replica out, or
     # one refused connection of real traffic (observe layer4), as a killed replica's are.
-    default-server inter 500ms fastinter 250ms downinter 1s fall 3 rise 2 maxconn 24 observe layer4 error-limit 1 on-error mark-down
+    default-server inter 500ms fastinter 250ms downinter 1s fall 3 rise 2 maxconn {maxconn} observe layer4 error-limit 1 on-error mark-down
     timeout check 5s
     timeout queue 30s
     http-response set-header X-Replica %s
@@ -78,6 +83,7 @@ class Tally:
     phase: str = "start"
     answered: list[tuple[str, str, str]] = field(default_factory=list)  # (request id, replica, request log id)
     failed: list[tuple[str, str, str]] = field(default_factory=list)  # (request id, phase, what went wrong)
+    sent_after_down: Counter = field(default_factory=Counter)  # replica: answers to requests sent once one was DOWN
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def replicas_since(self, mark: int) -> Counter:
@@ -101,10 +107,12 @@ def load(url: str, stop: threading.Event, tally: Tally) -> None:
                 ok = r.status_code == 200 and r.json()["predictions"] == ["setosa"]
                 outcome = r.headers.get("X-Replica", "") if ok else f"{r.status_code} {r.text[:200]}"
             except requests.RequestException as exc:
-                ok, outcome = False, type(exc).__name__
+                ok, outcome = False, f"{type(exc).__name__}: {exc}"
             with tally.lock:
                 if ok:
                     tally.answered.append((rid, outcome, r.headers["X-Request-Log-Id"]))
+                    if phase == "down":
+                        tally.sent_after_down[outcome] += 1
                 else:
                     tally.failed.append((rid, phase, outcome))
 
@@ -119,12 +127,12 @@ class HAProxy:
         self.port, self.socket = free_port(), folder / "haproxy.sock"
         servers = "\n".join(f"    server r{i} 127.0.0.1:{p} check" for i, p in enumerate(ports))
         config = folder / "haproxy.cfg"
-        config.write_text(HAPROXY.format(port=self.port, folder=folder, servers=servers))
+        config.write_text(HAPROXY.format(port=self.port, folder=folder, servers=servers, maxconn=MAXCONN))
         check = subprocess.run([binary, "-c", "-f", str(config)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
-        self.proc = subprocess.Popen(
-            [binary, "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self.log = folder / "haproxy.log"  # a line per request: where it went, how it ended
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=log)
         self.url = f"http://127.0.0.1:{self.port}"
 
     def stats(self) -> dict[str, dict[str, str]]:
@@ -237,11 +245,25 @@ def test_three_replicas_behind_haproxy_restart_and_lose_one_without_losing_reque
                 in_flight = max(in_flight, int(lb.stats()["r0"]["scur"]))
             killed = kill_tree(victim.proc.pid)
             victim.proc.wait(10)
+
+            # and until HAProxy marks it DOWN: what it had sent before the kill and not yet seen
+            # fail is still counted at it (walking the process tree to kill it takes a while, and
+            # requests keep going to it meanwhile)
+            def down() -> bool:
+                nonlocal in_flight
+                r0 = lb.stats()["r0"]
+                in_flight = max(in_flight, int(r0["scur"]))
+                return r0["status"].startswith("DOWN")
+
+            figures["seconds_to_down"] = round(wait_until(down, 30), 2)
             figures["in_flight_at_kill"] = in_flight
-            figures["seconds_to_down"] = round(wait_until(lambda: lb.status("r0").startswith("DOWN"), 30), 2)
-            sent_to_it, mark = int(lb.stats()["r0"]["stot"]), len(tally.answered)
+            sent_to_it = int(lb.stats()["r0"]["stot"])
+            # what is sent from now on: an answer to a request sent before may still be on its way
+            # (read by its thread later), so only these say where HAProxy sends once r0 is DOWN
+            tally.phase = "down"
             time.sleep(3)
-            after_kill = tally.replicas_since(mark)
+            with tally.lock:
+                after_kill = Counter(tally.sent_after_down)
             sent_after_down = int(lb.stats()["r0"]["stot"]) - sent_to_it
             # a survivor ships what the killed one spooled (its lock went with it)
             figures["seconds_to_ship_its_spool"] = round(wait_until(lambda: not owners_left(spool, killed), 30), 1)
@@ -289,8 +311,15 @@ def test_three_replicas_behind_haproxy_restart_and_lose_one_without_losing_reque
         failures=dict(Counter(what.split("\n")[0][:60] for _, _, what in tally.failed)),
     )
     print("\nscale-out rehearsal:", figures)
+    if lb is not None and tally.failed:  # HAProxy's word on each lost request: where it went, how it ended
+        lost_ids = {rid for rid, _, _ in tally.failed}
+        print("".join(line for line in lb.log.read_text().splitlines(True) if any(r in line for r in lost_ids)))
     assert lost_restart == [], lost_restart[:5]  # the rolling restart lost nothing
-    assert len(lost_kill) <= in_flight, lost_kill[:5]  # at most what the killed one held
+    # at most what the killed one held: HAProxy never has more than MAXCONN at a replica.  The
+    # sampled count (in_flight_at_kill) runs below what is lost in some runs (3 sampled, 5
+    # lost; HAProxy's count moves between two samples and the kill takes a while), so it is a
+    # figure, not the bound
+    assert len(lost_kill) <= MAXCONN, lost_kill[:5]
     assert tally.failed == lost_restart + lost_kill  # nothing lost before the restart
     assert sent_after_down == 0 and "r0" not in after_kill and sum(after_kill.values()) > 0, after_kill
     assert tally.sent == len(tally.answered) + len(tally.failed)
@@ -299,6 +328,6 @@ def test_three_replicas_behind_haproxy_restart_and_lose_one_without_losing_reque
     assert left_in_spool == [], left_in_spool  # everything spooled was shipped
     # a second row of one request id: the killed replica had logged it, then died before its
     # answer left and HAProxy retried it on another; at most what it held
-    assert figures["answered_with_a_second_row"] <= in_flight
+    assert figures["answered_with_a_second_row"] <= MAXCONN
     assert max(by_request[rid] for rid in answered) <= 2
     assert len(logged) == sum(by_request[rid] for rid in answered) + figures["rows_of_lost"]  # no stray row
