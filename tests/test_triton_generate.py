@@ -176,3 +176,11 @@ def test_read_merges_and_checks():
     assert gr.read("p", {}, {}).sampling.max_tokens == gr.DEFAULT_MAX_TOKENS
     with pytest.raises(BadRequest, match="ignore_eos"):
         gr.read("p", {}, {"ignore_eos": "yes"})
+
+
+def test_numbers_and_switches_may_be_spelled_as_strings():
+    spec = gr.read("p", {}, {"temperature": "0.5", "max_tokens": "7", "ignore_eos": "true", "stream": "false"})
+    assert (spec.sampling.temperature, spec.sampling.max_tokens, spec.stream) == (0.5, 7, False)
+    assert spec.sampling.options == {"ignore_eos": True}
+    with pytest.raises(BadRequest, match="'temperature' must be a number"):
+        gr.read("p", {}, {"temperature": "hot"})

@@ -49,6 +49,11 @@ ALIASES = {"stop_words": "stop", "random_seed": "seed"}
 #: TensorRT-LLM's settings that are accepted at the value that changes nothing
 NEUTRAL: dict[str, tuple[Any, ...]] = {"bad_words": ("", [], None), "beam_width": (1, None)}
 DEFAULT_MAX_TOKENS = 16
+#: settings a string may spell (gRPC parameters had no floating-point type before
+#: Triton 2.4x, so tritonclient sends ``"0.7"``; vLLM's backend converts them too)
+INTEGERS = ("max_tokens", "seed", "top_k", "n")
+FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+BOOLEANS = ("ignore_eos", *SWITCHES)
 
 
 @dataclass
@@ -117,10 +122,27 @@ def _merge(fields: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]
             key = ALIASES.get(key, key)
             if key == "stop" and value == "":
                 continue  # TensorRT-LLM's examples send empty stop words for none
+            value = _unstring(key, value)
             if key in merged and merged[key] != value:
                 raise BadRequest(f"'{key}' is given twice with different values ({merged[key]!r} and {value!r})")
             merged[key] = value
     return merged
+
+
+def _unstring(key: str, value: Any) -> Any:
+    """A number or switch spelled as a string, as its type; anything else as it came."""
+    if not isinstance(value, str):
+        return value
+    try:
+        if key in INTEGERS:
+            return int(value)
+        if key in FLOATS:
+            return float(value)
+    except ValueError:
+        return value  # the checks name the setting and what it should be
+    if key in BOOLEANS and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
 
 
 def _sampling_parameters(raw: Any) -> dict[str, Any]:
