@@ -162,6 +162,30 @@ def test_grpc_stream_answers_piece_by_piece_with_a_final_response(server):
     assert b"".join(p.as_numpy("text_output")[0] for p in pieces).decode() == expected
 
 
+def test_generate_requests_on_one_stream_run_at_once(server):
+    """A short request sent after a long one on the same call finishes first: they share the batch."""
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        client.start_stream(callback=lambda result, error: results.put(error or result))
+        for request_id, tokens in (("long", 200), ("short", 5)):
+            settings = {"max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+            client.async_stream_infer(
+                "gpt", text_input(PROMPT), request_id=request_id, parameters=settings, enable_empty_final_response=True
+            )
+        finals, texts = [], {"long": b"", "short": b""}
+        while len(finals) < 2:
+            item = results.get(timeout=120)
+            assert not isinstance(item, InferenceServerException), item
+            response = item.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                finals.append(response.id)
+            else:
+                texts[response.id] += item.as_numpy("text_output")[0]
+        client.stop_stream()
+    assert finals == ["short", "long"]
+    assert texts["short"].decode() == openai_text(server, "gpt", PROMPT, {**GREEDY, "max_tokens": 5})
+
+
 def test_grpc_settings_spelled_as_strings(server):
     """tritonclient before 2.4x has no float parameters: numbers may come as strings."""
     settings = {"max_tokens": 12, "temperature": 0.7, "top_p": 0.9, "seed": 5}

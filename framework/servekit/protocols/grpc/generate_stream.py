@@ -11,6 +11,11 @@ input set to false gets one response with the whole text, and so does
 ``ModelInfer``.  A model without ``complete`` takes the request as an ordinary
 inference (a text classifier may well name its input ``text_input``).
 
+Within one ``ModelStreamInfer`` call, generate requests run at once (each in a
+thread, all in the model's one batch) and their responses interleave, told
+apart by ``id``, as from a decoupled Triton model; other requests still answer
+one after another, in order (:class:`Interleave`).
+
 A cancelled call (the client's ``stop_stream(cancel_requests=True)``, a
 deadline, a dropped connection) ends the loop at the next piece: the model's
 generator is closed and the scheduler drops the sequence at its next step.
@@ -18,7 +23,10 @@ generator is closed and the scheduler drops the sequence at its next step.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+import contextvars
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -111,3 +119,66 @@ def _bytes(text: str) -> np.ndarray:
     out = np.empty(1, dtype=object)
     out[0] = text.encode("utf-8")
     return out
+
+
+class Interleave:
+    """One ``ModelStreamInfer`` call: ordinary requests answered in order on the call's thread,
+    generate requests each on a thread of its own, every response sent as it comes.
+
+    A reader thread takes the client's requests as they arrive, so a generate
+    request does not wait for the one before it to finish.
+    """
+
+    #: how often a waiting call looks whether it was cancelled
+    POLL_S = 1.0
+
+    def __init__(self, context: Any):
+        self.context = context
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def run(
+        self,
+        requests: Iterable[Any],
+        answer: Callable[[Any], Iterator[Any]],
+        concurrent: Callable[[Any], bool],
+    ) -> Iterator[Any]:
+        threading.Thread(target=self._read, args=(requests,), name="servekit-grpc-stream-reader", daemon=True).start()
+        running, ended = 0, False
+        while not (ended and running == 0):
+            try:
+                kind, value = self.events.get(timeout=self.POLL_S)
+            except queue.Empty:
+                kind, value = "idle", None
+            if kind == "request" and concurrent(value):
+                running += 1
+                run = contextvars.copy_context().run  # the call's tracing context goes along
+                threading.Thread(target=run, args=(self._produce, answer, value), daemon=True).start()
+            elif kind == "request":
+                yield from answer(value)
+            elif kind == "response":
+                yield value
+            elif kind == "done":
+                running -= 1
+            elif kind == "end":
+                ended = True
+            elif kind == "failed":
+                raise value
+            if not self.context.is_active():
+                return  # cancelled: the generations stop at their next piece
+
+    def _read(self, requests: Iterable[Any]) -> None:
+        try:
+            for request in requests:
+                self.events.put(("request", request))
+        except Exception:  # the call was cancelled or broke: nothing more will come
+            pass
+        self.events.put(("end", None))
+
+    def _produce(self, answer: Callable[[Any], Iterator[Any]], request: Any) -> None:
+        try:
+            for response in answer(request):
+                self.events.put(("response", response))
+        except Exception as exc:  # not a ServekitError (those are responses): the call fails
+            self.events.put(("failed", exc))
+        finally:
+            self.events.put(("done", None))

@@ -9,7 +9,8 @@ client read them), and a request that sent typed ``contents`` gets typed content
 too (KServe's client reads only those).  A version
 string that is not a number is ``INVALID_ARGUMENT``.  ``ModelStreamInfer`` answers each request in
 order; an error becomes that request's ``error_message`` and the stream goes on,
-and a streaming model answers with one response per item it yields.
+and a streaming model answers with one response per item it yields.  Generate
+requests (:mod:`.generate_stream`) run at once, as a decoupled Triton model's do.
 
 Every document answers as over HTTP, built by the same code (:mod:`..v2_documents`):
 server and model metadata, ``ModelConfig`` and ``ModelStatistics``, and the repository RPCs
@@ -104,23 +105,36 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @streaming_rpc
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[pb.ModelStreamInferResponse]:
-        for request in request_iterator:
-            empty_final = codec.parameters_of(request.parameters).get(_EMPTY_FINAL) is True
-            try:
-                for response in self._stream(request, context):
-                    if empty_final:
-                        codec.set_parameter(response.parameters, _FINAL, False)
-                    yield pb.ModelStreamInferResponse(infer_response=response)
-            except ServekitError as exc:
-                failed = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                yield pb.ModelStreamInferResponse(error_message=exc.message, infer_response=failed)
-                continue
-            if not context.is_active():
-                return  # cancelled: nothing more can be sent
-            if empty_final:
-                final = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                codec.set_parameter(final.parameters, _FINAL, True)
-                yield pb.ModelStreamInferResponse(infer_response=final)
+        """Ordinary requests answer in order; generate requests run at once, their responses interleaved."""
+        interleave = generate_stream.Interleave(context)
+        yield from interleave.run(request_iterator, lambda r: self._answer(r, context), self._concurrent)
+
+    def _answer(self, request: pb.ModelInferRequest, context: Any) -> Iterator[pb.ModelStreamInferResponse]:
+        """Every response to one request of a stream: an error as its ``error_message``, the final one when asked."""
+        empty_final = codec.parameters_of(request.parameters).get(_EMPTY_FINAL) is True
+        try:
+            for response in self._stream(request, context):
+                if empty_final:
+                    codec.set_parameter(response.parameters, _FINAL, False)
+                yield pb.ModelStreamInferResponse(infer_response=response)
+        except ServekitError as exc:
+            failed = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+            yield pb.ModelStreamInferResponse(error_message=exc.message, infer_response=failed)
+            return
+        if empty_final and context.is_active():
+            final = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+            codec.set_parameter(final.parameters, _FINAL, True)
+            yield pb.ModelStreamInferResponse(infer_response=final)
+
+    def _concurrent(self, request: pb.ModelInferRequest) -> bool:
+        """Whether the request is a generate request, which need not wait for those before it."""
+        if not generate_stream.is_generate(request):
+            return False
+        try:
+            mv = self.dp.resolve(request.model_name, version_of(request.model_version))
+        except ServekitError:
+            return False  # answered in order, with its error
+        return generate_stream.may_generate(mv)
 
     def _stream(self, request: pb.ModelInferRequest, context: Any) -> Iterator[pb.ModelInferResponse]:
         """A generate request's pieces (:mod:`.generate_stream`), else the ordinary streamed inference."""
