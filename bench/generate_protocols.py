@@ -1,5 +1,6 @@
 """The same streams through three protocols: OpenAI completions (SSE), Triton's generate_stream (SSE)
-and V2 gRPC ``ModelStreamInfer`` (tritonclient), on one continuous batch.
+and V2 gRPC ``ModelStreamInfer`` (tritonclient: a call per stream, and every request on one call),
+on one continuous batch.
 
     python bench/generate_protocols.py [--levels 1,16,64] [--tokens 64] [--workers 2] [--layers 12] [--width 128]
 
@@ -7,7 +8,8 @@ One ``servekit serve`` (``--workers`` HTTP workers, each with its gRPC server)
 holds the bench GPT-2 of ``bench/generative.py`` in one model host
 (``placement: process``), so every protocol feeds the same scheduler.  For each
 level N, N streams run at once per protocol (threads in this process, each
-with its own connection), each asking for ``--tokens`` new tokens
+with its own connection; ``grpc-one-call``: N requests on one ``ModelStreamInfer``
+call, from one client), each asking for ``--tokens`` new tokens
 (``ignore_eos``, sampled at temperature 1, seeded); the script prints tokens per
 second, time to first piece p50/p99 and the gap between pieces p50, side by
 side, with the load average before each run.
@@ -83,11 +85,48 @@ def grpc_pieces(address: str, tokens: int, seed: int):
         client.stop_stream()
 
 
+def one_call(address: str, streams: int, tokens: int) -> list[dict]:
+    """``streams`` generate requests on one ModelStreamInfer call (vLLM's sample client's way)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    prompt = grpcclient.InferInput("text_input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([PROMPT.encode()], dtype=object))
+    got: queue.Queue = queue.Queue()
+    arrivals: dict[str, list[float]] = {str(i): [] for i in range(streams)}
+    with grpcclient.InferenceServerClient(address) as client:
+        client.start_stream(callback=lambda result, error: got.put((time.perf_counter(), error or result)))
+        start = time.perf_counter()
+        for i in range(streams):
+            parameters = {"max_tokens": tokens, "temperature": "1.0", "seed": i, "ignore_eos": True}
+            client.async_stream_infer(
+                "gpt", [prompt], request_id=str(i), parameters=parameters, enable_empty_final_response=True
+            )
+        finals = 0
+        while finals < streams:
+            at, item = got.get(timeout=600)
+            if isinstance(item, Exception):
+                raise item
+            response = item.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                finals += 1
+            else:
+                arrivals[response.id].append(at)
+        client.stop_stream()
+    return [
+        {"ttft": times[0] - start, "gaps": [b - a for a, b in zip(times, times[1:])], "n": len(times)}
+        for times in arrivals.values()
+    ]
+
+
 def run_level(pieces, target: str, streams: int, tokens: int) -> dict:
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    with ThreadPoolExecutor(streams) as pool:
-        results = list(pool.map(lambda i: _timed(pieces(target, tokens, i)), range(streams)))
+    if pieces is one_call:
+        results = one_call(target, streams, tokens)
+    else:
+        with ThreadPoolExecutor(streams) as pool:
+            results = list(pool.map(lambda i: _timed(pieces(target, tokens, i)), range(streams)))
     wall = time.perf_counter() - start
     ttfts = [r["ttft"] for r in results]
     gaps = [g for r in results for g in r["gaps"]]
@@ -123,6 +162,7 @@ def main() -> int:
                 "openai-sse": (openai_pieces, server.url),
                 "generate_stream": (generate_pieces, server.url),
                 "grpc-stream": (grpc_pieces, grpc_address),
+                "grpc-one-call": (one_call, grpc_address),
             }
             for pieces, target in protocols.values():  # warm-up: the first batch, connections
                 run_level(pieces, target, 2, 4)
