@@ -174,6 +174,7 @@ def test_read_merges_and_checks():
     assert (request.max_tokens, request.seed, request.temperature) == (5, 7, 0.5)
     assert request.options == {"top_k": 3, "ignore_eos": True} and request.stream
     assert gr.read("p", {}, {}).sampling.max_tokens == gr.DEFAULT_MAX_TOKENS
+    assert gr.read("p", {}, {"priority": 2, "timeout": 1000}).sampling.options == {}  # tritonclient's own
     with pytest.raises(BadRequest, match="ignore_eos"):
         gr.read("p", {}, {"ignore_eos": "yes"})
 

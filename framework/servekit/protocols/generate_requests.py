@@ -49,6 +49,9 @@ ALIASES = {"stop_words": "stop", "random_seed": "seed"}
 #: TensorRT-LLM's settings that are accepted at the value that changes nothing
 NEUTRAL: dict[str, tuple[Any, ...]] = {"bad_words": ("", [], None), "beam_width": (1, None)}
 DEFAULT_MAX_TOKENS = 16
+#: Triton's request-level scheduling parameters, which tritonclient sets from its own
+#: arguments (``priority=``, ``timeout=``): servekit's scheduler is first come, first served
+SCHEDULING = ("priority", "timeout")
 #: settings a string may spell (gRPC parameters had no floating-point type before
 #: Triton 2.4x, so tritonclient sends ``"0.7"``; vLLM's backend converts them too)
 INTEGERS = ("max_tokens", "seed", "top_k", "n")
@@ -113,7 +116,7 @@ def _merge(fields: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]
     merged: dict[str, Any] = {}
     for place in places:
         for key, value in place.items():
-            if key == "sampling_parameters":
+            if key == "sampling_parameters" or key in SCHEDULING:
                 continue
             if key in NEUTRAL:
                 if value not in NEUTRAL[key]:
