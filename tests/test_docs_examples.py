@@ -7,7 +7,8 @@ makes it a ``--plugin`` file beside a model, ``<!-- example: NAME commands -->``
 block whose ``servekit plugins`` lines run as written, ``<!-- example: NAME client -->`` a
 client program (tritonclient, TF Serving's API) run with this Python against a real server
 that serves the models it names, its ``localhost:8080`` / ``localhost:8081`` replaced by
-that server's ports (the only change made to its text). ``<!-- fragment: why -->`` marks a
+that server's ports (the only change made to its text), and ``<!-- example: NAME curl -->``
+a shell block of ``curl`` commands run with bash against that server, the same way. ``<!-- fragment: why -->`` marks a
 block that is no whole file. Every Python block of a page that has one carries one of
 the two, and every example has a scenario below, so a doc edit is tested.
 """
@@ -29,6 +30,7 @@ import numpy as np
 import pytest
 from conftest import DATA, TF_DATA, fit_iris, fit_regressor
 from framework_models import xgboost_booster
+from generative_models import build_tiny_gpt2
 from servekit.testing import ServerProcess
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -46,8 +48,8 @@ def examples() -> dict[str, dict[str, str]]:
             if what != "example":
                 continue
             name, _, kind = label.partition(" ")
-            if kind == "commands":
-                name = f"{name} commands"
+            if kind in ("commands", "curl"):
+                name = f"{name} {kind}"
             entry = found.setdefault(name, {"kind": kind or "model.py", "source": ""})
             entry["source"] += code + "\n"
     return found
@@ -66,7 +68,7 @@ def test_every_python_block_is_an_example_or_a_fragment(page):
 
 def test_every_example_has_a_scenario():
     assert set(EXAMPLES) == set(SCENARIOS) | set(CLIENT_SCENARIOS)
-    assert {name for name, e in EXAMPLES.items() if e["kind"] == "client"} == set(CLIENT_SCENARIOS)
+    assert {name for name, e in EXAMPLES.items() if e["kind"] in ("client", "curl")} == set(CLIENT_SCENARIOS)
 
 
 def _serve(tmp_path, servekit_app, name, *, files=None, model=None, config=None):
@@ -248,6 +250,8 @@ def client_server(tmp_path_factory):
         xgboost_booster().save_model(str(base / "churn" / "1" / "model.json"))  # input "input" [-1, 4]
     if importlib.util.find_spec("servekit_tensorflow") and importlib.util.find_spec("tensorflow"):
         shutil.copytree(TF_DATA / "saved_model_half_plus_two_cpu", base / "half_plus_two")  # version 123
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+        build_tiny_gpt2(base / "gpt")  # the generate examples' model
         (base / "half_plus_two" / "servekit.yaml").write_text("labels: {stable: 123}\n")
     with ServerProcess(base, grpc_port="auto", workers=2, model_control_mode="explicit").start(timeout=300) as server:
         yield server
@@ -273,6 +277,16 @@ def _run_client(name: str, server: ServerProcess, cwd: Path) -> str:
     program = cwd / "client.py"
     program.write_text(source)
     done = subprocess.run([sys.executable, program.name], cwd=cwd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _run_curl(name: str, server: ServerProcess) -> str:
+    """The shell example NAME run with bash against SERVER; its standard output."""
+    written = EXAMPLES[name]["source"]
+    source = written.replace("localhost:8080", f"127.0.0.1:{server.http_port}")
+    assert source != written, f"{name} names no server address"
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", source], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -342,7 +356,35 @@ def load_and_unload(tmp_path, server):
         assert _post(server, "/v2/models/fresh/infer", body)["outputs"][0]["data"] == pytest.approx([6.0])
 
 
+def _served(server: ServerProcess, name: str) -> None:
+    names = [m["name"] for m in _post(server, "/v2/repository/index")]
+    if name not in names:
+        pytest.skip(f"this Python cannot serve {name!r} (its framework is not installed)")
+
+
+def _gpt_text(server: ServerProcess) -> str:
+    """What OpenAI completions answer for the generate examples' prompt and settings."""
+    body = {"model": "gpt", "prompt": "hello world", "max_tokens": 12, "temperature": 0}
+    return _post(server, "/v1/completions", body)["choices"][0]["text"]
+
+
+def gpt_generate_curl(tmp_path, server):
+    _served(server, "gpt")
+    whole, _, stream = _run_curl("gpt-generate curl", server).partition("\n")
+    assert json.loads(whole) == {"model_name": "gpt", "model_version": "1", "text_output": _gpt_text(server)}
+    pieces = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: ")]
+    assert len(pieces) > 1 and all(p["model_name"] == "gpt" for p in pieces)
+    assert "".join(p["text_output"] for p in pieces) == _gpt_text(server)
+
+
+def gpt_stream(tmp_path, server):
+    _served(server, "gpt")
+    assert _run_client("gpt-stream", server, tmp_path) == _gpt_text(server) + "\n"
+
+
 CLIENT_SCENARIOS = {
+    "gpt-generate curl": gpt_generate_curl,
+    "gpt-stream": gpt_stream,
     "churn": churn,
     "half-plus-two": half_plus_two,
     "linear-grpc": linear_grpc,
@@ -355,6 +397,10 @@ CLIENT_SCENARIOS = {
 @pytest.mark.slow  # a server with TensorFlow, two workers; a client program per example
 @pytest.mark.parametrize("name", sorted(CLIENT_SCENARIOS))
 def test_the_client_example_runs_as_written(name, tmp_path, client_server):
-    for module in _imports(EXAMPLES[name]["source"]):
-        pytest.importorskip(module)  # the client library the page's reader installs
+    if EXAMPLES[name]["kind"] == "curl":
+        if shutil.which("curl") is None:
+            pytest.skip("curl is not installed")
+    else:
+        for module in _imports(EXAMPLES[name]["source"]):
+            pytest.importorskip(module)  # the client library the page's reader installs
     CLIENT_SCENARIOS[name](tmp_path, client_server)

@@ -173,10 +173,12 @@ PROTOCOL_HELPERS = {
     "servekit.protocols.http",
     "servekit.protocols.streaming",
     "servekit.protocols.openai_requests",
+    "servekit.protocols.generate_requests",
     "servekit.protocols.v2_documents",
     "servekit.protocols.tf_documents",
     "servekit.protocols.grpc.common",
     "servekit.protocols.grpc.predict_stream",
+    "servekit.protocols.grpc.generate_stream",
 }
 #: What assembles the gRPC server from its services (as server/app.py does for HTTP).
 GRPC_ASSEMBLY = {

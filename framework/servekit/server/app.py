@@ -22,7 +22,7 @@ from ..control.plan import Planner
 from ..dataplane import DataPlane
 from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
 from ..model_folders import discover, repository_roots
-from ..protocols import generic, health, openai, v1, v2
+from ..protocols import generic, health, openai, triton_generate, v1, v2
 from ..protocols.http import json_response
 from ..repository import ModelRepository
 from ..settings import Settings
@@ -78,7 +78,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     if settings.model_memory_budget > 0:
         dp.on_demand = control.ensure  # a model the budget unloaded loads again for its request
 
-    for blueprint in (health.bp, v1.bp, v2.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
+    for blueprint in (health.bp, v1.bp, v2.bp, triton_generate.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
     api_key = ApiKey.from_settings(settings)

@@ -9,7 +9,8 @@ client read them), and a request that sent typed ``contents`` gets typed content
 too (KServe's client reads only those).  A version
 string that is not a number is ``INVALID_ARGUMENT``.  ``ModelStreamInfer`` answers each request in
 order; an error becomes that request's ``error_message`` and the stream goes on,
-and a streaming model answers with one response per item it yields.
+and a streaming model answers with one response per item it yields.  Generate
+requests (:mod:`.generate_stream`) run at once, as a decoupled Triton model's do.
 
 Every document answers as over HTTP, built by the same code (:mod:`..v2_documents`):
 server and model metadata, ``ModelConfig`` and ``ModelStatistics``, and the repository RPCs
@@ -27,11 +28,13 @@ from google.protobuf import json_format
 
 from ...codecs import v2_grpc as codec
 from ...dataplane import DataPlane
-from ...errors import BadRequest, ModelFailure, NotFound, NotReady, ServekitError
+from ...errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
 from ...model_control import require_model_control
 from ...observability import tracing
 from ...repository import ModelVersion
 from .. import v2_documents as documents
+from ..generate_requests import NotGenerative
+from . import generate_stream
 from .common import control_of, rpc, streaming_rpc
 from .protos.inference import grpc_service_pb2 as pb
 from .protos.inference import grpc_service_pb2_grpc as pb_grpc
@@ -92,25 +95,93 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelInfer(self, request: pb.ModelInferRequest, context):
-        return next(self._infer(request, stream=False))
+        generation = self._generation(request)
+        if isinstance(generation, generate_stream.Generation):
+            try:
+                return generation.whole()
+            except NotGenerative:
+                pass  # a model without ``complete`` takes ``text_input`` as an ordinary input
+        return next(self._ordinary(request, generation, stream=False))
 
     @streaming_rpc
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[pb.ModelStreamInferResponse]:
-        for request in request_iterator:
-            empty_final = codec.parameters_of(request.parameters).get(_EMPTY_FINAL) is True
+        """Ordinary requests answer in order; generate requests run at once, their responses interleaved."""
+        interleave = generate_stream.Interleave(context)
+        yield from interleave.run(request_iterator, lambda r: self._answer(r, context), self._concurrent)
+
+    def _answer(self, request: pb.ModelInferRequest, context: Any) -> Iterator[pb.ModelStreamInferResponse]:
+        """Every response to one request of a stream: an error as its ``error_message``, the final one when asked."""
+        empty_final = codec.parameters_of(request.parameters).get(_EMPTY_FINAL) is True
+        try:
+            for response in self._stream(request, context):
+                if empty_final:
+                    codec.set_parameter(response.parameters, _FINAL, False)
+                yield pb.ModelStreamInferResponse(infer_response=response)
+        except ServekitError as exc:
+            failed = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+            yield pb.ModelStreamInferResponse(error_message=exc.message, infer_response=failed)
+            return
+        if empty_final and context.is_active():
+            final = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+            codec.set_parameter(final.parameters, _FINAL, True)
+            yield pb.ModelStreamInferResponse(infer_response=final)
+
+    def _concurrent(self, request: pb.ModelInferRequest) -> bool:
+        """Whether the request is a generate request, which need not wait for those before it."""
+        if not generate_stream.is_generate(request):
+            return False
+        try:
+            mv = self.dp.resolve(request.model_name, version_of(request.model_version))
+        except ServekitError:
+            return False  # answered in order, with its error
+        return generate_stream.may_generate(mv)
+
+    def _stream(self, request: pb.ModelInferRequest, context: Any) -> Iterator[pb.ModelInferResponse]:
+        """A generate request's pieces (:mod:`.generate_stream`), else the ordinary streamed inference."""
+        generation = self._generation(request)
+        if isinstance(generation, generate_stream.Generation):
             try:
-                for response in self._infer(request, stream=True):
-                    if empty_final:
-                        codec.set_parameter(response.parameters, _FINAL, False)
-                    yield pb.ModelStreamInferResponse(infer_response=response)
-            except ServekitError as exc:
-                failed = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                yield pb.ModelStreamInferResponse(error_message=exc.message, infer_response=failed)
-                continue
-            if empty_final:
-                final = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-                codec.set_parameter(final.parameters, _FINAL, True)
-                yield pb.ModelStreamInferResponse(infer_response=final)
+                if generation.spec.stream is False:  # vLLM's ``stream`` input: one whole response
+                    yield generation.whole()
+                    return
+                pieces = generation.pieces()
+            except NotGenerative:
+                pass
+            else:
+                yield from generation.stream(pieces, context)
+                return
+        yield from self._ordinary(request, generation, stream=True)
+
+    def _generation(self, request: pb.ModelInferRequest) -> generate_stream.Generation | BadRequest | None:
+        """A generate request to a model that may generate; ``None`` for an ordinary inference.
+
+        A model in a model host may or may not generate (its hooks run there): a request
+        it cannot take as a generate request is tried as an ordinary one, and the
+        generate error (returned here) is the answer if that fails for want of a hook.
+        """
+        if not generate_stream.is_generate(request):
+            return None
+        mv = self.dp.resolve(request.model_name, version_of(request.model_version))
+        if not generate_stream.may_generate(mv):
+            return None
+        with tracing.span("servekit.decode"):
+            decoded = codec.decode_infer_request(request, self.dp.shared_memory)
+        try:
+            return generate_stream.Generation(self.dp, mv, request, decoded)
+        except BadRequest as exc:
+            if generate_stream.surely_generates(mv):
+                raise
+            return exc
+
+    def _ordinary(
+        self, request: pb.ModelInferRequest, refused: Any, *, stream: bool
+    ) -> Iterator[pb.ModelInferResponse]:
+        try:
+            yield from self._infer(request, stream=stream)
+        except NotImplementedByModel:
+            if isinstance(refused, BadRequest):
+                raise refused from None
+            raise
 
     def _infer(self, request: pb.ModelInferRequest, *, stream: bool) -> Iterator[pb.ModelInferResponse]:
         """Run one request; a streaming model gives one response per item when ``stream``."""
