@@ -1,7 +1,8 @@
 """Concurrent chat streams on one small causal LM: per-request ``generate`` against continuous batching.
 
     python bench/generative.py [--levels 1,4,16,64] [--tokens 128] [--workers 2] [--threads 64]
-                               [--layers 12] [--width 128]
+                               [--layers 12] [--width 128] [--peers mlserver-hf,litserve,kserve-hf]
+                               [--only NAMES] [--skip-embeddings]
 
 One ``servekit serve`` holds the same small GPT-2 (random weights, built here:
 ``--layers`` blocks of ``--width``, the suite's 400-token byte-level tokenizer)
@@ -22,9 +23,21 @@ adaptive batching (:data:`EMBED_MODELS`), with the texts per ``embed`` call
 (``servekit_batch_size`` at ``/metrics``) and the CPU time per request of the
 workers and of the client processes.  First, the same GPT-2 in this process
 without HTTP (threads calling ``complete``) shows what the model side alone
-does.  The numbers are also
-written as JSON
-beside this file (``results/generative.json``).
+does.  Then the peers (issue 25), one at a time, on the same saved model
+folder, with the same prompt, 128 new tokens and the end-of-text token held
+off (``min_new_tokens``, what servekit's ``ignore_eos`` sets; LitServe's app
+masks the token's logit): MLServer's Hugging Face runtime (``text-generation``
+pipeline; it does not stream, so V2 ``infer`` requests whose first token comes
+with the whole answer, no ITL), LitServe (``bench/peers/litserve_gen.py``,
+``OpenAISpec`` streaming one chunk per token) and KServe's huggingfaceserver
+(its Transformers backend's OpenAI chat, streaming the text as
+``TextIteratorStreamer`` releases it: words, not tokens), each in a venv under
+bench/.venvs, their versions printed.  Every answer's token count is checked:
+from the stream's usage (servekit, LitServe), the returned token ids (MLServer)
+or, for KServe, whose stream carries no usage, its non-streamed answers.
+``--only`` picks servers (``generate,litserve``), ``--peers none`` leaves the
+peers out.  The numbers are also written as JSON beside this file
+(``results/generative.json``).
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from servekit.tally import FLUSH_SECONDS
 
@@ -213,7 +227,9 @@ def cpu_seconds(root: int) -> dict[str, float]:
 _clients: dict[str, object] = {}
 
 
-def _streams(url: str, model: str, count: int, tokens: int, rounds: int = 1, infer: tuple | None = None) -> list[dict]:
+def _streams(
+    url: str, model: str, count: int, tokens: int, rounds: int = 1, infer: tuple[str, int] | None = None
+) -> list[dict]:
     """``count`` streams at once from this client process (its own GIL), one thread each, each
     thread running ``rounds`` streams one after another; with ``infer`` (prompt text, its token
     count), V2 ``infer`` requests to ``url`` instead of chat streams."""
@@ -237,7 +253,7 @@ def level(
     tokens: int,
     root: int = 0,
     label: str | None = None,
-    infer: tuple | None = None,
+    infer: tuple[str, int] | None = None,
     tokenizer=None,
 ) -> dict:
     """``streams`` chats at once, spread over the client processes (the openai client parses in Python).
@@ -573,7 +589,7 @@ def peer_versions(peer: Peer) -> dict[str, str]:
     return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()[-200:]}
 
 
-def wait_peer(running, peer: Peer, infer: tuple, timeout: float = 600.0) -> float:
+def wait_peer(running, peer: Peer, infer: tuple[str, int], timeout: float = 600.0) -> float:
     """Seconds until the peer answers a real two-token request (every worker loads the model first)."""
     import openai
 
@@ -591,23 +607,26 @@ def wait_peer(running, peer: Peer, infer: tuple, timeout: float = 600.0) -> floa
             time.sleep(1)
 
 
-def check_counts(peer: Peer, infer: tuple, tokens: int) -> list[int]:
+def check_counts(peer: Peer, infer: tuple[str, int], tokens: int) -> list[int]:
     """Non-streamed answers' token counts as the server reports them (KServe's stream carries no usage)."""
     import openai
 
     if peer.infer:
         return [one_infer(peer.url, *infer, tokens)["tokens"] for _ in range(4)]
     client = openai.OpenAI(base_url=peer.url, api_key="unused", max_retries=0, timeout=600)
+    messages: list[Any] = list(MESSAGES)  # the same plain dicts one_stream sends
     counts = []
     for _ in range(4):
         answer = client.chat.completions.create(
-            model=PEER_MODEL, messages=MESSAGES, max_tokens=tokens, temperature=1.0, extra_body={"ignore_eos": True}
+            model=PEER_MODEL, messages=messages, max_tokens=tokens, temperature=1.0, extra_body={"ignore_eos": True}
         )
         counts.append(answer.usage.completion_tokens if answer.usage else -1)
     return counts
 
 
-def run_peer(name: str, folder: Path, args, levels: list[int], clients: ProcessPoolExecutor, prompt) -> tuple:
+def run_peer(
+    name: str, folder: Path, args, levels: list[int], clients: ProcessPoolExecutor, prompt
+) -> tuple[list[dict], dict[str, str]]:
     """One peer: start it, check its answers' token counts, the levels (64 streams skipped where 16
     streams' throughput says they would take over ``--peer-cap-s``), stop it."""
     import run
@@ -745,13 +764,13 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def peer_prompt(folder: Path) -> tuple:
+def peer_prompt(folder: Path) -> tuple[Any, str, int]:
     """The bench tokenizer, the chat prompt as servekit renders it (MLServer gets it as text) and its
     token count."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    text = str(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False))
     return tokenizer, text, len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
