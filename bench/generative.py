@@ -1,7 +1,8 @@
 """Concurrent chat streams on one small causal LM: per-request ``generate`` against continuous batching.
 
     python bench/generative.py [--levels 1,4,16,64] [--tokens 128] [--workers 2] [--threads 64]
-                               [--layers 12] [--width 128]
+                               [--layers 12] [--width 128] [--peers mlserver-hf,litserve,kserve-hf]
+                               [--only NAMES] [--skip-embeddings]
 
 One ``servekit serve`` holds the same small GPT-2 (random weights, built here:
 ``--layers`` blocks of ``--width``, the suite's 400-token byte-level tokenizer)
@@ -22,22 +23,39 @@ adaptive batching (:data:`EMBED_MODELS`), with the texts per ``embed`` call
 (``servekit_batch_size`` at ``/metrics``) and the CPU time per request of the
 workers and of the client processes.  First, the same GPT-2 in this process
 without HTTP (threads calling ``complete``) shows what the model side alone
-does.  The numbers are also
-written as JSON
-beside this file (``results/generative.json``).
+does.  Then the peers (issue 25), one at a time, on the same saved model
+folder, with the same prompt, 128 new tokens and the end-of-text token held
+off (``min_new_tokens``, what servekit's ``ignore_eos`` sets; LitServe's app
+masks the token's logit): MLServer's Hugging Face runtime (``text-generation``
+pipeline; it does not stream, so V2 ``infer`` requests whose first token comes
+with the whole answer, no ITL), LitServe (``bench/peers/litserve_gen.py``,
+``OpenAISpec`` streaming one chunk per token) and KServe's huggingfaceserver
+(its Transformers backend's OpenAI chat, streaming the text as
+``TextIteratorStreamer`` releases it: words, not tokens), each in a venv under
+bench/.venvs, their versions printed.  Every answer's token count is checked:
+from the stream's usage (servekit, LitServe), the returned token ids (MLServer)
+or, for KServe, whose stream carries no usage, its non-streamed answers.
+``--only`` picks servers (``generate,litserve``), ``--peers none`` leaves the
+peers out.  The numbers are also written as JSON beside this file
+(``results/generative.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from servekit.tally import FLUSH_SECONDS
 
@@ -120,16 +138,55 @@ def one_stream(client, model: str, tokens: int) -> dict:
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
+    text = []
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             arrivals.append(time.perf_counter())
+            text.append(chunk.choices[0].delta.content)
         if chunk.usage is not None:
             completion = chunk.usage.completion_tokens
     return {
         "ttft": arrivals[0] - start if arrivals else float("nan"),
         "gaps": [b - a for a, b in zip(arrivals, arrivals[1:])],
         "tokens": completion,
+        "chunks": len(arrivals),
+        "text": "".join(text),
     }
+
+
+def one_infer(url: str, prompt: str, prompt_ids: int, tokens: int) -> dict:
+    """One text-generation request to MLServer's Hugging Face runtime on its V2 ``infer`` (it does not
+    stream): the first token arrives with the whole answer.  The pipeline's keyword arguments travel as
+    ``raw`` inputs, and ``return_tensors`` makes it answer the token ids, so the count is exact."""
+    from urllib.request import Request, urlopen
+
+    def raw(name: str, datatype: str, value: object) -> dict:
+        return {
+            "name": name,
+            "shape": [1],
+            "datatype": datatype,
+            "data": [value],
+            "parameters": {"content_type": "raw"},
+        }
+
+    body = {
+        "inputs": [
+            {"name": "args", "shape": [1], "datatype": "BYTES", "data": [prompt]},
+            raw("max_new_tokens", "INT64", tokens),
+            raw("min_new_tokens", "INT64", tokens),  # ignore_eos, as servekit's own ignore_eos does it
+            raw("do_sample", "BOOL", True),
+            raw("temperature", "FP64", 1.0),
+            raw("return_tensors", "BOOL", True),
+        ]
+    }
+    start = time.perf_counter()
+    request = Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urlopen(request, timeout=600) as reply:
+        answer = json.loads(reply.read())
+    elapsed = time.perf_counter() - start
+    first = json.loads(answer["outputs"][0]["data"][0])  # one JSON item per answer of the pipeline's list
+    generated = (first[0] if isinstance(first, list) else first)["generated_token_ids"]
+    return {"ttft": elapsed, "gaps": [], "tokens": len(generated) - prompt_ids, "chunks": 1, "text": ""}
 
 
 def _tree(root: int) -> dict[int, str]:
@@ -167,36 +224,65 @@ def cpu_seconds(root: int) -> dict[str, float]:
     return totals
 
 
-_client = None
+_clients: dict[str, object] = {}
 
 
-def _streams(url: str, model: str, count: int, tokens: int, rounds: int = 1) -> list[dict]:
+def _streams(
+    url: str, model: str, count: int, tokens: int, rounds: int = 1, infer: tuple[str, int] | None = None
+) -> list[dict]:
     """``count`` streams at once from this client process (its own GIL), one thread each, each
-    thread running ``rounds`` streams one after another."""
-    global _client
+    thread running ``rounds`` streams one after another; with ``infer`` (prompt text, its token
+    count), V2 ``infer`` requests to ``url`` instead of chat streams."""
     import openai
 
-    if _client is None:
-        _client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    if infer is not None:
+        run_one = lambda _: one_infer(url, *infer, tokens)  # noqa: E731
+    else:
+        if url not in _clients:  # one per server: a client process outlives a server
+            _clients[url] = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+        run_one = lambda _: one_stream(_clients[url], model, tokens)  # noqa: E731
     with ThreadPoolExecutor(count) as pool:
-        return list(pool.map(lambda _: one_stream(_client, model, tokens), range(count * rounds)))
+        return list(pool.map(run_one, range(count * rounds)))
 
 
-def level(clients: ProcessPoolExecutor, url: str, model: str, streams: int, tokens: int, root: int = 0) -> dict:
-    """``streams`` chats at once, spread over the client processes (the openai client parses in Python)."""
+def level(
+    clients: ProcessPoolExecutor,
+    url: str,
+    model: str,
+    streams: int,
+    tokens: int,
+    root: int = 0,
+    label: str | None = None,
+    infer: tuple[str, int] | None = None,
+    tokenizer=None,
+) -> dict:
+    """``streams`` chats at once, spread over the client processes (the openai client parses in Python).
+
+    Every answer's token count is checked against ``tokens``: from the stream's usage, or (a server
+    whose stream carries none) the text re-encoded with ``tokenizer``, as a range (not exact: a
+    byte-level BPE re-encodes decoded text into merges of its own)."""
     share = [streams // CLIENT_PROCESSES + (i < streams % CLIENT_PROCESSES) for i in range(CLIENT_PROCESSES)]
     rounds = ONE_STREAM_ROUNDS if streams == 1 else 1  # one stream: several in a row, for TTFT percentiles
     before = cpu_seconds(root) if root else {}
     start = time.perf_counter()
-    futures = [clients.submit(_streams, url, model, n, tokens, rounds) for n in share if n]
+    futures = [clients.submit(_streams, url, model, n, tokens, rounds, infer) for n in share if n]
     results = [r for f in futures for r in f.result()]
     wall = time.perf_counter() - start
     after = cpu_seconds(root) if root else {}
     ttfts = [r["ttft"] for r in results]
     gaps = [g for r in results for g in r["gaps"]]
-    total = sum(r["tokens"] for r in results)
+    counted = [r["tokens"] for r in results]
+    checked = "usage" if infer is None else "token ids"
+    if tokenizer is not None and not any(counted):
+        counted = [len(tokenizer(r["text"], add_special_tokens=False)["input_ids"]) for r in results]
+        checked = "re-encoded text"
+    total = sum(counted) if checked != "re-encoded text" else tokens * len(results)
     return {
-        "model": model,
+        "model": label or model,
+        "answers": len(results),
+        "tokens_per_answer": [min(counted), max(counted)],
+        "tokens_checked_by": checked,
+        "chunks_per_answer": statistics.mean(r["chunks"] for r in results),
         "streams": streams,
         "tokens": total,
         "seconds": wall,
@@ -332,24 +418,280 @@ def in_process(base: Path, levels: list[int], generate_levels: list[int], tokens
     return rows
 
 
+# ---------------------------------------------------------------------------
+# The peers (issue 25): the same saved model behind MLServer, LitServe and KServe
+# ---------------------------------------------------------------------------
+
+PEERS = ("mlserver-hf", "litserve", "kserve-hf")
+MLSERVER_VERSION = "1.7.1"
+#: mlserver-huggingface 1.7.1 imports ``transformers.pipelines.Conversation`` (gone in transformers 4.42)
+#: and TensorFlow at its top: the newest transformers it imports with
+MLSERVER_TRANSFORMERS = "4.41.2"
+LITSERVE_VERSION = "0.2.19"
+#: KServe's huggingfaceserver is not on PyPI: its folder at this tag of KServe's repository, with the
+#: kserve release of the same number (its pyproject names kserve by a path in the repository)
+KSERVE_HF_REF = "v0.20.0"
+#: the vLLM release kserve 0.20.0's ``llm`` extra names
+KSERVE_VLLM = "0.24.0"
+PEER_MODEL = "gpt2"
+PEER_PORT = 8310
+#: what each peer's versions line names
+PEER_PACKAGES = {
+    "mlserver-hf": ("mlserver", "mlserver-huggingface", "transformers", "torch"),
+    "litserve": ("litserve", "transformers", "torch"),
+    "kserve-hf": ("kserve", "huggingfaceserver", "transformers", "torch"),
+}
+
+
+@dataclass
+class Peer:
+    name: str
+    python: str
+    command: list[str]
+    url: str  # the openai client's base URL, or MLServer's V2 infer URL
+    infer: bool = False  # MLServer: V2 infer requests (its Hugging Face runtime does not stream)
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def huggingfaceserver_source() -> str:
+    """KServe's huggingfaceserver folder, from a clone under bench/.venvs/src (``BENCH_KSERVE_GIT``
+    names another clone: a URL, or a local git directory from which the folder is read)."""
+    import run
+
+    repo = os.environ.get("BENCH_KSERVE_GIT", "https://github.com/kserve/kserve")
+    source = run.VENVS / "src" / f"kserve-{KSERVE_HF_REF}-hf"
+    folder = source / "python" / "huggingfaceserver"
+    if not folder.is_dir():
+        shutil.rmtree(source, ignore_errors=True)
+        source.mkdir(parents=True)
+        if Path(repo).is_dir():
+            archive = ["git", "--git-dir", repo, "archive", KSERVE_HF_REF, "python/huggingfaceserver"]
+            tar = subprocess.run(archive, capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(source)], input=tar, check=True)
+        else:
+            clone = ["git", "clone", "-q", "--depth", "1", "--branch", KSERVE_HF_REF, repo, str(source)]
+            subprocess.run(clone, check=True)
+    return str(folder)
+
+
+def peer_packages(name: str) -> tuple[list[str], tuple[str, ...]]:
+    """The peer's packages (then those installed ``--no-deps``): this torch, and this transformers
+    wherever the peer runs with it."""
+    import torch
+    import transformers
+
+    torch_pin = "torch==" + torch.__version__.split("+")[0]
+    same = f"transformers=={transformers.__version__}"
+    if name == "mlserver-hf":
+        mlserver = [f"mlserver=={MLSERVER_VERSION}", f"mlserver-huggingface=={MLSERVER_VERSION}"]
+        # optimum 1.21 on imports torch.onnx internals this torch no longer has; 1.20 is the one
+        # of transformers 4.41's time.  uvloop 0.22 kills MLServer 1.7.1's inference-pool workers
+        # at start (see bench/run.py)
+        old = [f"transformers=={MLSERVER_TRANSFORMERS}", "optimum[onnxruntime]==1.20.0", "uvloop<0.22"]
+        return [*mlserver, torch_pin, *old], ()
+    if name == "litserve":
+        return [f"litserve=={LITSERVE_VERSION}", torch_pin, same], ()
+    kserve = KSERVE_HF_REF.lstrip("v")
+    # kserve's OpenAI types import vLLM's protocol module: vLLM (it pins a CUDA torch 2.11) comes in
+    # without its dependencies, with those of the modules KServe imports
+    light = ["openai", "cbor2", "pyzmq", "openai-harmony", "pillow", "pybase64", "cachetools", "msgspec"]
+    light += ["cloudpickle", "py-cpuinfo", "llguidance", "xgrammar", "partial_json_parser"]
+    packages = [f"kserve=={kserve}", f"kserve-storage=={kserve}", torch_pin, same, "accelerate>=1.6,<2", *light]
+    return packages, (huggingfaceserver_source(), f"vllm=={KSERVE_VLLM}")
+
+
+def peer_venv(name: str) -> str:
+    """The peer's virtualenv under bench/.venvs (bench/run.py's ``ensure_venv``)."""
+    import run
+
+    packages, without_deps = peer_packages(name)
+    return run.ensure_venv("litserve-gen" if name == "litserve" else name, packages, without_deps)
+
+
+def link_folder(source: Path, target: Path, skip: tuple[str, ...] = ()) -> None:
+    target.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.name != "servekit.yaml" and item.name not in skip:
+            (target / item.name).symlink_to(item.resolve())
+
+
+def peer_folders(base: Path, tokens: int) -> dict[str, Path]:
+    """The saved model as each peer reads it: the same files (links) and what the peer needs beside them.
+
+    KServe's server takes no per-request ``ignore_eos``; transformers fills what its generation config
+    leaves unset from the folder's ``generation_config.json``, so that file there says
+    ``min_new_tokens`` (what servekit's ``ignore_eos`` sets) and ``do_sample`` (temperature 1.0 as
+    asked, not greedy).  MLServer's transformers 4.41 reads neither ``TokenizersBackend`` nor
+    ``chat_template.jinja`` nor this tokenizers' merges: its tokenizer_config.json names the fast
+    tokenizer class (the prompt is rendered here, with the template), its tokenizer.json holds the
+    same merges as strings."""
+    model = base / "generate"
+    folders = {"litserve": base / "peer-litserve", "kserve-hf": base / "peer-kserve"}
+    link_folder(model, folders["litserve"])
+    link_folder(model, folders["kserve-hf"], skip=("generation_config.json",))
+    generation = json.loads((model / "generation_config.json").read_text())
+    generation.update(min_new_tokens=tokens, do_sample=True)
+    (folders["kserve-hf"] / "generation_config.json").write_text(json.dumps(generation))
+    weights = base / "peer-mlserver" / PEER_MODEL / "model"
+    link_folder(model, weights, skip=("tokenizer_config.json", "tokenizer.json"))
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (weights / "tokenizer_config.json").write_text(json.dumps(config))
+    # its tokenizers 0.19 reads BPE merges written as "a b" strings, not as pairs: the same merges
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    tokenizer["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m for m in tokenizer["model"]["merges"]]
+    tokenizer["model"].pop("ignore_merges", None)
+    (weights / "tokenizer.json").write_text(json.dumps(tokenizer))
+    folders["mlserver-hf"] = base / "peer-mlserver"
+    return folders
+
+
+def make_peer(name: str, folder: Path, port: int, workers: int) -> Peer:
+    """The peer's command line: ``workers`` model processes (KServe's server: its one), each with the
+    cores shared out as servekit's workers have them."""
+    python = peer_venv(name)
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    if name == "litserve":
+        script = str(HERE / "peers" / "litserve_gen.py")
+        command = [python, script, "--model-dir", str(folder), "--port", str(port), "--workers", str(workers)]
+        return Peer(name, python, [*command, "--threads", str(threads)], f"http://127.0.0.1:{port}/v1")
+    if name == "kserve-hf":
+        command = [python, "-m", "huggingfaceserver", "--model_dir", str(folder), "--model_name", PEER_MODEL]
+        command += [
+            "--task",
+            "text_generation",
+            "--backend",
+            "huggingface",
+            "--dtype",
+            "float32",
+            "--disable_lower_case",
+            "--max_model_len",
+            "256",
+        ]
+        command += ["--http_port", str(port), "--grpc_port", str(port + 1), "--enable_grpc", "false"]
+        return Peer(name, python, command, f"http://127.0.0.1:{port}/openai/v1")
+    settings = {"http_port": port, "grpc_port": port + 1, "metrics_port": port + 2, "parallel_workers": workers}
+    (folder / "settings.json").write_text(json.dumps(settings))
+    extra = {"task": "text-generation", "pretrained_model": str(folder / PEER_MODEL / "model")}
+    model_settings = {
+        "name": PEER_MODEL,
+        "implementation": "mlserver_huggingface.HuggingFaceRuntime",
+        "parameters": {"extra": {**extra, "framework": "pt", "intra_op_threads": threads}},
+    }
+    (folder / PEER_MODEL / "model-settings.json").write_text(json.dumps(model_settings))
+    command = [str(Path(python).parent / "mlserver"), "start", str(folder)]
+    return Peer(name, python, command, f"http://127.0.0.1:{port}/v2/models/{PEER_MODEL}/infer", infer=True)
+
+
+def peer_versions(peer: Peer) -> dict[str, str]:
+    code = "import importlib.metadata as m, json, sys; print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
+    out = subprocess.run([peer.python, "-c", code, *PEER_PACKAGES[peer.name]], capture_output=True, text=True)
+    return json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()[-200:]}
+
+
+def wait_peer(running, peer: Peer, infer: tuple[str, int], timeout: float = 600.0) -> float:
+    """Seconds until the peer answers a real two-token request (every worker loads the model first)."""
+    import openai
+
+    client = openai.OpenAI(base_url=peer.url, api_key="unused", max_retries=0, timeout=60)
+    started = time.monotonic()
+    while True:
+        if running.proc.poll() is not None:
+            raise RuntimeError(f"{peer.name} exited with {running.proc.returncode} (its log: {running.log.name})")
+        try:
+            one_infer(peer.url, *infer, 2) if peer.infer else one_stream(client, PEER_MODEL, 2)
+            return time.monotonic() - started
+        except (OSError, openai.APIError, KeyError, ValueError):
+            if time.monotonic() - started > timeout:
+                raise
+            time.sleep(1)
+
+
+def check_counts(peer: Peer, infer: tuple[str, int], tokens: int) -> list[int]:
+    """Non-streamed answers' token counts as the server reports them (KServe's stream carries no usage)."""
+    import openai
+
+    if peer.infer:
+        return [one_infer(peer.url, *infer, tokens)["tokens"] for _ in range(4)]
+    client = openai.OpenAI(base_url=peer.url, api_key="unused", max_retries=0, timeout=600)
+    messages: list[Any] = list(MESSAGES)  # the same plain dicts one_stream sends
+    counts = []
+    for _ in range(4):
+        answer = client.chat.completions.create(
+            model=PEER_MODEL, messages=messages, max_tokens=tokens, temperature=1.0, extra_body={"ignore_eos": True}
+        )
+        counts.append(answer.usage.completion_tokens if answer.usage else -1)
+    return counts
+
+
+def run_peer(
+    name: str, folder: Path, args, levels: list[int], clients: ProcessPoolExecutor, prompt
+) -> tuple[list[dict], dict[str, str]]:
+    """One peer: start it, check its answers' token counts, the levels (64 streams skipped where 16
+    streams' throughput says they would take over ``--peer-cap-s``), stop it."""
+    import run
+
+    peer = make_peer(name, folder, PEER_PORT + 10 * PEERS.index(name), args.peer_workers)
+    peer.versions = peer_versions(peer)
+    print(f"{name}: {peer.versions}", flush=True)
+    run.WORK.mkdir(parents=True, exist_ok=True)
+    log = HERE / "results" / f"generative-{name}.log"
+    running = run.Running(run.Server(name, "peer", peer.command, 0), log)
+    rows: list[dict] = []
+    try:
+        ready = wait_peer(running, peer, prompt[1:])
+        # KServe's stream carries no usage: its non-streamed answers say how many tokens it makes
+        # (LitServe's non-streamed usage adds up every chunk's; its stream's last chunk is exact)
+        counts = check_counts(peer, prompt[1:], args.tokens) if name == "kserve-hf" else None
+        print(f"{name}: ready in {ready:.0f} s; non-streamed answers' tokens {counts}", flush=True)
+        infer = prompt[1:] if peer.infer else None
+        tokenizer = prompt[0] if name == "kserve-hf" else None
+        level(clients, peer.url, PEER_MODEL, 2 * CLIENT_PROCESSES, 8, label=name, infer=infer)  # warm up
+        for n in levels:
+            last = next((r for r in reversed(rows) if "tokens_per_s" in r), None)
+            if last and n * args.tokens / last["tokens_per_s"] > args.peer_cap_s:
+                print(f"{name}: {n} streams skipped (would take over {args.peer_cap_s} s)", flush=True)
+                rows.append({"model": name, "streams": n, "skipped": f"over {args.peer_cap_s} s"})
+                continue
+            row = level(clients, peer.url, PEER_MODEL, n, args.tokens, running.proc.pid, name, infer, tokenizer)
+            # the peers' CPU per token: every process of the server together (the table's workers column)
+            cpu = sum(v for k, v in row.items() if k.startswith("cpu_us_per_token_"))
+            row = {k: v for k, v in row.items() if not k.startswith("cpu_us_per_token_")}
+            rows.append({**row, "cpu_us_per_token_workers": cpu, **({"non_streamed_tokens": counts} if counts else {})})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        running.stop()
+    return rows, peer.versions
+
+
 def table(rows: list[dict], levels: list[int]) -> str:
     """Side by side: each row over ``generate`` at the same level and over one stream at a time."""
     lines = [
-        "| streams | model | tokens/s | vs one at a time | vs generate | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-        "| CPU/token workers | CPU/token host |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| streams | server | tokens/s | vs one at a time | vs generate | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
+        "| tokens/answer | CPU/token workers | CPU/token host |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     alone = _find(rows, "generate", 1)
     for n in levels:
         same = _find(rows, "generate", n)
         for r in (r for r in rows if r["streams"] == n):
+            if "skipped" in r:
+                lines.append(f"| {n} | {r['model']} | skipped: {r['skipped']} |" + " |" * 9)
+                continue
             over_alone = f"{r['tokens_per_s'] / alone['tokens_per_s']:.2f}x" if alone else "-"
             over_same = f"{r['tokens_per_s'] / same['tokens_per_s']:.2f}x" if same else "-"
             host = r.get("cpu_us_per_token_host")
+            low, high = r.get("tokens_per_answer", ["?", "?"])
+            count = f"{low}" if low == high else f"{low}-{high}"
+            if r.get("non_streamed_tokens"):  # a stream without usage: what its non-streamed answers held
+                low, high = min(r["non_streamed_tokens"]), max(r["non_streamed_tokens"])
+                count = f"{low} (non-streamed)" if low == high else f"{low}-{high} (non-streamed)"
+            itl = "- | - |"  # a peer that does not stream: no gaps between chunks
+            if not math.isnan(r["itl_p50_ms"]):
+                itl = f"{r['itl_p50_ms']:.1f} ms | {r['itl_p99_ms']:.1f} ms |"
             lines.append(
                 f"| {n} | {r['model']} | {r['tokens_per_s']:,.0f} | {over_alone} | {over_same} | "
-                f"{r['ttft_p50_ms']:,.0f} ms | {r['ttft_p99_ms']:,.0f} ms | "
-                f"{r['itl_p50_ms']:.1f} ms | {r['itl_p99_ms']:.1f} ms | "
+                f"{r['ttft_p50_ms']:,.0f} ms | {r['ttft_p99_ms']:,.0f} ms | {itl} {count} | "
                 f"{r.get('cpu_us_per_token_workers', float('nan')):,.0f} us | "
                 + (f"{host:,.0f} us |" if host is not None else "- |")
             )
@@ -357,7 +699,7 @@ def table(rows: list[dict], levels: list[int]) -> str:
 
 
 def _find(rows: list[dict], model: str, streams: int) -> dict | None:
-    return next((r for r in rows if r["streams"] == streams and r["model"] == model), None)
+    return next((r for r in rows if r["streams"] == streams and r["model"] == model and "skipped" not in r), None)
 
 
 def targets(rows: list[dict]) -> list[str]:
@@ -383,7 +725,7 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default="1,4,16,64")
     parser.add_argument(
@@ -400,71 +742,164 @@ def main() -> int:
     parser.add_argument("--embed-rounds", type=int, default=3, help="interleaved rounds of each embeddings model")
     parser.add_argument("--in-process-only", action="store_true", help="only the model side, without a server")
     parser.add_argument("--embeddings-only", action="store_true", help="only the embeddings, through a server")
+    parser.add_argument("--skip-embeddings", action="store_true", help="the chat streams without the embeddings")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"peers beside servekit, of {', '.join(PEERS)} ('none': no peer)"
+    )
+    parser.add_argument(
+        "--only", help=f"only these servers: servekit's {', '.join(MODELS)} and the peers (comma-separated)"
+    )
+    parser.add_argument("--peer-workers", type=int, default=2, help="model processes of MLServer and LitServe")
+    parser.add_argument(
+        "--peer-cap-s", type=float, default=240.0, help="a peer skips a level its last one says would take longer"
+    )
     args = parser.parse_args()
-    levels = [int(n) for n in args.levels.split(",")]
-    generate_levels = [int(n) for n in args.generate_levels.split(",")]
+    peers = [] if args.peers in ("", "none") else [p.strip() for p in args.peers.split(",")]
+    only = {n.strip() for n in args.only.split(",")} if args.only else None
+    unknown = [n for n in [*peers, *(only or ())] if n not in (*MODELS, *PEERS)]
+    if unknown:
+        parser.error(f"unknown server(s) {', '.join(unknown)}: pick from {', '.join((*MODELS, *PEERS))}")
+    args.peers = [p for p in peers if only is None or p in only]
+    args.models = [m for m in MODELS if only is None or m in only]
+    return args
 
+
+def peer_prompt(folder: Path) -> tuple[Any, str, int]:
+    """The bench tokenizer, the chat prompt as servekit renders it (MLServer gets it as text) and its
+    token count."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = str(tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False))
+    return tokenizer, text, len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def servekit_cells(base: Path, args, levels: list[int], generate_levels: list[int], embeddings: bool) -> tuple:
+    """servekit's rows and embeddings summaries, through one ``servekit serve``."""
     from servekit.testing import ServerProcess
 
     rows: list[dict] = []
+    embed_rows: list[dict] = []
+    models = args.models if levels else []
+    server = ServerProcess(base, workers=args.workers, threads=args.threads, env={"HF_HUB_OFFLINE": "1"})
+    server.start(timeout=900)  # every model loads in every worker
+    with server, ProcessPoolExecutor(CLIENT_PROCESSES) as clients:
+        url = server.url + "/v1"
+        for model in models:  # warm up: every worker's copy, the host, every client process
+            level(clients, url, model, 2 * CLIENT_PROCESSES, 8)
+        root = server.proc.pid if server.proc else 0
+        for n in levels:
+            for model in models:
+                if model == "generate" and n not in generate_levels:
+                    continue
+                rows.append(level(clients, url, model, n, args.tokens, root))
+                print(json.dumps(rows[-1]), flush=True)
+        if embeddings:
+            embed_rows = embedding_cells(clients, server.url, args, root)
+    return rows, embed_rows
+
+
+def embedding_cells(clients: ProcessPoolExecutor, url: str, args, root: int) -> list[dict]:
+    for model in EMBED_MODELS:
+        embed_level(clients, url, model, CLIENT_PROCESSES * 2, 2)  # warm up
+    by_model: dict[str, list[dict]] = {model: [] for model in EMBED_MODELS}
+    for _ in range(args.embed_rounds):  # interleaved: a noisy machine's slow spell hits every model
+        for model in EMBED_MODELS:
+            by_model[model].append(embed_level(clients, url, model, args.embeddings, 8, root))
+            print(json.dumps(by_model[model][-1]), flush=True)
+    return [embed_summary(rounds) for rounds in by_model.values()]
+
+
+def peer_cells(base: Path, args, levels: list[int]) -> tuple[list[dict], dict]:
+    """Every chosen peer in turn on the same saved model (made after servekit's server stopped, which
+    would load every folder in ``base``); a peer that does not install or start is recorded, not fatal."""
+    folders = peer_folders(base, args.tokens)
+    prompt = peer_prompt(base / "generate")
+    rows: list[dict] = []
+    peers: dict = {}
+    with ProcessPoolExecutor(CLIENT_PROCESSES) as clients:
+        for name in args.peers:
+            try:
+                found, versions = run_peer(name, folders[name], args, levels, clients, prompt)
+                rows += found
+                peers[name] = {"versions": versions}
+            except Exception as exc:  # the other peers still run; the reason goes in the table
+                print(f"{name}: failed: {exc!r}", flush=True)
+                peers[name] = {"failed": repr(exc)[:500]}
+    return rows, peers
+
+
+def main() -> int:
+    args = parse_args()
+    levels = [int(n) for n in args.levels.split(",")]
+    generate_levels = [int(n) for n in args.generate_levels.split(",")]
+    rows: list[dict] = []
+    embed_rows: list[dict] = []
+    peers: dict = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         if args.embeddings_only:
             levels, local = [], []
         else:
             build(base, args.layers, args.width)
-            local = in_process(base, levels, generate_levels, args.tokens)
-        one = _find(local, "generate", 1)
-        print(
-            "in process, tokens/s: "
-            + "; ".join(
-                f"{r['model']} {r['streams']}: {r['tokens_per_s']:,.0f}"
-                + (f" ({r['tokens_per_s'] / one['tokens_per_s']:.2f}x one at a time)" if one else "")
-                for r in local
-            )
-        )
+            local = in_process(base, levels, generate_levels, args.tokens) if args.models else []
+        print_in_process(local)
         if args.in_process_only:
             return 0
-        build_embedders(base)
-        env = {"HF_HUB_OFFLINE": "1"}
-        embed_rows: list[dict] = []
-        server = ServerProcess(base, workers=args.workers, threads=args.threads, env=env)
-        server.start(timeout=900)  # five models load in every worker
-        with server, ProcessPoolExecutor(CLIENT_PROCESSES) as clients:
-            url = server.url + "/v1"
-            for model in MODELS if levels else ():  # warm up: every worker's copy, the host, every client process
-                level(clients, url, model, 2 * CLIENT_PROCESSES, 8)
-            root = server.proc.pid if server.proc else 0
-            for n in levels:
-                for model in MODELS:
-                    if model == "generate" and n not in generate_levels:
-                        continue
-                    rows.append(level(clients, url, model, n, args.tokens, root))
-                    print(json.dumps(rows[-1]), flush=True)
-            for model in EMBED_MODELS:
-                embed_level(clients, server.url, model, CLIENT_PROCESSES * 2, 2)  # warm up
-            by_model: dict[str, list[dict]] = {model: [] for model in EMBED_MODELS}
-            for _ in range(args.embed_rounds):  # interleaved: a noisy machine's slow spell hits every model
-                for model in EMBED_MODELS:
-                    by_model[model].append(embed_level(clients, server.url, model, args.embeddings, 8, root))
-                    print(json.dumps(by_model[model][-1]), flush=True)
-            embed_rows = [embed_summary(rounds) for rounds in by_model.values()]
+        embeddings = args.embeddings_only or (not args.skip_embeddings and bool(args.models))
+        if embeddings:
+            build_embedders(base)
+        if (args.models and levels) or embeddings:
+            rows, embed_rows = servekit_cells(base, args, levels, generate_levels, embeddings)
+        if args.peers and levels:
+            peer_rows, peers = peer_cells(base, args, levels)
+            rows += peer_rows
     out = HERE / "results" / "generative.json"
     out.parent.mkdir(exist_ok=True)
     document = {
         "tokens": args.tokens,
         "model": {"layers": args.layers, "width": args.width},
-        "load_average": os.getloadavg(),
+        "load_average": {"start": load_before, "end": os.getloadavg()},
         "rows": rows,
         "in_process": local,
         "embeddings": embed_rows,
+        "peers": peers,
     }
     out.write_text(json.dumps(document, indent=1))
     print(table(rows, levels))
     print("\n".join(targets(rows)))
+    for name, about in peers.items():
+        print(
+            f"{name}: "
+            + (
+                ", ".join(f"{k} {v}" for k, v in about["versions"].items())
+                if about.get("versions")
+                else about.get("failed", "no rows")
+            )
+        )
+    print(f"load average: {load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
+    if embed_rows:
+        print_embeddings(embed_rows, args.embeddings)
+    return 0
+
+
+def print_in_process(local: list[dict]) -> None:
+    one = _find(local, "generate", 1)
+    print(
+        "in process, tokens/s: "
+        + "; ".join(
+            f"{r['model']} {r['streams']}: {r['tokens_per_s']:,.0f}"
+            + (f" ({r['tokens_per_s'] / one['tokens_per_s']:.2f}x one at a time)" if one else "")
+            for r in local
+        )
+    )
+
+
+def print_embeddings(embed_rows: list[dict], concurrent: int) -> None:
     unbatched = embed_rows[0]["requests_per_s"]
     print(
-        f"\nembeddings, {args.embeddings} concurrent single-text requests: "
+        f"\nembeddings, {concurrent} concurrent single-text requests: "
         + "; ".join(
             f"{r['model']} {r['requests_per_s']:,.0f}/s ({r['requests_per_s'] / unbatched:.2f}x; rounds "
             + "/".join(f"{v:,.0f}" for v in r["requests_per_s_by_round"])
@@ -474,7 +909,6 @@ def main() -> int:
             for r in embed_rows
         )
     )
-    return 0
 
 
 if __name__ == "__main__":
