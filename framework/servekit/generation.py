@@ -362,7 +362,8 @@ def make_choice(
     text, stopped = (result.text, False) if already_cut else cut_at_stop(result.text, request.stop)
     logprobs = None
     if request.logprobs is not None:
-        check_logprobs(request, result.text, result.logprobs)
+        if not already_cut:  # a stream's pieces were checked as they came
+            check_logprobs(request, result.text, result.logprobs)
         logprobs = list(result.logprobs or [])
         if stopped:  # the tokens after the stop sequence's cut are not in the text
             track = LogprobTrack()
