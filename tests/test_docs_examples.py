@@ -246,6 +246,10 @@ def client_server(tmp_path_factory):
     if importlib.util.find_spec("xgboost"):
         (base / "churn" / "1").mkdir(parents=True)
         xgboost_booster().save_model(str(base / "churn" / "1" / "model.json"))  # input "input" [-1, 4]
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+        from generative_models import build_tiny_gpt2
+
+        build_tiny_gpt2(base / "gpt")  # the OpenAI examples' causal LM (random weights)
     if importlib.util.find_spec("servekit_tensorflow") and importlib.util.find_spec("tensorflow"):
         shutil.copytree(TF_DATA / "saved_model_half_plus_two_cpu", base / "half_plus_two")  # version 123
         (base / "half_plus_two" / "servekit.yaml").write_text("labels: {stable: 123}\n")
@@ -342,7 +346,20 @@ def load_and_unload(tmp_path, server):
         assert _post(server, "/v2/models/fresh/infer", body)["outputs"][0]["data"] == pytest.approx([6.0])
 
 
+def logprobs(tmp_path, server):
+    pytest.importorskip("transformers")
+    *tokens, last = _run_client("logprobs", server, tmp_path).strip().splitlines()
+    assert 1 <= len(tokens) <= 3  # three tokens, or fewer if the random model ended the text
+    for line in tokens:  # 'token' logprob ['most likely', 'second']
+        shown, logprob, top = re.fullmatch(r"('.*'|\".*\") (-?\d+(?:\.\d+)?) (\[.*\])", line).groups()
+        assert float(logprob) <= 0 and len(ast.literal_eval(top)) == 2
+        assert ast.literal_eval(top)[0] == ast.literal_eval(shown)  # greedy: the chosen token is the most likely
+    values = ast.literal_eval(last)
+    assert 1 <= len(values) <= 3 and all(v <= 0 for v in values)
+
+
 CLIENT_SCENARIOS = {
+    "logprobs": logprobs,
     "churn": churn,
     "half-plus-two": half_plus_two,
     "linear-grpc": linear_grpc,
