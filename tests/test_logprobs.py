@@ -5,7 +5,8 @@ for the generated ids, computed here with a plain forward pass: through the
 continuous-batching scheduler (alone and batched, greedy and sampled, with a
 repetition penalty) and through ``generate``, whole and streamed.  Then the
 official ``openai`` client against a real ``servekit serve``: completions and
-chat, streamed and not, and the 400s for bad values.
+chat, streamed and not (the model in the worker and in a model host), and the
+400s for bad values.
 """
 
 from __future__ import annotations
@@ -182,13 +183,17 @@ def test_a_stop_sequence_keeps_the_logprobs_of_the_text_it_leaves(models):
 openai = pytest.importorskip("openai")
 
 
-@pytest.fixture(scope="module")
-def server(gpt_dir):
+@pytest.fixture(scope="module", params=["worker", "process"])
+def server(gpt_dir, request):
+    """The model in the worker, and in a model host (``placement: process``: the logprobs cross to the worker)."""
+    import shutil
+
     from servekit.testing import ServerProcess
 
-    base = gpt_dir.parent / "repo"
-    base.mkdir()
-    (base / "gpt").symlink_to(gpt_dir, target_is_directory=True)
+    base = gpt_dir.parent / f"repo-{request.param}"
+    shutil.copytree(gpt_dir, base / "gpt")
+    if request.param == "process":
+        (base / "gpt" / "servekit.yaml").write_text("placement: process\n")
     with ServerProcess(base, workers=1, env={"HF_HUB_OFFLINE": "1"}) as srv:
         yield srv
 
