@@ -309,12 +309,19 @@ class Scheduler:
     def _advance(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Give each row its next token; the rows that stay (not finished, not failed)."""
         scoring = ScoredRows(seqs, logits)  # before any row's settings touch the logits
-        staying = []
+        chosen: dict[int, int] = {}
         for i, seq in enumerate(seqs):
             try:
-                token = seq.choose(logits[i], seq.tokens)
-                done = seq.take(token, scoring.score(i, token))
+                chosen[i] = seq.choose(logits[i], seq.tokens)
             except Exception as exc:  # its own sampling settings failed: only this row leaves
+                seq.events.put(_failure(exc))
+        scores = scoring.scores(chosen)
+        staying = []
+        for i, token in chosen.items():
+            seq = seqs[i]
+            try:
+                done = seq.take(token, scores.get(i))
+            except Exception as exc:  # its stop-sequence check failed: only this row leaves
                 seq.events.put(_failure(exc))
                 continue
             if done:
@@ -343,27 +350,41 @@ class ScoredRows:
     """The log-probabilities of one step, for the rows that asked for them only.
 
     One log-softmax over those rows' raw logits (before repetition penalty,
-    temperature or top-p: vLLM's default ``raw_logprobs``) and one top-k for the
-    most alternatives any of them wants; rows that did not ask cost nothing.
+    temperature or top-p: vLLM's default ``raw_logprobs``), one top-k for the
+    most alternatives any of them wants and, once the rows chose, one gather of
+    the chosen tokens' values: two transfers from the device per step, none
+    when no row asked.
     """
 
     def __init__(self, seqs: list[Sequence], logits: torch.Tensor):
-        self.rows = {i: n for i, seq in enumerate(seqs) if (n := seq.logprobs) is not None}
+        self.wanted = {i: n for i, seq in enumerate(seqs) if (n := seq.logprobs) is not None}
         self.logprobs: torch.Tensor | None = None
-        if self.rows:
-            index = torch.tensor(list(self.rows), device=logits.device)
-            self.logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-            self.place = {row: k for k, row in enumerate(self.rows)}
-            most = min(max(self.rows.values()), self.logprobs.shape[-1])
-            values, ids = self.logprobs.topk(most, dim=-1) if most else (None, None)
-            self.top = (values.tolist(), ids.tolist()) if values is not None and ids is not None else None
+        self.top: tuple[list[list[float]], list[list[int]]] = ([], [])
+        if not self.wanted:
+            return
+        index = torch.tensor(list(self.wanted), device=logits.device)
+        self.logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        most = min(max(self.wanted.values()), self.logprobs.shape[-1])
+        if most:
+            values, ids = self.logprobs.topk(most, dim=-1)
+            self.top = (values.tolist(), ids.tolist())
 
-    def score(self, row: int, token: int) -> Score | None:
-        if row not in self.rows or self.logprobs is None:
-            return None
-        k, n = self.place[row], self.rows[row]
-        values, ids = (self.top[0][k][:n], self.top[1][k][:n]) if self.top is not None and n else ([], [])
-        return token, float(self.logprobs[k, token]), ids, values
+    def scores(self, chosen: dict[int, int]) -> dict[int, Score]:
+        """Each asking row's :data:`Score` for the token it chose."""
+        if self.logprobs is None:
+            return {}
+        place = [(k, row) for k, row in enumerate(self.wanted) if row in chosen]
+        if not place:
+            return {}
+        ks = torch.tensor([k for k, _ in place], device=self.logprobs.device)
+        tokens = torch.tensor([chosen[row] for _, row in place], device=self.logprobs.device)
+        values = self.logprobs[ks, tokens].tolist()
+        out: dict[int, Score] = {}
+        for (k, row), value in zip(place, values):
+            n = self.wanted[row]
+            top_ids, top_values = (self.top[1][k][:n], self.top[0][k][:n]) if n else ([], [])
+            out[row] = (chosen[row], value, top_ids, top_values)
+        return out
 
 
 def forward_of(model: Any) -> Callable[..., torch.Tensor]:
