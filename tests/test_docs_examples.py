@@ -248,10 +248,10 @@ def client_server(tmp_path_factory):
     if importlib.util.find_spec("xgboost"):
         (base / "churn" / "1").mkdir(parents=True)
         xgboost_booster().save_model(str(base / "churn" / "1" / "model.json"))  # input "input" [-1, 4]
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
+        build_tiny_gpt2(base / "gpt")  # the OpenAI and generate examples' causal LM (random weights)
     if importlib.util.find_spec("servekit_tensorflow") and importlib.util.find_spec("tensorflow"):
         shutil.copytree(TF_DATA / "saved_model_half_plus_two_cpu", base / "half_plus_two")  # version 123
-    if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
-        build_tiny_gpt2(base / "gpt")  # the generate examples' model
         (base / "half_plus_two" / "servekit.yaml").write_text("labels: {stable: 123}\n")
     with ServerProcess(base, grpc_port="auto", workers=2, model_control_mode="explicit").start(timeout=300) as server:
         yield server
@@ -382,9 +382,22 @@ def gpt_stream(tmp_path, server):
     assert _run_client("gpt-stream", server, tmp_path) == _gpt_text(server) + "\n"
 
 
+def logprobs(tmp_path, server):
+    _served(server, "gpt")
+    *tokens, last = _run_client("logprobs", server, tmp_path).strip().splitlines()
+    assert 1 <= len(tokens) <= 3  # three tokens, or fewer if the random model ended the text
+    for line in tokens:  # 'token' logprob ['most likely', 'second']
+        shown, logprob, top = re.fullmatch(r"('.*'|\".*\") (-?\d+(?:\.\d+)?) (\[.*\])", line).groups()
+        assert float(logprob) <= 0 and len(ast.literal_eval(top)) == 2
+        assert ast.literal_eval(top)[0] == ast.literal_eval(shown)  # greedy: the chosen token is the most likely
+    values = ast.literal_eval(last)
+    assert 1 <= len(values) <= 3 and all(v <= 0 for v in values)
+
+
 CLIENT_SCENARIOS = {
     "gpt-generate curl": gpt_generate_curl,
     "gpt-stream": gpt_stream,
+    "logprobs": logprobs,
     "churn": churn,
     "half-plus-two": half_plus_two,
     "linear-grpc": linear_grpc,

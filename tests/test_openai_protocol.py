@@ -190,7 +190,10 @@ def test_completion_explain_refuses_streaming(client):
         ({"prompt": "x", "stop": [1]}, "stop", "list of strings"),
         ({"prompt": "x", "stream": "yes"}, "stream", "true or false"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", "only allowed"),
-        ({"prompt": "x", "logprobs": 2}, "logprobs", "not supported"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs", "between 0 and 20"),
+        ({"prompt": "x", "logprobs": -1}, "logprobs", "between 0 and 20"),
+        ({"prompt": "x", "logprobs": True}, "logprobs", "integer"),
+        ({"prompt": "x", "logprobs": 2, "echo": True}, "echo", "'echo' with 'logprobs' is not supported"),
         ({"prompt": "x", "best_of": 3}, "best_of", "not supported"),
         ({"prompt": "x", "seed": "s"}, "seed", "integer"),
     ],
@@ -268,10 +271,40 @@ def test_chat_max_completion_tokens_and_validation(client):
         ({"messages": msgs, "tools": [{"type": "function"}]}, "tools"),
         ({"messages": msgs, "response_format": {"type": "json_object"}}, "response_format"),
         ({"messages": msgs, "explain": True}, "explain"),
+        ({"messages": msgs, "logprobs": 1}, "logprobs"),
+        ({"messages": msgs, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": msgs, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({"messages": msgs, "top_logprobs": 2}, "top_logprobs"),
     ]:
         r = client.post("/v1/chat/completions", json={"model": "echo", **body})
         assert r.status_code == 400, body
         assert r.json["error"]["param"] == param
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": "hi", "logprobs": 0}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}),
+    ],
+)
+def test_a_model_that_gives_no_logprobs_answers_400_when_asked(client, route, body, stream):
+    """The echo model's hook knows nothing of logprobs: the client is told, not sent a null."""
+    r = client.post(route, json={"model": "echo", "stream": stream, **body})
+    assert r.status_code == 400, r.data
+    assert r.json["error"]["param"] == "logprobs"
+    assert "does not return log-probabilities" in r.json["error"]["message"]
+
+
+def test_logprobs_left_at_their_defaults_change_nothing(client):
+    msgs = [{"role": "user", "content": "hi"}]
+    for route, body in [
+        ("/v1/completions", {"prompt": "hi", "logprobs": None}),
+        ("/v1/chat/completions", {"messages": msgs, "logprobs": False, "top_logprobs": 0}),
+    ]:
+        r = client.post(route, json={"model": "echo", **body})
+        assert r.status_code == 200 and r.json["choices"][0]["logprobs"] is None
 
 
 # -- streaming -----------------------------------------------------------------------------

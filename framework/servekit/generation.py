@@ -53,10 +53,32 @@ class GenerationRequest:
     #: further sampling options a model may support (``top_k``, ``repetition_penalty``,
     #: ``presence_penalty``, ``frequency_penalty``...), exactly as sent
     options: dict[str, Any] = field(default_factory=dict)
+    #: ``None``: the client asked for no log-probabilities.  ``N`` (0 or more): the model
+    #: returns each generated token's :class:`TokenLogprob` with the ``N`` most likely
+    #: tokens of its step in ``top``.  A model that cannot must refuse (the framework
+    #: answers a 400 when a result comes back without them)
+    logprobs: int | None = None
 
     @property
     def is_chat(self) -> bool:
         return self.messages is not None
+
+
+@dataclass
+class TokenLogprob:
+    """One token's log-probability, and (in ``top``) the most likely tokens of its step.
+
+    ``logprob`` is of the distribution the token was drawn from before any sampling
+    setting changed it (the log-softmax of the model's raw logits, as vLLM's default
+    ``raw_logprobs``).  ``bytes`` is the token's UTF-8 bytes (a token may hold part of
+    a character, so they need not decode alone); ``None`` lets the framework take
+    ``token.encode()``.  ``top`` entries have an empty ``top`` of their own.
+    """
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -70,6 +92,8 @@ class GenerationResult:
     completion_tokens: int | None = None
     #: the model's reasoning, answered as chat's ``reasoning_content``
     reasoning: str | None = None
+    #: one entry per generated token, when the request asked (``request.logprobs``)
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -82,6 +106,8 @@ class GenerationChunk:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning: str | None = None
+    #: the log-probabilities of the tokens this piece adds (their text may come in a later piece)
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Tokenizer(Protocol):
@@ -220,6 +246,67 @@ class Choice:
     prompt_tokens: int
     completion_tokens: int
     reasoning: str | None = None
+    #: one per token of ``text`` when the request asked for log-probabilities, else ``None``
+    logprobs: list[TokenLogprob] | None = None
+
+
+# -- log-probabilities ----------------------------------------------------------------
+
+
+NO_LOGPROBS = (
+    "this model does not return log-probabilities (its complete hook gave none); send the request without 'logprobs'"
+)
+
+
+def token_length(entry: TokenLogprob) -> int:
+    """The characters a token adds to the text (a token holding part of a character adds none)."""
+    if entry.bytes is None:
+        return len(entry.token)
+    return len(bytes(entry.bytes).decode("utf-8", "ignore"))
+
+
+def text_offsets(entries: list[TokenLogprob], start: int = 0) -> list[int]:
+    """Where each token's text starts in the text (completions' ``text_offset``)."""
+    offsets = []
+    for entry in entries:
+        offsets.append(start)
+        start += token_length(entry)
+    return offsets
+
+
+class LogprobTrack:
+    """Hands on each token's log-probability with the text it starts in.
+
+    Text may be held back (a possible stop sequence) or cut (a stop sequence):
+    a token is released once text up to its start has been sent, and a token
+    starting after a stop sequence's cut is dropped, so the log-probabilities
+    match the text the client gets, streamed or whole.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, TokenLogprob]] = []
+        self.end = 0  # where the next token's text starts
+
+    def add(self, entries: list[TokenLogprob]) -> None:
+        for entry in entries:
+            self.pending.append((self.end, entry))
+            self.end += token_length(entry)
+
+    def release(self, sent: int) -> list[TokenLogprob]:
+        """The tokens that start before the ``sent`` characters of text."""
+        ready = [entry for start, entry in self.pending if start < sent]
+        self.pending = self.pending[len(ready) :]
+        return ready
+
+    def rest(self) -> list[TokenLogprob]:
+        ready, self.pending = [entry for _, entry in self.pending], []
+        return ready
+
+
+def check_logprobs(request: GenerationRequest, text: str, logprobs: list[TokenLogprob] | None) -> None:
+    """A model asked for log-probabilities that answered text without them: a 400, not a silent null."""
+    if request.logprobs is not None and text and logprobs is None:
+        raise BadRequest(NO_LOGPROBS, param="logprobs")
 
 
 def finish_reason(given: str | None, completion_tokens: int, max_tokens: int | None) -> str:
@@ -245,10 +332,13 @@ def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> C
     if is_stream(output):
         pieces: list[str] = []
         reasoning: list[str] = []
+        logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
         last = GenerationChunk()
         for chunk in stream_pieces(request, output):
             pieces.append(chunk.text)
             reasoning.append(chunk.reasoning or "")
+            if logprobs is not None:
+                logprobs.extend(chunk.logprobs or [])
             last = chunk
         return make_choice(
             request,
@@ -258,6 +348,7 @@ def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> C
                 last.prompt_tokens,
                 last.completion_tokens,
                 "".join(reasoning) or None,
+                logprobs,
             ),
             tokenizer,
             already_cut=True,
@@ -269,6 +360,15 @@ def make_choice(
     request: GenerationRequest, result: GenerationResult, tokenizer: Any | None, already_cut: bool = False
 ) -> Choice:
     text, stopped = (result.text, False) if already_cut else cut_at_stop(result.text, request.stop)
+    logprobs = None
+    if request.logprobs is not None:
+        if not already_cut:  # a stream's pieces were checked as they came
+            check_logprobs(request, result.text, result.logprobs)
+        logprobs = list(result.logprobs or [])
+        if stopped:  # the tokens after the stop sequence's cut are not in the text
+            track = LogprobTrack()
+            track.add(logprobs)
+            logprobs = track.release(len(text))
     completion_tokens = (
         result.completion_tokens if result.completion_tokens is not None else count_tokens(text, tokenizer)
     )
@@ -276,7 +376,7 @@ def make_choice(
         result.prompt_tokens if result.prompt_tokens is not None else count_tokens(request.prompt, tokenizer)
     )
     reason = FINISH_STOP if stopped else finish_reason(result.finish_reason, completion_tokens, request.max_tokens)
-    return Choice(text, reason, prompt_tokens, completion_tokens, result.reasoning)
+    return Choice(text, reason, prompt_tokens, completion_tokens, result.reasoning, logprobs)
 
 
 def stream_pieces(request: GenerationRequest, output: Any) -> Generator[GenerationChunk, None, None]:
@@ -291,37 +391,57 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
         output = iter(
             [
                 GenerationChunk(
-                    result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens, result.reasoning
+                    result.text,
+                    result.finish_reason,
+                    result.prompt_tokens,
+                    result.completion_tokens,
+                    result.reasoning,
+                    result.logprobs,
                 )
             ]
         )
     scanner = StopScanner(request.stop)
+    track = None if request.logprobs is None else LogprobTrack()
+    sent = 0
     reason: str | None = None
     prompt_tokens = completion_tokens = None
     try:
         for item in output:
-            if isinstance(item, str):
-                item = GenerationChunk(item)
-            elif not isinstance(item, GenerationChunk):
-                raise ModelFailure(f"complete yielded {type(item).__name__}; expected str or GenerationChunk")
+            item = _as_chunk(item)
+            check_logprobs(request, item.text, item.logprobs)
             prompt_tokens = item.prompt_tokens if item.prompt_tokens is not None else prompt_tokens
             completion_tokens = item.completion_tokens if item.completion_tokens is not None else completion_tokens
             reason = item.finish_reason or reason
             text = scanner.feed(item.text)
+            sent += len(text)
+            logprobs = None
+            if track is not None:
+                track.add(item.logprobs or [])
+                logprobs = track.release(sent)
             if scanner.stopped:
-                yield GenerationChunk(text, FINISH_STOP, prompt_tokens, completion_tokens, item.reasoning)
+                yield GenerationChunk(text, FINISH_STOP, prompt_tokens, completion_tokens, item.reasoning, logprobs)
                 return
-            if text or item.reasoning:
-                yield GenerationChunk(text, None, prompt_tokens, completion_tokens, item.reasoning)
+            if text or item.reasoning or logprobs:
+                yield GenerationChunk(text, None, prompt_tokens, completion_tokens, item.reasoning, logprobs)
     finally:
         close(output)  # stop sequence, client gone or done: the model stops generating
-    yield GenerationChunk(scanner.flush(), reason, prompt_tokens, completion_tokens)
+    rest = None if track is None else track.rest()
+    yield GenerationChunk(scanner.flush(), reason, prompt_tokens, completion_tokens, logprobs=rest)
+
+
+def _as_chunk(item: Any) -> GenerationChunk:
+    if isinstance(item, str):
+        return GenerationChunk(item)
+    if not isinstance(item, GenerationChunk):
+        raise ModelFailure(f"complete yielded {type(item).__name__}; expected str or GenerationChunk")
+    return item
 
 
 __all__ = [
     "GenerationChunk",
     "GenerationRequest",
     "GenerationResult",
+    "TokenLogprob",
     "Tokenizer",
     "count_tokens",
     "format_chat",

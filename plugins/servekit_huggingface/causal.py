@@ -32,18 +32,20 @@ from typing import Any
 
 import torch
 from servekit.errors import BadRequest
-from servekit.generation import GenerationChunk, GenerationRequest, GenerationResult
+from servekit.generation import GenerationChunk, GenerationRequest, GenerationResult, TokenLogprob
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
     TextIteratorStreamer,
 )
+from transformers.generation.streamers import BaseStreamer
 
 from .options import positive_option
-from .scheduler import Scheduler, Sequence, check_cache
+from .scheduler import Scheduler, Score, Sequence, check_cache
 
 #: ``max_tokens`` when a chat request sets none and the model has no known context length
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -71,6 +73,7 @@ class CausalLM:
         eos = model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), None)
+        self.pieces = TokenPieces(tokenizer)
         self.scheduler = self._scheduler(options, limit, name, version)
 
     def _scheduler(self, options: dict[str, Any], limit: int | None, name: str, version: int) -> Scheduler | None:
@@ -136,20 +139,40 @@ class CausalLM:
         prompt_tokens = int(encoded["input_ids"].shape[1])
         max_new = self._max_new_tokens(request, prompt_tokens)
         sampler = self._sampler(request)
-        processors = [sampler] if sampler is not None else []
+        processors: list[Any] = [sampler] if sampler is not None else []
         kwargs: dict[str, Any] = {
             **{k: v.to(self.device) for k, v in encoded.items()},
             "max_new_tokens": max_new,
             # ignore_eos: the end-of-text token is masked until max_tokens (before the sampler draws)
             "min_new_tokens": max_new if options.get("ignore_eos") else 0,
             "do_sample": False,
-            "logits_processor": LogitsProcessorList(processors),
             "pad_token_id": self.pad_id,
         }
         if options.get("repetition_penalty") is not None:
             kwargs["repetition_penalty"] = float(options["repetition_penalty"])
+        if request.logprobs is not None:
+            kwargs["_recorder"] = recorder = LogprobRecorder(request.logprobs)
+            processors = [recorder, *self._own_processors(kwargs, prompt_tokens), *processors]
+        kwargs["logits_processor"] = LogitsProcessorList(processors)
         kwargs["_stop"] = request.stop
         return kwargs, prompt_tokens
+
+    def _own_processors(self, kwargs: dict[str, Any], prompt_tokens: int) -> list[Any]:
+        """``generate``'s own processors for ``ignore_eos`` and the penalty, run after the recorder instead.
+
+        ``generate`` puts its processors before the ones passed in; the recorder
+        must see the raw logits, so these move behind it (same effect, same order).
+        """
+        own: list[Any] = []
+        if kwargs.pop("min_new_tokens") and self.eos_ids:
+            own.append(
+                MinNewTokensLengthLogitsProcessor(
+                    prompt_tokens, kwargs["max_new_tokens"], sorted(self.eos_ids), device=self.device
+                )
+            )
+        if "repetition_penalty" in kwargs:
+            own.append(RepetitionPenaltyLogitsProcessor(kwargs.pop("repetition_penalty")))
+        return own
 
     def _max_new_tokens(self, request: GenerationRequest, prompt_tokens: int) -> int:
         room = None if self.context is None else self.context - prompt_tokens
@@ -196,8 +219,15 @@ class CausalLM:
             choose=Chooser(self._sampler(request), None if penalty is None else float(penalty), ids),
             stopped=StopTail(self.tokenizer, stop) if stop else None,
             eos_ids=frozenset() if request.options.get("ignore_eos") else frozenset(self.eos_ids),
+            logprobs=request.logprobs,
         )
         return seq, len(ids)
+
+    def _logprobs(self, asked: int | None, scores: list[Score]) -> list[TokenLogprob] | None:
+        """The framework's entries for scored tokens (``None`` when the request asked for none)."""
+        if asked is None:
+            return None
+        return [self.pieces.entry(score) for score in scores]
 
     def _scheduled(self, seq: Sequence, prompt_tokens: int) -> GenerationResult:
         assert self.scheduler is not None
@@ -208,7 +238,8 @@ class CausalLM:
         finally:
             seq.cancel()  # raised while waiting (unload, failure): the scheduler drops it
         text = IncrementalText.joined(self.tokenizer, seq.tokens)  # as a stream of the same tokens says it
-        return GenerationResult(text, seq.finish_reason, prompt_tokens, len(seq.tokens))
+        logprobs = self._logprobs(seq.logprobs, seq.scores)
+        return GenerationResult(text, seq.finish_reason, prompt_tokens, len(seq.tokens), logprobs=logprobs)
 
     def _streamed(self, seq: Sequence, prompt_tokens: int) -> Iterator[GenerationChunk]:
         assert self.scheduler is not None
@@ -216,10 +247,15 @@ class CausalLM:
         text = IncrementalText(self.tokenizer)
         try:
             for group in seq.tokens_as_produced(self.scheduler.alive):
+                scored = len(text.ids)
                 piece = text.add(group)
-                if piece:
-                    yield GenerationChunk(piece, prompt_tokens=prompt_tokens, completion_tokens=len(text.ids))
-            yield GenerationChunk(text.rest(), seq.finish_reason, prompt_tokens, len(seq.tokens))
+                logprobs = self._logprobs(seq.logprobs, seq.scores[scored : len(text.ids)])
+                if piece or logprobs:
+                    yield GenerationChunk(
+                        piece, prompt_tokens=prompt_tokens, completion_tokens=len(text.ids), logprobs=logprobs
+                    )
+            rest = self._logprobs(seq.logprobs, [])
+            yield GenerationChunk(text.rest(), seq.finish_reason, prompt_tokens, len(seq.tokens), logprobs=rest)
         finally:
             seq.cancel()  # client gone or stop sequence: the sequence leaves the batch at the next step
 
@@ -227,23 +263,33 @@ class CausalLM:
 
     def _whole(self, kwargs: dict[str, Any], prompt_tokens: int) -> GenerationResult:
         kwargs["stopping_criteria"] = self._criteria(kwargs, threading.Event())
+        recorder = kwargs.pop("_recorder", None)
+        if recorder is not None:
+            kwargs["streamer"] = recorder.streamer()  # scores each chosen token as generate picks it
         with _Slot(self.slots):
             output = self.model.generate(**kwargs)
         generated = output[0, prompt_tokens:].tolist()
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return GenerationResult(text, self._finish(generated, kwargs["max_new_tokens"]), prompt_tokens, len(generated))
+        logprobs = None if recorder is None else self._logprobs(recorder.top, recorder.scores)
+        finish = self._finish(generated, kwargs["max_new_tokens"])
+        return GenerationResult(text, finish, prompt_tokens, len(generated), logprobs=logprobs)
 
     # -- streaming --------------------------------------------------------------------
 
     def _stream(self, kwargs: dict[str, Any], prompt_tokens: int) -> Iterator[GenerationChunk]:
+        recorder: LogprobRecorder | None = kwargs.pop("_recorder", None)
+
         class CountingStreamer(TextIteratorStreamer):
-            """Also keeps the generated token ids, for usage and the finish reason."""
+            """Also keeps the generated token ids, for usage and the finish reason (and scores them)."""
 
             generated: list[int] = []
 
             def put(self, value: Any) -> None:
                 if not (self.skip_prompt and self.next_tokens_are_prompt):
-                    self.generated = self.generated + value.reshape(-1).tolist()
+                    ids = value.reshape(-1).tolist()
+                    if recorder is not None:
+                        recorder.take(ids)  # before the text is handed on: the reader finds the scores
+                    self.generated = self.generated + ids
                 super().put(value)
 
         flag = threading.Event()
@@ -264,15 +310,23 @@ class CausalLM:
 
         thread = threading.Thread(target=run, name="servekit-hf-generate", daemon=True)
         thread.start()
+        asked = None if recorder is None else recorder.top
+        scored = 0
         try:
             for text in streamer:
                 if text:
-                    yield GenerationChunk(text, prompt_tokens=prompt_tokens, completion_tokens=len(streamer.generated))
+                    scores = [] if recorder is None else recorder.scores[scored:]
+                    scored += len(scores)
+                    logprobs = self._logprobs(asked, scores)
+                    count = len(streamer.generated)
+                    yield GenerationChunk(text, prompt_tokens=prompt_tokens, completion_tokens=count, logprobs=logprobs)
             thread.join()
             if failure:
                 raise failure[0]
             generated = streamer.generated
-            yield GenerationChunk("", self._finish(generated, kwargs["max_new_tokens"]), prompt_tokens, len(generated))
+            rest = self._logprobs(asked, [] if recorder is None else recorder.scores[scored:])
+            finish = self._finish(generated, kwargs["max_new_tokens"])
+            yield GenerationChunk("", finish, prompt_tokens, len(generated), logprobs=rest)
         finally:
             flag.set()  # client gone or stop sequence: generate stops after the current token
             thread.join()
@@ -328,6 +382,97 @@ class Sampler(LogitsProcessor):
             ordered = ordered.masked_fill(before >= self.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, ordered)
         return torch.multinomial(probs, 1, generator=self.generator)
+
+
+class LogprobRecorder(LogitsProcessor):
+    """``generate``'s side of log-probabilities: the raw log-softmax of each step, scored once chosen.
+
+    First in the processor list, so it sees the model's logits before the
+    penalty or the sampler change them (as the scheduler scores its rows);
+    :meth:`take` (called through a streamer once ``generate`` picked the token)
+    records the token's log-probability and the step's ``top`` most likely.
+    """
+
+    def __init__(self, top: int):
+        self.top = top
+        self.last: torch.Tensor | None = None
+        self.scores: list[Score] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.last = torch.log_softmax(scores[0].float(), dim=-1)
+        return scores
+
+    def take(self, ids: list[int]) -> None:
+        if self.last is None or not ids:
+            return
+        top = min(self.top, self.last.shape[-1])
+        values, order = self.last.topk(top) if top else (self.last[:0], self.last[:0].long())
+        self.scores.append((ids[0], float(self.last[ids[0]]), order.tolist(), values.tolist()))
+
+    def streamer(self) -> BaseStreamer:
+        recorder = self
+
+        class Scoring(BaseStreamer):
+            prompt = True
+
+            def put(self, value: Any) -> None:
+                if self.prompt:  # generate hands the prompt first
+                    self.prompt = False
+                    return
+                recorder.take(value.reshape(-1).tolist())
+
+            def end(self) -> None:
+                pass
+
+        return Scoring()
+
+
+class TokenPieces:
+    """Each token id's text and bytes, as the OpenAI answers show them (kept per id).
+
+    The bytes are the token's own: a byte-level BPE token (GPT-2's alphabet) or a
+    SentencePiece byte token (``<0xE2>``) may hold part of a character; such a
+    token's text is vLLM's ``bytes:\\xe2...`` form.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.known: dict[int, tuple[str, list[int]]] = {}
+
+    def piece(self, id_: int) -> tuple[str, list[int]]:
+        known = self.known.get(id_)
+        if known is None:
+            raw = self._bytes(id_)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            known = self.known[id_] = (text, list(raw))
+        return known
+
+    def entry(self, score: Score) -> TokenLogprob:
+        token, logprob, ids, values = score
+        top = [self._entry(i, v) for i, v in zip(ids, values)]
+        chosen = self._entry(token, logprob)
+        chosen.top = top
+        return chosen
+
+    def _entry(self, id_: int, logprob: float) -> TokenLogprob:
+        text, raw = self.piece(id_)
+        return TokenLogprob(text, logprob, list(raw))
+
+    def _bytes(self, id_: int) -> bytes:
+        text = self.tokenizer.decode([id_])
+        if "\ufffd" not in text:
+            return text.encode()
+        piece = self.tokenizer.convert_ids_to_tokens(id_)
+        if isinstance(piece, str):
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                return bytes([int(piece[3:5], 16)])
+            table = _byte_level_alphabet()
+            if piece and all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        return text.encode()
 
 
 class Chooser:
@@ -469,6 +614,21 @@ class _Slot:
     def __exit__(self, *exc: Any) -> None:
         if self.held and self.slots is not None:
             self.slots.release()
+
+
+_ALPHABET: dict[str, int] = {}
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte (the table byte-level BPE tokens are written in)."""
+    if not _ALPHABET:
+        printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+        extra = [b for b in range(256) if b not in printable]
+        for byte in printable:
+            _ALPHABET[chr(byte)] = byte
+        for n, byte in enumerate(extra):
+            _ALPHABET[chr(256 + n)] = byte
+    return _ALPHABET
 
 
 def _context_length(config: Any) -> int | None:

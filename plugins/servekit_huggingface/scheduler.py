@@ -44,6 +44,9 @@ log = logging.getLogger("servekit.huggingface")
 #: how often a waiting request checks that the scheduler is still alive
 _POLL_SECONDS = 1.0
 
+#: a token's id and log-probability, then the ids and log-probabilities of its step's most likely tokens
+Score = tuple[int, float, list[int], list[float]]
+
 
 @dataclass
 class Sequence:
@@ -62,14 +65,20 @@ class Sequence:
     #: what the request's thread reads: token ids, then ``None`` (done) or an exception
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     cancelled: bool = False
+    #: ``None``: no log-probabilities; ``N``: each token's, with the step's ``N`` most likely
+    logprobs: int | None = None
+    #: one :data:`Score` per token in ``tokens`` when ``logprobs`` is set
+    scores: list[Score] = field(default_factory=list)
 
     def cancel(self) -> None:
         """The client went away: the scheduler drops the sequence at its next step."""
         self.cancelled = True
 
-    def take(self, token: int) -> bool:
-        """Record one generated token; True when the sequence is finished."""
+    def take(self, token: int, score: Score | None = None) -> bool:
+        """Record one generated token (and its score); True when the sequence is finished."""
         self.tokens.append(token)
+        if score is not None:
+            self.scores.append(score)  # before the token is handed on: the reader finds its score there
         self.events.put(token)
         if token in self.eos_ids:
             self.finish_reason = "stop"
@@ -280,7 +289,7 @@ class Scheduler:
             logits = batch.decode(self.forward)
             self.steps += 1
             self.most_rows = max(self.most_rows, len(batch))
-            staying = [i for i, seq in enumerate(batch.seqs) if not self._advance(seq, logits[i])]
+            staying = self._advance(batch.seqs, logits)
             if len(staying) < len(batch):
                 batch.keep(staying)
         for group in _same_length([s for s in joining if not s.cancelled]):
@@ -290,23 +299,36 @@ class Scheduler:
                 for seq in group:
                     seq.events.put(_failure(exc))
                 continue
-            staying = [i for i, seq in enumerate(group) if not self._advance(seq, logits[i])]
+            staying = self._advance(group, logits)
             if staying:
                 if len(staying) < len(group):
                     cache.batch_select_indices(torch.tensor(staying, device=logits.device))
                 batch.add([group[i] for i in staying], cache)
 
     @staticmethod
-    def _advance(seq: Sequence, logits: torch.Tensor) -> bool:
-        """Give ``seq`` its next token; True when it is finished (or failed) and leaves the batch."""
-        try:
-            done = seq.take(seq.choose(logits, seq.tokens))
-        except Exception as exc:  # its own sampling settings failed: only this row leaves
-            seq.events.put(_failure(exc))
-            return True
-        if done:
-            seq.events.put(None)
-        return done
+    def _advance(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """Give each row its next token; the rows that stay (not finished, not failed)."""
+        scoring = ScoredRows(seqs, logits)  # before any row's settings touch the logits
+        chosen: dict[int, int] = {}
+        for i, seq in enumerate(seqs):
+            try:
+                chosen[i] = seq.choose(logits[i], seq.tokens)
+            except Exception as exc:  # its own sampling settings failed: only this row leaves
+                seq.events.put(_failure(exc))
+        scores = scoring.scores(chosen)
+        staying = []
+        for i, token in chosen.items():
+            seq = seqs[i]
+            try:
+                done = seq.take(token, scores.get(i))
+            except Exception as exc:  # its stop-sequence check failed: only this row leaves
+                seq.events.put(_failure(exc))
+                continue
+            if done:
+                seq.events.put(None)
+            else:
+                staying.append(i)
+        return staying
 
     def _prefill(self, group: list[Sequence]) -> tuple[Any, torch.Tensor]:
         """One forward pass over prompts of one length: their cache and first-token logits, a row each."""
@@ -322,6 +344,47 @@ class Scheduler:
         if self.gauges is not None:
             self.gauges.running.set(self.running)
             self.gauges.queued.set(len(self.waiting))
+
+
+class ScoredRows:
+    """The log-probabilities of one step, for the rows that asked for them only.
+
+    One log-softmax over those rows' raw logits (before repetition penalty,
+    temperature or top-p: vLLM's default ``raw_logprobs``), one top-k for the
+    most alternatives any of them wants and, once the rows chose, one gather of
+    the chosen tokens' values: two transfers from the device per step, none
+    when no row asked.
+    """
+
+    def __init__(self, seqs: list[Sequence], logits: torch.Tensor):
+        self.wanted = {i: n for i, seq in enumerate(seqs) if (n := seq.logprobs) is not None}
+        self.logprobs: torch.Tensor | None = None
+        self.top: tuple[list[list[float]], list[list[int]]] = ([], [])
+        if not self.wanted:
+            return
+        index = torch.tensor(list(self.wanted), device=logits.device)
+        self.logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        most = min(max(self.wanted.values()), self.logprobs.shape[-1])
+        if most:
+            values, ids = self.logprobs.topk(most, dim=-1)
+            self.top = (values.tolist(), ids.tolist())
+
+    def scores(self, chosen: dict[int, int]) -> dict[int, Score]:
+        """Each asking row's :data:`Score` for the token it chose."""
+        if self.logprobs is None:
+            return {}
+        place = [(k, row) for k, row in enumerate(self.wanted) if row in chosen]
+        if not place:
+            return {}
+        ks = torch.tensor([k for k, _ in place], device=self.logprobs.device)
+        tokens = torch.tensor([chosen[row] for _, row in place], device=self.logprobs.device)
+        values = self.logprobs[ks, tokens].tolist()
+        out: dict[int, Score] = {}
+        for (k, row), value in zip(place, values):
+            n = self.wanted[row]
+            top_ids, top_values = (self.top[1][k][:n], self.top[0][k][:n]) if n else ([], [])
+            out[row] = (chosen[row], value, top_ids, top_values)
+        return out
 
 
 def forward_of(model: Any) -> Callable[..., torch.Tensor]:

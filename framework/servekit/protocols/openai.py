@@ -176,6 +176,7 @@ class Job:
                     prompt_index=p,
                     choice_index=c,
                     options=dict(s.options),
+                    logprobs=s.logprobs,
                 )
 
     def call(self, generation: gen.GenerationRequest) -> Any:
@@ -257,17 +258,65 @@ def complete_job(job: Job) -> dict[str, Any]:
                 {
                     "index": job.index(generation),
                     "message": message,
-                    "logprobs": None,
+                    "logprobs": logprobs_object(job, choice.logprobs),
                     "finish_reason": choice.finish_reason,
                 }
             )
         else:
             text = generation.prompt + choice.text if job.echo else choice.text
             choices.append(
-                {"index": job.index(generation), "text": text, "logprobs": None, "finish_reason": choice.finish_reason}
+                {
+                    "index": job.index(generation),
+                    "text": text,
+                    "logprobs": logprobs_object(job, choice.logprobs),
+                    "finish_reason": choice.finish_reason,
+                }
             )
         job.predictions.add(choices[-1])
     return job.envelope(choices=choices, usage=usage(sum(prompt_tokens.values()), completion_tokens))
+
+
+# -- log-probabilities -----------------------------------------------------------------------
+
+#: what a log-probability of minus infinity is answered as (JSON has no infinity; vLLM's value)
+LOGPROB_FLOOR = -9999.0
+
+
+def logprobs_object(job: Job, entries: list[gen.TokenLogprob] | None, offset: int = 0) -> dict[str, Any] | None:
+    """A choice's ``logprobs``: chat's ``{"content": [...]}`` or completions' parallel lists.
+
+    ``offset`` is where the first token's text starts (a stream's earlier pieces).
+    """
+    if entries is None:
+        return None
+    if job.chat:
+        return {"content": [_chat_logprob(e, True) for e in entries], "refusal": None}
+    tops = []
+    for entry in entries:
+        top = {t.token: _floor(t.logprob) for t in entry.top}
+        top.setdefault(entry.token, _floor(entry.logprob))  # the chosen token is always there (OpenAI's rule)
+        tops.append(top)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [_floor(e.logprob) for e in entries],
+        "top_logprobs": tops,
+        "text_offset": gen.text_offsets(entries, offset),
+    }
+
+
+def _chat_logprob(entry: gen.TokenLogprob, with_top: bool) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "token": entry.token,
+        "logprob": _floor(entry.logprob),
+        "bytes": entry.bytes if entry.bytes is not None else list(entry.token.encode()),
+    }
+    if with_top:
+        item["top_logprobs"] = [_chat_logprob(t, False) for t in entry.top]
+    return item
+
+
+def _floor(value: float) -> float:
+    return float(value) if value > LOGPROB_FLOOR else LOGPROB_FLOOR  # -inf and NaN too
 
 
 # -- streaming -----------------------------------------------------------------------------
@@ -313,6 +362,7 @@ def _job_events(
             texts: list[str] = []
             last = gen.GenerationChunk()
             piece_event = PieceEvent(job, index, extra)
+            offset = 0  # where the next token's text starts (completions' text_offset, as a whole answer's)
             if job.chat:
                 yield event(job.envelope(choices=[_chat_choice(index, {"role": "assistant", "content": ""})], **extra))
             elif job.echo:
@@ -320,10 +370,13 @@ def _job_events(
             for chunk in current:
                 texts.append(chunk.text)
                 last = chunk
-                if chunk.reasoning:
-                    yield event(job.envelope(choices=[_piece(job, index, chunk)], **extra))
+                if chunk.reasoning or (chunk.logprobs is not None and (chunk.text or chunk.logprobs)):
+                    piece = _piece(job, index, chunk)
+                    piece["logprobs"] = logprobs_object(job, chunk.logprobs, offset)
+                    yield event(job.envelope(choices=[piece], **extra))
                 elif chunk.text:
                     yield piece_event(chunk.text)
+                offset += sum(gen.token_length(e) for e in chunk.logprobs or [])
             result = gen.GenerationResult(
                 "".join(texts), last.finish_reason, last.prompt_tokens, last.completion_tokens
             )

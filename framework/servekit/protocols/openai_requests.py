@@ -17,6 +17,9 @@ from ..errors import BadRequest
 #: OpenAI's default ``max_tokens`` for the legacy completions endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_N = 128
+#: the most alternatives a token's ``top_logprobs`` may list: OpenAI's bound for chat,
+#: vLLM's default ``max_logprobs`` (OpenAI's completions stop at 5; vLLM's too allow 20)
+MAX_LOGPROBS = 20
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 #: sampling options handed to the model as sent (vLLM's extensions included)
 MODEL_OPTIONS = ("presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos")
@@ -98,6 +101,8 @@ class Sampling:
     stream: bool
     include_usage: bool
     options: dict[str, Any] = field(default_factory=dict)
+    #: ``None``: no log-probabilities asked; ``N``: each token's, with its step's ``N`` most likely
+    logprobs: int | None = None
 
 
 def sampling(
@@ -155,13 +160,20 @@ def completion_request(body: dict[str, Any], stream: bool) -> Sampling:
     refuse_unsupported(
         body,
         {
-            "logprobs": (None,),
             "suffix": (None, ""),
             "logit_bias": (None, {}),
             "best_of": (None, n),
         },
     )
-    return sampling(body, stream, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+    logprobs = number(body, "logprobs", lo=0, hi=MAX_LOGPROBS, integer=True)
+    if logprobs is not None and boolean(body, "echo"):
+        raise BadRequest(
+            "'echo' with 'logprobs' is not supported: this server does not score the prompt's tokens",
+            param="echo",
+        )
+    chosen = sampling(body, stream, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+    chosen.logprobs = logprobs
+    return chosen
 
 
 # -- chat -----------------------------------------------------------------------------
@@ -198,8 +210,6 @@ def chat_request(body: dict[str, Any], stream: bool) -> Sampling:
     refuse_unsupported(
         body,
         {
-            "logprobs": (None, False),
-            "top_logprobs": (None, 0),
             "logit_bias": (None, {}),
             "tools": (None, []),
             "functions": (None, []),
@@ -212,7 +222,18 @@ def chat_request(body: dict[str, Any], stream: bool) -> Sampling:
     both = body.get("max_tokens") is not None and key == "max_completion_tokens"
     if both and body["max_tokens"] != body["max_completion_tokens"]:
         raise BadRequest("'max_tokens' and 'max_completion_tokens' disagree; send one", param="max_completion_tokens")
-    return sampling(body, stream, max_tokens_key=key)
+    chosen = sampling(body, stream, max_tokens_key=key)
+    chosen.logprobs = chat_logprobs(body)
+    return chosen
+
+
+def chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat's ``logprobs: true`` with ``top_logprobs: N`` (0 when left out), as OpenAI defines them."""
+    wanted = boolean(body, "logprobs")
+    top = number(body, "top_logprobs", lo=0, hi=MAX_LOGPROBS, integer=True)
+    if top and not wanted:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
