@@ -166,6 +166,46 @@ def test_repository_api_unloads_and_reloads(tmp_path):
     assert repo.resolve("iris").ready
 
 
+def test_unloading_waits_for_the_call_still_running_on_the_version(tmp_path):
+    """A version that resolved before its unload serves the call already inside it."""
+    import threading
+    import time
+
+    fit_iris(tmp_path / "iris", 1)
+    repo = make_repo(tmp_path)
+    mv = repo.resolve("iris")
+    entered, leave, took = threading.Event(), threading.Event(), []
+
+    def call() -> None:
+        with mv.in_use():
+            entered.set()
+            leave.wait(10)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    entered.wait(10)
+    unloader = threading.Thread(target=lambda: (repo.unload_model("iris"), took.append(mv.state)))
+    unloader.start()
+    time.sleep(0.8)  # past the settle time: only the running call holds the version now
+    assert mv.state is State.AVAILABLE and not took
+    leave.set()
+    caller.join(10)
+    unloader.join(10)
+    assert took == [State.END]
+    with pytest.raises(NotReady):
+        with mv.in_use():
+            pass
+
+
+def test_a_version_nobody_asked_for_lately_unloads_at_once(tmp_path):
+    fit_iris(tmp_path / "iris", 1)
+    repo = make_repo(tmp_path)
+    mv = repo.resolve("iris")
+    mv.last_resolved -= 10  # resolved long ago, nothing in flight
+    repo.unload_model("iris")
+    assert mv.state is State.END
+
+
 def test_servekit_yaml_plugin_key_picks_the_loading_plugin(tmp_path):
     fit_iris(tmp_path / "iris", 1)
     (tmp_path / "iris" / "servekit.yaml").write_text("plugin: sklearn\n")

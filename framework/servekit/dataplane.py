@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import batching, classification, pipeline, sequences, statistics, triton_model_config
-from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError, UnknownModel
+from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, ServekitError, UnknownModel
 from .inference import InferRequest
 from .observability import labels, load, tracing
 from .repository import ModelRepository, ModelVersion
@@ -430,9 +430,8 @@ class DataPlane:
         return self._call(mv, hook, **kwargs)
 
     def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
-        if not (mv.ready or mv.warming):
-            raise NotReady(f"model {mv.name!r} version {mv.version} is not ready")
-        return self._executor(mv).hook(mv, hook, **kwargs)
+        with mv.in_use():  # raises NotReady when it is not serving
+            return self._executor(mv).hook(mv, hook, **kwargs)
 
     def _hook_here(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
         caller = getattr(mv.hooks, hook)

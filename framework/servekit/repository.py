@@ -16,7 +16,8 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ from .types import BatchingConfig, Executor, ModelConfig, ModelMetadata, Placeme
 __all__ = ["Model", "ModelRepository", "ModelVersion", "State", "discover", "is_model_dir", "valid_name"]
 
 log = logging.getLogger("servekit.repository")
+
+#: how long a serving version stays up after the last request resolved to it, and the
+#: longest an unload waits for the calls still inside its hooks (``ModelRepository._drain``)
+DRAIN_SETTLE_S = 0.5
+DRAIN_LIMIT_S = 30.0
 
 
 class State(str, enum.Enum):
@@ -65,10 +71,30 @@ class ModelVersion:
     batcher: Any = None  # servekit.batching: made on the first predict (batching.batcher_for)
     raw_config: dict[str, Any] = field(default_factory=dict)  # the settings it was loaded with
     warming: bool = False  # LOADING, answering its warm-up requests (servekit.warmup)
+    #: calls now inside its hooks, and when a request last resolved to it (time.monotonic):
+    #: unloading a serving version waits for both to settle (``ModelRepository._drain``)
+    in_flight: int = 0
+    last_resolved: float = 0.0
+    idle: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
 
     @property
     def ready(self) -> bool:
         return self.state is State.AVAILABLE
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Hold the version for one hook call: it is not unloaded under the call."""
+        with self.idle:
+            if not (self.state is State.AVAILABLE or self.warming):
+                raise NotReady(f"model {self.name!r} version {self.version} is not ready")
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self.idle:
+                self.in_flight -= 1
+                if not self.in_flight:
+                    self.idle.notify_all()
 
 
 @dataclass
@@ -450,6 +476,8 @@ class ModelRepository:
         log.info("unloaded %s version %d", mv.name, mv.version)
 
     def _release(self, mv: ModelVersion) -> None:
+        if mv.ready:
+            self._drain(mv)
         if mv.model is not None and mv.hooks is not None:
             mv.state = State.UNLOADING
             try:
@@ -459,6 +487,31 @@ class ModelRepository:
             except Exception:
                 log.exception("unload hook failed for %s version %d", mv.name, mv.version)
         mv.state = State.END
+
+    @staticmethod
+    def _drain(mv: ModelVersion) -> None:
+        """Let the requests on a serving version, no longer routed to it, finish first.
+
+        TF Serving's servable handles: a request that resolved to the version just
+        before a newer one took its place still runs on it.  Calls inside its hooks
+        are counted; a request between resolving and its first call is not, so the
+        version also stays up ``DRAIN_SETTLE_S`` after the last request resolved to
+        it (a version nobody asked for lately goes at once).
+        """
+        deadline = time.monotonic() + DRAIN_LIMIT_S
+        with mv.idle:
+            while (now := time.monotonic()) < deadline:
+                settle = mv.last_resolved + DRAIN_SETTLE_S - now
+                if mv.in_flight == 0 and settle <= 0:
+                    return
+                mv.idle.wait(timeout=min(max(settle, 0.05), deadline - now))
+            log.warning(
+                "unloading %s version %d with %d calls still running after %.0fs",
+                mv.name,
+                mv.version,
+                mv.in_flight,
+                DRAIN_LIMIT_S,
+            )
 
     # -- repository API, for a repository that decides alone ------------------------
 
@@ -503,10 +556,13 @@ class ModelRepository:
                 raise NotFound(f"Servable not found for request: Specific({name}, {number})")
             if not mv.ready:
                 raise NotReady(_not_ready_message(mv))
+            mv.last_resolved = time.monotonic()
             return mv
         available = model.available()
         if available:
-            return available[-1]
+            mv = available[-1]
+            mv.last_resolved = time.monotonic()
+            return mv
         if model.versions:
             latest = model.versions[max(model.versions)]
             raise NotReady(_not_ready_message(latest))

@@ -87,7 +87,8 @@ def forget(folder: Path) -> None:
     root = folder.resolve()
     # the folder as given and as resolved: a string test per module, no system call
     prefixes = tuple({os.path.join(str(folder.absolute()), ""), os.path.join(str(root), "")})
-    for name, module in list(sys.modules.items()):
+    # a copy taken in one step: another thread may import while this loop runs
+    for name, module in sys.modules.copy().items():
         top = name.partition(".")[0]
         if top in _FINDER.served and ((root / f"{top}.py").is_file() or (root / top).is_dir()):
             sys.modules.pop(name, None)

@@ -223,7 +223,8 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return len(self.batch) + len(self.joining)
+        with self.lock:  # a prefilled group moves from ``joining`` to the batch under the lock
+            return len(self.batch) + len(self.joining)
 
     @property
     def queued(self) -> int:
@@ -300,10 +301,12 @@ class Scheduler:
                     seq.events.put(_failure(exc))
                 continue
             staying = self._advance(group, logits)
-            if staying:
-                if len(staying) < len(group):
-                    cache.batch_select_indices(torch.tensor(staying, device=logits.device))
-                batch.add([group[i] for i in staying], cache)
+            if staying and len(staying) < len(group):
+                cache.batch_select_indices(torch.tensor(staying, device=logits.device))
+            with self.lock:  # counted once: in the batch or still joining, never both
+                if staying:
+                    batch.add([group[i] for i in staying], cache)
+                self.joining = [s for s in self.joining if all(s is not g for g in group)]
 
     @staticmethod
     def _advance(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
