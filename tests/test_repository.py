@@ -192,9 +192,8 @@ def test_unloading_waits_for_the_call_still_running_on_the_version(tmp_path):
     caller.join(10)
     unloader.join(10)
     assert took == [State.END]
-    with pytest.raises(NotReady):
-        with mv.in_use():
-            pass
+    with pytest.raises(NotReady), mv.in_use():
+        pass
 
 
 def test_a_version_nobody_asked_for_lately_unloads_at_once(tmp_path):
