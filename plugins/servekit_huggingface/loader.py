@@ -77,11 +77,13 @@ def pick_device(requested: str) -> str:
 
 def set_threads(options: dict[str, Any]) -> None:
     """torch's intra-op threads: ``options.intra_op_threads``, else the worker's share of the CPUs
-    (all of them in a model host, which is alone with the model).
+    (in a model host, every CPU but one: the HTTP workers that feed it parse and stream on that one).
 
     torch starts one thread per core in every process: two workers batching on two
-    cores would run four threads that spin waiting for each other.  The setting is
-    the process's, so the last model loaded decides it.
+    cores would run four threads that spin waiting for each other, and a host on
+    every core has a thread descheduled whenever a worker runs, which every
+    operation then waits for (on 2 CPUs, 2 host threads cost 3x the CPU per token
+    of 1).  The setting is the process's, so the last model loaded decides it.
     """
     import torch
     from servekit.cpus import available_cpus, cpus_per_worker
@@ -89,7 +91,9 @@ def set_threads(options: dict[str, Any]) -> None:
 
     from .options import positive_option
 
-    threads = positive_option(options, "intra_op_threads") or (available_cpus() if in_host() else cpus_per_worker())
+    threads = positive_option(options, "intra_op_threads") or (
+        max(1, available_cpus() - 1) if in_host() else cpus_per_worker()
+    )
     torch.set_num_threads(threads)
 
 

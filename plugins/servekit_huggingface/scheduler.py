@@ -282,17 +282,16 @@ class Scheduler:
         return joining
 
     def _step(self, joining: list[Sequence]) -> None:
+        """Prefill the joining prompts, then decode every row, the joined ones included.
+
+        Prefill first, as vLLM's scheduler puts prefills first: a request's first
+        token does not wait for the running rows' decoding pass.
+        """
         batch = self.batch
         keep = [i for i, s in enumerate(batch.seqs) if not s.cancelled]
         if len(keep) < len(batch):
             batch.keep(keep)
-        if batch.seqs:
-            logits = batch.decode(self.forward)
-            self.steps += 1
-            self.most_rows = max(self.most_rows, len(batch))
-            staying = self._advance(batch.seqs, logits)
-            if len(staying) < len(batch):
-                batch.keep(staying)
+        decoding = len(batch) > 0  # a batch that starts now decodes from the next step
         for group in _same_length([s for s in joining if not s.cancelled]):
             try:  # a prefill failing fails the requests in it only
                 cache, logits = self._prefill(group)
@@ -307,6 +306,13 @@ class Scheduler:
                 if staying:
                     batch.add([group[i] for i in staying], cache)
                 self.joining = [s for s in self.joining if all(s is not g for g in group)]
+        if decoding and batch.seqs:
+            logits = batch.decode(self.forward)
+            self.steps += 1
+            self.most_rows = max(self.most_rows, len(batch))
+            staying = self._advance(batch.seqs, logits)
+            if len(staying) < len(batch):
+                batch.keep(staying)
 
     @staticmethod
     def _advance(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
