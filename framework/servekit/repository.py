@@ -16,8 +16,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ log = logging.getLogger("servekit.repository")
 #: longest an unload waits for the calls still inside its hooks (``ModelRepository._drain``)
 DRAIN_SETTLE_S = 0.5
 DRAIN_LIMIT_S = 30.0
+_DRAIN_POLL_S = 0.05
 
 
 class State(str, enum.Enum):
@@ -75,26 +75,26 @@ class ModelVersion:
     #: unloading a serving version waits for both to settle (``ModelRepository._drain``)
     in_flight: int = 0
     last_resolved: float = 0.0
-    idle: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
+    _held: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def ready(self) -> bool:
         return self.state is State.AVAILABLE
 
-    @contextmanager
-    def in_use(self) -> Iterator[None]:
-        """Hold the version for one hook call: it is not unloaded under the call."""
-        with self.idle:
+    def in_use(self) -> ModelVersion:
+        """Hold the version for one hook call (``with mv.in_use():``): it is not unloaded under the call."""
+        return self
+
+    def __enter__(self) -> ModelVersion:  # per request: a lock, no generator
+        with self._held:
             if not (self.state is State.AVAILABLE or self.warming):
                 raise NotReady(f"model {self.name!r} version {self.version} is not ready")
             self.in_flight += 1
-        try:
-            yield
-        finally:
-            with self.idle:
-                self.in_flight -= 1
-                if not self.in_flight:
-                    self.idle.notify_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._held:
+            self.in_flight -= 1
 
 
 @dataclass
@@ -499,19 +499,17 @@ class ModelRepository:
         it (a version nobody asked for lately goes at once).
         """
         deadline = time.monotonic() + DRAIN_LIMIT_S
-        with mv.idle:
-            while (now := time.monotonic()) < deadline:
-                settle = mv.last_resolved + DRAIN_SETTLE_S - now
-                if mv.in_flight == 0 and settle <= 0:
-                    return
-                mv.idle.wait(timeout=min(max(settle, 0.05), deadline - now))
-            log.warning(
-                "unloading %s version %d with %d calls still running after %.0fs",
-                mv.name,
-                mv.version,
-                mv.in_flight,
-                DRAIN_LIMIT_S,
-            )
+        while time.monotonic() < deadline:
+            if mv.in_flight == 0 and time.monotonic() >= mv.last_resolved + DRAIN_SETTLE_S:
+                return
+            time.sleep(_DRAIN_POLL_S)
+        log.warning(
+            "unloading %s version %d with %d calls still running after %.0fs",
+            mv.name,
+            mv.version,
+            mv.in_flight,
+            DRAIN_LIMIT_S,
+        )
 
     # -- repository API, for a repository that decides alone ------------------------
 
@@ -549,6 +547,12 @@ class ModelRepository:
         """The version a request addresses: a number, a label, or the latest available."""
         model = self.get_model(name)
         model.last_used = time.time()
+        mv = self._serving(model, version, label)
+        mv.last_resolved = time.monotonic()  # an unload of it waits a moment past this (``_drain``)
+        return mv
+
+    def _serving(self, model: Model, version: int | str | None, label: str | None) -> ModelVersion:
+        name = model.name
         number = _addressed_version(model, version, label)
         if number is not None:
             mv = model.versions.get(number)
@@ -556,13 +560,10 @@ class ModelRepository:
                 raise NotFound(f"Servable not found for request: Specific({name}, {number})")
             if not mv.ready:
                 raise NotReady(_not_ready_message(mv))
-            mv.last_resolved = time.monotonic()
             return mv
         available = model.available()
         if available:
-            mv = available[-1]
-            mv.last_resolved = time.monotonic()
-            return mv
+            return available[-1]
         if model.versions:
             latest = model.versions[max(model.versions)]
             raise NotReady(_not_ready_message(latest))
