@@ -21,7 +21,9 @@ generated token; then all-MiniLM-L6-v2 answers
 ``--embeddings`` concurrent single-text embeddings requests without and with
 adaptive batching (:data:`EMBED_MODELS`), with the texts per ``embed`` call
 (``servekit_batch_size`` at ``/metrics``) and the CPU time per request of the
-workers and of the client processes.  First, the same GPT-2 in this process
+workers and of the load generator: ``wrk`` (one thread of C, the same request
+body each time), or with ``--embed-load openai`` the four openai client processes,
+whose 1-1.5 ms of Python per request takes the server's cores.  First, the same GPT-2 in this process
 without HTTP (threads calling ``complete``) shows what the model side alone
 does.  Then the peers (issue 25), one at a time, on the same saved model
 folder, with the same prompt, 128 new tokens and the end-of-text token held
@@ -305,6 +307,10 @@ EMBED_MODELS = {
 }
 
 
+#: seconds of each wrk round of embeddings requests
+EMBED_WRK_SECONDS = 8
+
+
 def build_embedders(base: Path) -> None:
     from generative_models import minilm_folder
 
@@ -354,10 +360,37 @@ def embed_calls(url: str, model: str) -> tuple[float, float]:
     return found["servekit_batch_size_count"], found["servekit_batch_size_sum"]
 
 
+def _embeddings_wrk(url: str, model: str, connections: int, seconds: float) -> tuple[int, float]:
+    """``connections`` single-text requests at once for ``seconds`` from ``wrk`` (one thread of C, a
+    few microseconds a request, so the load generator leaves the cores to the server); the requests
+    answered 200, and wrk's CPU seconds.  Every request sends the same text (wrk's body is fixed)."""
+    import resource
+
+    import run  # bench/run.py: wrk and its report script
+
+    body = Path(tempfile.mkdtemp()) / "embed.json"
+    body.write_text(json.dumps({"model": model, "input": "request 17 round 3: the quick brown fox"}))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    raw = run.wrk(url + "/v1/embeddings", body, connections, seconds)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(body.parent)
+    if raw["errors"]:
+        raise RuntimeError(f"{model}: {raw['errors']} wrk errors (connect, read, write, non-2xx, timeout)")
+    cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    return raw["requests"], cpu
+
+
 def embed_level(
-    clients: ProcessPoolExecutor, url: str, model: str, concurrent: int, rounds: int, root: int = 0
+    clients: ProcessPoolExecutor,
+    url: str,
+    model: str,
+    concurrent: int,
+    rounds: int,
+    root: int = 0,
+    load: str = "openai",
 ) -> dict:
-    """``concurrent`` single-text requests at once, spread over the client processes; with ``root``
+    """``concurrent`` single-text requests at once, spread over the client processes (``load`` openai:
+    ``rounds`` requests per thread) or from wrk (``load`` wrk: for ``rounds`` seconds); with ``root``
     (the server's pid) also the embed calls they made and the CPU seconds of each process kind."""
     share = [concurrent // CLIENT_PROCESSES] * CLIENT_PROCESSES
     if root:
@@ -365,7 +398,10 @@ def embed_level(
     before = cpu_seconds(root) if root else {}
     calls_before = embed_calls(url, model) if root else (0.0, 0.0)
     start = time.perf_counter()
-    parts = [f.result() for f in [clients.submit(_embeddings, url + "/v1", model, n, rounds) for n in share]]
+    if load == "wrk":
+        parts = [_embeddings_wrk(url, model, concurrent, rounds)]
+    else:
+        parts = [f.result() for f in [clients.submit(_embeddings, url + "/v1", model, n, rounds) for n in share]]
     wall = time.perf_counter() - start
     row = {"model": model, "concurrent": concurrent, "requests": sum(n for n, _ in parts), "seconds": wall}
     if root:
@@ -739,6 +775,12 @@ def parse_args() -> argparse.Namespace:
         "--threads", type=int, default=64, help="per worker: every stream in flight however the connections spread"
     )
     parser.add_argument("--embeddings", type=int, default=64, help="concurrent single-text embeddings requests")
+    parser.add_argument(
+        "--embed-load",
+        choices=("wrk", "openai"),
+        default="wrk",
+        help="the embeddings' load generator: wrk (C, the default) or openai client processes on the same cores",
+    )
     parser.add_argument("--embed-rounds", type=int, default=3, help="interleaved rounds of each embeddings model")
     parser.add_argument("--in-process-only", action="store_true", help="only the model side, without a server")
     parser.add_argument("--embeddings-only", action="store_true", help="only the embeddings, through a server")
@@ -800,12 +842,17 @@ def servekit_cells(base: Path, args, levels: list[int], generate_levels: list[in
 
 
 def embedding_cells(clients: ProcessPoolExecutor, url: str, args, root: int) -> list[dict]:
+    if args.embed_load == "wrk":
+        import run
+
+        run.ensure_wrk()
     for model in EMBED_MODELS:
         embed_level(clients, url, model, CLIENT_PROCESSES * 2, 2)  # warm up
     by_model: dict[str, list[dict]] = {model: [] for model in EMBED_MODELS}
     for _ in range(args.embed_rounds):  # interleaved: a noisy machine's slow spell hits every model
         for model in EMBED_MODELS:
-            by_model[model].append(embed_level(clients, url, model, args.embeddings, 8, root))
+            rounds = 8 if args.embed_load == "openai" else EMBED_WRK_SECONDS
+            by_model[model].append(embed_level(clients, url, model, args.embeddings, rounds, root, args.embed_load))
             print(json.dumps(by_model[model][-1]), flush=True)
     return [embed_summary(rounds) for rounds in by_model.values()]
 
@@ -864,6 +911,7 @@ def main() -> int:
         "rows": rows,
         "in_process": local,
         "embeddings": embed_rows,
+        "embed_load": args.embed_load,
         "peers": peers,
     }
     out.write_text(json.dumps(document, indent=1))
@@ -905,7 +953,7 @@ def print_embeddings(embed_rows: list[dict], concurrent: int) -> None:
             + "/".join(f"{v:,.0f}" for v in r["requests_per_s_by_round"])
             + "), "
             f"{r['texts_per_call']:.1f} texts per embed call, CPU per request "
-            f"{r['cpu_ms_per_request_workers']:.1f} ms workers, {r['cpu_ms_per_request_clients']:.1f} ms clients"
+            f"{r['cpu_ms_per_request_workers']:.1f} ms workers, {r['cpu_ms_per_request_clients']:.1f} ms clients"  # the load generator
             for r in embed_rows
         )
     )
