@@ -10,8 +10,9 @@ three times: ``generate`` (``options.continuous_batching: false``: one
 ``model.generate`` per request, as before), ``continuous`` (a batch per HTTP
 worker, the default) and ``continuous-host`` (``placement: process``: every
 worker feeds one batch in a model host).  For each model and each level N, N
-chat streams run at once through the ``openai`` client (spread over four
-client processes, so the client's own parsing is not the bottleneck), each asking for
+chat streams run at once (spread over four client processes), each read
+line by line through ``http.client`` (``--chat-load openai``: through the
+``openai`` client, whose typed chunks cost the shared cores more), each asking for
 ``--tokens`` new tokens (``ignore_eos``), and the script prints total tokens
 per second, time to first token p50/p99 and the gap between streamed chunks
 (inter-token latency) p50/p99, side by side, with each model's throughput
@@ -72,6 +73,8 @@ MODELS = {
 MESSAGES = [{"role": "user", "content": "hello there, how are you?"}]
 #: client processes the streams are spread over
 CLIENT_PROCESSES = 4
+#: the chat streams' client: ``raw`` (http.client, :func:`one_stream_raw`) or ``openai`` (``--chat-load``)
+CHAT_LOAD = "raw"
 #: the one-stream level runs this many streams one after another (one TTFT sample would be noise)
 ONE_STREAM_ROUNDS = 4
 
@@ -156,6 +159,57 @@ def one_stream(client, model: str, tokens: int) -> dict:
     }
 
 
+def one_stream_raw(url: str, model: str, tokens: int) -> dict:
+    """The same chat stream as :func:`one_stream` over ``http.client``, its SSE lines read as they come:
+    tens of microseconds of Python per chunk where the openai client's typed chunks take far more,
+    so the load generator leaves the cores to the server (``--chat-load raw``, the default)."""
+    from http.client import HTTPConnection
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": MESSAGES,
+            "max_tokens": tokens,
+            "temperature": 1.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+    ).encode()
+    start = time.perf_counter()
+    connection = HTTPConnection(where.hostname, where.port, timeout=600)
+    arrivals: list[float] = []
+    completion = 0
+    text = []
+    try:
+        connection.request("POST", where.path + "/chat/completions", body, {"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        if reply.status != 200:
+            raise RuntimeError(f"{model}: HTTP {reply.status}: {reply.read()[:300]!r}")
+        for line in reply:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices")
+            content = choices[0].get("delta", {}).get("content") if choices else None
+            if content:
+                arrivals.append(time.perf_counter())
+                text.append(content)
+            if chunk.get("usage"):
+                completion = chunk["usage"]["completion_tokens"]
+    finally:
+        connection.close()
+    return {
+        "ttft": arrivals[0] - start if arrivals else float("nan"),
+        "gaps": [b - a for a, b in zip(arrivals, arrivals[1:])],
+        "tokens": completion,
+        "chunks": len(arrivals),
+        "text": "".join(text),
+    }
+
+
 def one_infer(url: str, prompt: str, prompt_ids: int, tokens: int) -> dict:
     """One text-generation request to MLServer's Hugging Face runtime on its V2 ``infer`` (it does not
     stream): the first token arrives with the whole answer.  The pipeline's keyword arguments travel as
@@ -230,15 +284,24 @@ _clients: dict[str, object] = {}
 
 
 def _streams(
-    url: str, model: str, count: int, tokens: int, rounds: int = 1, infer: tuple[str, int] | None = None
+    url: str,
+    model: str,
+    count: int,
+    tokens: int,
+    rounds: int = 1,
+    infer: tuple[str, int] | None = None,
+    load: str = "raw",
 ) -> list[dict]:
     """``count`` streams at once from this client process (its own GIL), one thread each, each
-    thread running ``rounds`` streams one after another; with ``infer`` (prompt text, its token
-    count), V2 ``infer`` requests to ``url`` instead of chat streams."""
+    thread running ``rounds`` streams one after another, through ``http.client`` (``load`` raw) or
+    the openai client; with ``infer`` (prompt text, its token count), V2 ``infer`` requests to
+    ``url`` instead of chat streams."""
     import openai
 
     if infer is not None:
         run_one = lambda _: one_infer(url, *infer, tokens)  # noqa: E731
+    elif load == "raw":
+        run_one = lambda _: one_stream_raw(url, model, tokens)  # noqa: E731
     else:
         if url not in _clients:  # one per server: a client process outlives a server
             _clients[url] = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
@@ -267,7 +330,7 @@ def level(
     rounds = ONE_STREAM_ROUNDS if streams == 1 else 1  # one stream: several in a row, for TTFT percentiles
     before = cpu_seconds(root) if root else {}
     start = time.perf_counter()
-    futures = [clients.submit(_streams, url, model, n, tokens, rounds, infer) for n in share if n]
+    futures = [clients.submit(_streams, url, model, n, tokens, rounds, infer, CHAT_LOAD) for n in share if n]
     results = [r for f in futures for r in f.result()]
     wall = time.perf_counter() - start
     after = cpu_seconds(root) if root else {}
@@ -776,6 +839,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--embeddings", type=int, default=64, help="concurrent single-text embeddings requests")
     parser.add_argument(
+        "--chat-load",
+        choices=("raw", "openai"),
+        default="raw",
+        help="the chat streams' client: http.client reading the SSE lines (the default) or the openai client",
+    )
+    parser.add_argument(
         "--embed-load",
         choices=("wrk", "openai"),
         default="wrk",
@@ -878,6 +947,8 @@ def peer_cells(base: Path, args, levels: list[int]) -> tuple[list[dict], dict]:
 
 def main() -> int:
     args = parse_args()
+    global CHAT_LOAD
+    CHAT_LOAD = args.chat_load
     levels = [int(n) for n in args.levels.split(",")]
     generate_levels = [int(n) for n in args.generate_levels.split(",")]
     rows: list[dict] = []
@@ -912,6 +983,7 @@ def main() -> int:
         "in_process": local,
         "embeddings": embed_rows,
         "embed_load": args.embed_load,
+        "chat_load": args.chat_load,
         "peers": peers,
     }
     out.write_text(json.dumps(document, indent=1))
