@@ -130,6 +130,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def _stream_row(start: float, arrivals: list[float], completion: int, text: list[str]) -> dict:
+    """One chat stream's figures: its first token's wait, the gaps between chunks, its token count."""
+    return {
+        "ttft": arrivals[0] - start if arrivals else float("nan"),
+        "gaps": [b - a for a, b in zip(arrivals, arrivals[1:])],
+        "tokens": completion,
+        "chunks": len(arrivals),
+        "text": "".join(text),
+    }
+
+
 def one_stream(client, model: str, tokens: int) -> dict:
     start = time.perf_counter()
     arrivals: list[float] = []
@@ -150,13 +161,7 @@ def one_stream(client, model: str, tokens: int) -> dict:
             text.append(chunk.choices[0].delta.content)
         if chunk.usage is not None:
             completion = chunk.usage.completion_tokens
-    return {
-        "ttft": arrivals[0] - start if arrivals else float("nan"),
-        "gaps": [b - a for a, b in zip(arrivals, arrivals[1:])],
-        "tokens": completion,
-        "chunks": len(arrivals),
-        "text": "".join(text),
-    }
+    return _stream_row(start, arrivals, completion, text)
 
 
 def one_stream_raw(url: str, model: str, tokens: int) -> dict:
@@ -201,13 +206,7 @@ def one_stream_raw(url: str, model: str, tokens: int) -> dict:
                 completion = chunk["usage"]["completion_tokens"]
     finally:
         connection.close()
-    return {
-        "ttft": arrivals[0] - start if arrivals else float("nan"),
-        "gaps": [b - a for a, b in zip(arrivals, arrivals[1:])],
-        "tokens": completion,
-        "chunks": len(arrivals),
-        "text": "".join(text),
-    }
+    return _stream_row(start, arrivals, completion, text)
 
 
 def one_infer(url: str, prompt: str, prompt_ids: int, tokens: int) -> dict:
@@ -386,9 +385,9 @@ def build_embedders(base: Path) -> None:
         (folder / "servekit.yaml").write_text(settings)
 
 
-def _embeddings(url: str, model: str, count: int, rounds: int) -> tuple[int, float]:
-    """``count`` threads each sending ``rounds`` single-text requests; how many, and this
-    client process's CPU seconds meanwhile (the openai client's share of the cores).
+def _embeddings(url: str, model: str, count: int, rounds: int) -> tuple[int, float, list[float]]:
+    """``count`` threads each sending ``rounds`` single-text requests; how many, this client
+    process's CPU seconds meanwhile (the openai client's share of the cores), and each one's seconds.
 
     A client of its own each time: connections left idle between levels (the
     ``/metrics`` scrapes wait for the workers' flush) could outlive the server's
@@ -397,15 +396,18 @@ def _embeddings(url: str, model: str, count: int, rounds: int) -> tuple[int, flo
 
     client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
 
-    def worker(i: int) -> int:
+    def worker(i: int) -> list[float]:
+        took = []
         for r in range(rounds):
+            start = time.perf_counter()
             client.embeddings.create(model=model, input=f"request {i} round {r}: the quick brown fox")
-        return rounds
+            took.append(time.perf_counter() - start)
+        return took
 
     start = time.process_time()
     with client, ThreadPoolExecutor(count) as pool:
-        done = sum(pool.map(worker, range(count)))
-    return done, time.process_time() - start
+        took = [t for each in pool.map(worker, range(count)) for t in each]
+    return len(took), time.process_time() - start, took
 
 
 def embed_calls(url: str, model: str) -> tuple[float, float]:
@@ -423,10 +425,11 @@ def embed_calls(url: str, model: str) -> tuple[float, float]:
     return found["servekit_batch_size_count"], found["servekit_batch_size_sum"]
 
 
-def _embeddings_wrk(url: str, model: str, connections: int, seconds: float) -> tuple[int, float]:
+def _embeddings_wrk(url: str, model: str, connections: int, seconds: float) -> tuple[int, float, float]:
     """``connections`` single-text requests at once for ``seconds`` from ``wrk`` (one thread of C, a
     few microseconds a request, so the load generator leaves the cores to the server); the requests
-    answered 200, and wrk's CPU seconds.  Every request sends the same text (wrk's body is fixed)."""
+    answered 200, wrk's CPU seconds and its p99 in ms.  Every request sends the same text (wrk's body
+    is fixed)."""
     import resource
 
     import run  # bench/run.py: wrk and its report script
@@ -440,7 +443,7 @@ def _embeddings_wrk(url: str, model: str, connections: int, seconds: float) -> t
     if raw["errors"]:
         raise RuntimeError(f"{model}: {raw['errors']} wrk errors (connect, read, write, non-2xx, timeout)")
     cpu = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
-    return raw["requests"], cpu
+    return raw["requests"], cpu, raw["p99_ms"]
 
 
 def embed_level(
@@ -462,17 +465,19 @@ def embed_level(
     calls_before = embed_calls(url, model) if root else (0.0, 0.0)
     start = time.perf_counter()
     if load == "wrk":
-        parts = [_embeddings_wrk(url, model, concurrent, rounds)]
+        done, client_cpu, p99_ms = _embeddings_wrk(url, model, concurrent, rounds)
     else:
         parts = [f.result() for f in [clients.submit(_embeddings, url + "/v1", model, n, rounds) for n in share]]
+        done, client_cpu = sum(n for n, _, _ in parts), sum(cpu for _, cpu, _ in parts)
+        p99_ms = 1e3 * percentile([t for _, _, took in parts for t in took], 99)
     wall = time.perf_counter() - start
-    row = {"model": model, "concurrent": concurrent, "requests": sum(n for n, _ in parts), "seconds": wall}
+    row = {"model": model, "concurrent": concurrent, "requests": done, "seconds": wall, "p99_ms": p99_ms}
     if root:
         after = cpu_seconds(root)
         time.sleep(3 * FLUSH_SECONDS)  # every worker's last observations reach /metrics
         row["embed_calls"], row["texts"] = (a - b for a, b in zip(embed_calls(url, model), calls_before))
         row["cpu_s_workers"] = after["workers"] - before["workers"]
-        row["cpu_s_clients"] = sum(cpu for _, cpu in parts)
+        row["cpu_s_clients"] = client_cpu
     return row
 
 
@@ -487,6 +492,7 @@ def embed_summary(rows: list[dict]) -> dict:
         **total,
         "requests_per_s": total["requests"] / total["seconds"],
         "requests_per_s_by_round": [r["requests"] / r["seconds"] for r in rows],
+        "p99_ms_by_round": [r["p99_ms"] for r in rows],
         "texts_per_call": total["texts"] / max(total["embed_calls"], 1),
         **{f"cpu_ms_per_request_{kind}": 1e3 * cpu[kind] / total["requests"] for kind in cpu},
     }
@@ -1023,7 +1029,9 @@ def print_embeddings(embed_rows: list[dict], concurrent: int) -> None:
         + "; ".join(
             f"{r['model']} {r['requests_per_s']:,.0f}/s ({r['requests_per_s'] / unbatched:.2f}x; rounds "
             + "/".join(f"{v:,.0f}" for v in r["requests_per_s_by_round"])
-            + "), "
+            + "), p99 "
+            + "/".join(f"{v:,.0f}" for v in r["p99_ms_by_round"])
+            + " ms, "
             f"{r['texts_per_call']:.1f} texts per embed call, CPU per request "
             f"{r['cpu_ms_per_request_workers']:.1f} ms workers, {r['cpu_ms_per_request_clients']:.1f} ms clients"  # the load generator
             for r in embed_rows
