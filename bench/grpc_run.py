@@ -31,6 +31,10 @@ The line-up (``--only``):
   put first on ``PYTHONPATH``), profiled the same way: the before and after;
 - ``servekit-granian``: ``--server granian``; ``servekit-batch``:
   ``--max-batch-size 32 --max-batch-time-ms 2`` (1-row V2 cells);
+- ``servekit-2x``: twice as many workers as CPUs (1-row V2 and TF Serving cells, and
+  HTTP): each worker's gRPC server binds the port with ``SO_REUSEPORT``, the kernel
+  hashes each of h2load's 8 connections to one of them, and with a second process
+  on each CPU an uneven split still keeps both CPUs busy;
 - ``mlserver`` and ``mlserver-batch`` (adaptive batching), V2 only;
 - ``kserve``: KServe's gRPC server (``peers/kserve_server.py``, 1 worker), V2 only;
 - ``big``: a 1M-element FP32 tensor through the echo model, V2 JSON, the binary
@@ -58,6 +62,7 @@ import numpy as np
 import run
 from run import RESULTS, VENVS, WORK, Running, Server
 from servekit.codecs import tensor_proto
+from servekit.cpus import available_cpus
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as v2_pb
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2_grpc as v2_grpc
 from servekit.protocols.grpc.protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -315,6 +320,7 @@ def lineup(sk: str, port: int, before: Path | None = None) -> list[tuple[Server,
     flags = ["--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", str(grpc_port), "--log-level", "warning"]
     serve = [sk, "-m", "servekit", "serve", *map(str, paths), *flags]
     batch = ["--max-batch-size", "32", "--max-batch-time-ms", "2"]
+    cpus = available_cpus()
     everything = {"protocols": ("v2", "tf"), "rows": ROWS, "http": True}
     one_row = {"protocols": ("v2",), "rows": (1,), "http": True}
     servers = [
@@ -336,6 +342,11 @@ def lineup(sk: str, port: int, before: Path | None = None) -> list[tuple[Server,
             one_row,
         ),
         (Server("servekit-batch", "servekit", serve + batch, port, note="batching in each worker"), grpc_port, one_row),
+        (
+            Server("servekit-2x", "servekit", serve + ["--workers", str(2 * cpus)], port, note=f"--workers {2 * cpus}"),
+            grpc_port,
+            {**one_row, "protocols": ("v2", "tf")},
+        ),
     ]
     mls = VENVS / "mlserver" / "bin" / "mlserver"
     if mls.exists():
