@@ -155,6 +155,8 @@ class ModelRepository:
         self._thread: threading.Thread | None = None
         #: runs a loading version's warm-up before it is AVAILABLE (servekit.warmup.Warmer)
         self.warm: Callable[[ModelVersion], None] | None = None
+        #: runs after a plan that changed what is served was applied (a server's servekit.long_lived.settle)
+        self.after_change: Callable[[], object] | None = None
 
     # -- lifecycle (a repository that decides alone) ------------------------
 
@@ -260,7 +262,10 @@ class ModelRepository:
             self._unload_all(models.pop(name))
         self.models = models
         self.shared_memory.apply(plan.get("shared_memory", {}))
+        changed = plan["generation"] != self.generation
         self.generation = plan["generation"]
+        if changed and self.after_change is not None:
+            self.after_change()
 
     def _apply_model(self, model: Model, doc: dict[str, Any]) -> None:
         model.config_error = doc["config_error"]

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .. import errors
+from .. import errors, long_lived
 from . import transport
 from .owner import APPLY_TIMEOUT, LocalLink, Owner
 from .plan import Planner
@@ -102,6 +102,7 @@ class ControlPlane:
         if self._started:
             return
         self._started = True
+        self.repository.after_change = long_lived.settle
         owner = self._owner()
         if owner is None:
             self.repository.expect_plan()
@@ -118,7 +119,8 @@ class ControlPlane:
         owner.start()
 
     def load_now(self) -> None:
-        """Load what the model set says in this thread (tests, ``--preload`` before the fork)."""
+        """Load what the model set says in this thread (``--preload``, before the fork)."""
+        self.repository.after_change = long_lived.settle
         owner = self._owner()
         if owner is None:
             self.repository.apply(transport.call("plan"))

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import long_lived
 from ..hookspecs import hookimpl
 from ..observability import tracing
 from . import channel, runtime
@@ -83,6 +84,7 @@ class Host:
         self.dataplane = DataPlane(repo)
         tracing.configure()  # the OTEL_* variables the server was started with
         self.gauges = host_metrics.host_metrics(spec["name"], str(spec["version"]), str(spec["replica"]))
+        long_lived.settle()  # the host holds this one model for its whole life
 
     def serve(self, sock_path: str) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
