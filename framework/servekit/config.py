@@ -20,6 +20,7 @@ _KEYS = {
     "options",
     "placement",
     "replicas",
+    "concurrency",
     "warmup",
     "pin",
     "sequence",
@@ -107,12 +108,25 @@ def parse_model_config(
         options=options,
         placement=placement,
         replicas=replicas,
+        concurrency=_concurrency(raw.get("concurrency")),
         warmup=_warmup(raw.get("warmup")),
         pin=_pin(raw.get("pin", False)),
         sequence=_sequence(raw.get("sequence")),
         pipeline=_pipeline(raw.get("pipeline")),
         base_path=model_dir,
     )
+
+
+def _concurrency(raw: Any) -> int | None:
+    """``concurrency``: calls of the model that run at once in one process; ``0``: no bound."""
+    if raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= 1024:
+        raise ConfigError(
+            f"{CONFIG_FILE}: 'concurrency' must be how many calls run at once in a process, "
+            f"from 1 to 1024, or 0 for no bound; found {raw!r}"
+        )
+    return raw
 
 
 def _pipeline(raw: Any) -> Any:

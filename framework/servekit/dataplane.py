@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, classification, pipeline, sequences, statistics, triton_model_config
+from . import batching, call_gate, classification, pipeline, sequences, statistics, triton_model_config
 from .errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, ServekitError, UnknownModel
 from .inference import InferRequest
 from .observability import labels, load, tracing
@@ -214,7 +214,7 @@ class DataPlane:
         batcher = batching.batcher_for(mv)
         options = batching.options_key(parameters, signature_name, output_names) if batcher else None
         if batcher is None or options is None:
-            with load.running(mv.name, [arrival]):
+            with call_gate.turn(mv), load.running(mv.name, [arrival]):  # the wait for a place is queueing
                 outputs = run(inputs)
         else:
             with tracing.span("servekit.queue"):

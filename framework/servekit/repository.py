@@ -69,6 +69,7 @@ class ModelVersion:
     fingerprint: float = 0.0  # newest mtime in the folder when the load was tried
     host: Executor | None = None  # its model hosts, when it runs in host processes (servekit.hosts)
     batcher: Any = None  # servekit.batching: made on the first predict (batching.batcher_for)
+    gate: Any = None  # servekit.call_gate: made on the first unbatched predict (call_gate.turn)
     raw_config: dict[str, Any] = field(default_factory=dict)  # the settings it was loaded with
     warming: bool = False  # LOADING, answering its warm-up requests (servekit.warmup)
     #: calls now inside its hooks, and when a request last resolved to it (time.monotonic):

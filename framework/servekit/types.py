@@ -92,6 +92,9 @@ class ModelConfig:
     placement: str | None = None
     #: host processes of a version with placement ``process``
     replicas: int = 1
+    #: calls that run at once in one process, first come first served (servekit.call_gate);
+    #: ``0``: no bound; ``None``: the default for the model's kind
+    concurrency: int | None = None
     #: sample requests run before a version takes traffic (servekit.warmup)
     warmup: list[dict[str, Any]] = field(default_factory=list)
     #: never unloaded to make room under ``--model-memory-budget``
