@@ -8,8 +8,8 @@ many turns: at 64 connections the defaults' p99 was 3.2x their mean latency
 call at a time (``instance_group`` sets how many instances).  Here each version
 has a :class:`Gate` with ``concurrency`` places.  A call beyond them waits its
 turn and is woken in arrival order, and the waiting threads stay off the GIL.
-With two places, V1 iris at 64 connections had a p99 of 22.7-30.7 ms against
-38.1-41.6 ms, at the same throughput (bench/RESULTS.md).
+With two places, V1 iris at 64 connections had a p99 of 23.9-29.3 ms against
+34.4-40.1 ms, for about 7% of its throughput (bench/RESULTS.md).
 
 The gate holds only where the call computes in this process without batching:
 
