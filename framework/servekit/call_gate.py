@@ -35,7 +35,8 @@ from .plugins import MODEL_PY_PREFIX
 #: places for an unbatched framework-plugin model computed in a worker
 DEFAULT = 2
 
-_OFF = "off"
+#: the gate of a version without a bound: enters and leaves at once
+_UNBOUNDED = contextlib.nullcontext()
 _lock = threading.Lock()
 
 
@@ -45,7 +46,6 @@ class Gate:
     def __init__(self, places: int):
         if places < 1:
             raise ValueError("a gate needs at least one place")
-        self.places = places
         self.free = places
         self.waiting: deque[threading.Event] = deque()
         self.lock = threading.Lock()
@@ -81,11 +81,9 @@ def places_of(mv: Any) -> int:
 
 def turn(mv: Any) -> contextlib.AbstractContextManager[Any]:
     """The version's gate (made on first use, kept on ``mv.gate``), or a no-op without a bound."""
-    found = mv.gate
-    if found is None:
+    if mv.gate is None:
         with _lock:
             if mv.gate is None:
                 places = places_of(mv)
-                mv.gate = Gate(places) if places > 0 else _OFF
-            found = mv.gate
-    return found if found is not _OFF else contextlib.nullcontext()
+                mv.gate = Gate(places) if places > 0 else _UNBOUNDED
+    return mv.gate
