@@ -91,3 +91,15 @@ def test_preloaded_models_settle_once_in_the_master_before_the_fork(tmp_path):
         assert requests.post(
             server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30
         ).ok
+
+
+@pytest.mark.slow
+def test_a_model_host_settles_after_its_load(tmp_path):
+    fit_iris(tmp_path / "iris", 1)
+    with ServerProcess(tmp_path, workers=2, placement="process") as server:
+        own = {server.proc.pid, *worker_pids(server)}
+        wait_for(lambda: any(pid not in own for pid in settled(server)), server)
+        r = requests.post(
+            server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30
+        )
+        assert r.status_code == 200, r.text
