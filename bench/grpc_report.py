@@ -14,6 +14,15 @@ def cells(result: dict) -> dict[tuple, dict]:
     return {(r["wire"], r["protocol"], r["model"], r["rows"], r["streams"]): r for r in result.get("runs", [])}
 
 
+def rounds_text(cell: dict) -> str:
+    """Every round's throughput, with its connection split where the kernel made one."""
+    parts = []
+    for r in cell.get("rounds", []):
+        split = "/".join(map(str, r.get("connections_per_process") or []))
+        parts.append(f"{r['rps']:,.0f}" + (f" ({split})" if split else ""))
+    return f" [rounds {', '.join(parts)}]" if parts else ""
+
+
 def fmt(cell: dict | None) -> str:
     if not cell:
         return "-"
@@ -59,7 +68,8 @@ def targets(results: dict) -> list[str]:
                 row(
                     f"V2 gRPC {model} 1 row, {streams} streams: servekit >= 2x best peer gRPC, p99 no worse",
                     met,
-                    f"{mine['rps']:,.0f}/s = **{ratio:.2f}x** {best[0]} ({best[1]['rps']:,.0f}/s); p99 {mine['p99_ms']} vs {best[1]['p99_ms']} ms",
+                    f"{mine['rps']:,.0f}/s = **{ratio:.2f}x** {best[0]} ({best[1]['rps']:,.0f}/s); p99 {mine['p99_ms']} vs {best[1]['p99_ms']} ms"
+                    f"{rounds_text(mine)}",
                 )
             for name in ("servekit", "servekit-granian"):
                 found = servers.get(name, {})
@@ -70,7 +80,8 @@ def targets(results: dict) -> list[str]:
                         f"{name} {model} 1 row, {streams} streams: gRPC >= V2 HTTP on the same engine",
                         ratio >= 1,
                         f"gRPC {grpc_cell['rps']:,.0f}/s vs HTTP {http_cell['rps']:,.0f}/s = **{ratio:.2f}x**; "
-                        f"CPU {grpc_cell['cpu_us_per_request']:.0f} vs {http_cell['cpu_us_per_request']:.0f} us per request",
+                        f"CPU {grpc_cell['cpu_us_per_request']:.0f} vs {http_cell['cpu_us_per_request']:.0f} us per request; "
+                        f"gRPC{rounds_text(grpc_cell)}, HTTP{rounds_text(http_cell)}",
                     )
     for model in ("iris", "rf"):
         for rows in (1, 100):
@@ -82,7 +93,7 @@ def targets(results: dict) -> list[str]:
                     row(
                         f"TF Predict within 10% of V2 ModelInfer: {model} {rows} row(s), {streams} streams",
                         ratio >= 0.9,
-                        f"{tf['rps']:,.0f} vs {v2['rps']:,.0f}/s = {ratio:.2f}x",
+                        f"{tf['rps']:,.0f} vs {v2['rps']:,.0f}/s = {ratio:.2f}x; TF{rounds_text(tf)}, V2{rounds_text(v2)}",
                     )
     big = results.get("big_tensor", {})
     if "grpc_speedup" in big:
@@ -116,8 +127,9 @@ def render(results: dict) -> str:
         "",
         f"Run {results['started']} on {results['machine']['cpus']} CPUs (load average at start "
         f"{results['machine']['load_average']:.2f}, at the end {results.get('load_average_at_end', 0):.2f}); "
-        f"h2load and wrk on loopback sharing the cores, {results['duration_s']} s per cell after a 1 s warm-up. "
-        "Each cell: requests/s (p99, server CPU time per request).",
+        f"h2load and wrk on loopback sharing the cores, {results['duration_s']} s per round after a 1 s warm-up, "
+        f"{results.get('rounds', 1)} interleaved round(s) per cell. "
+        "Each cell: the median round's requests/s (p99, server CPU time per request).",
         "",
         "## Targets",
         "",

@@ -21,6 +21,12 @@ processes, from /proc) is less disturbed by other work on the machine than
 throughput, though not immune (docs/performance.md uses callgrind for that).  servekit servers also answer the same 1-row cells over HTTP (V2 JSON,
 ``wrk``, as bench/run.py), so the two wires compare in the same run.
 
+Each cell runs ``--rounds`` times (default 3), its wires interleaved (V2, TF
+Serving, HTTP; then again), and the round with the median throughput is the
+cell's figure, every round's beside it.  The kernel hashes each of h2load's
+connections to one worker's ``SO_REUSEPORT`` socket, so a round's split (5/3,
+6/2, ...) is its own: one round per wire compares two splits, not two wires.
+
 The line-up (``--only``):
 
 - ``servekit``: the defaults (gunicorn, ``--workers auto``), every cell, V2 and
@@ -204,55 +210,62 @@ def percentile(times: list[int], q: float) -> float:
     return round(times[min(len(times) - 1, int(q * len(times)))] / 1000, 2)
 
 
-def measure(server: Server, running: Running, grpc_port: int, protocol: str, model: str, rows: int, seconds: float):
-    answer = check_answer(grpc_port, protocol, model, rows)
-    body = body_file(protocol, model, rows)
-    h2load(grpc_port, METHODS[protocol], body, 8, 1, 1)  # warm-up
-    runs = []
-    for connections, streams in STREAMS:
-        before = cpu_ticks(running.proc.pid)
-        raw = h2load(grpc_port, METHODS[protocol], body, connections, streams, seconds)
-        ticks = cpu_ticks(running.proc.pid) - before
-        answered = raw["data_bytes"] // answer
-        cell = {
-            "wire": "grpc",
-            "protocol": protocol,
-            "model": model,
-            "rows": rows,
-            "streams": connections * streams,
-            "rps": round(answered / raw["seconds"], 1),
-            "p50_ms": percentile(raw["times_us"], 0.50),
-            "p99_ms": percentile(raw["times_us"], 0.99),
-            "requests": raw["done"],
-            "errors": max(0, raw["done"] - answered),
-            "cpu_us_per_request": round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, answered), 1),
-            "connections_per_process": raw["split"],
-        }
-        runs.append(cell)
-        report(server, cell)
-    return runs
+def grpc_round(
+    running: Running, grpc_port: int, protocol: str, model: str, rows: int, answer: int, load: tuple, seconds: float
+) -> dict:
+    """One h2load run of a gRPC cell: throughput, latency, the server's CPU and the connection split."""
+    connections, streams = load
+    before = cpu_ticks(running.proc.pid)
+    raw = h2load(grpc_port, METHODS[protocol], body_file(protocol, model, rows), connections, streams, seconds)
+    ticks = cpu_ticks(running.proc.pid) - before
+    answered = raw["data_bytes"] // answer
+    return {
+        "wire": "grpc",
+        "protocol": protocol,
+        "model": model,
+        "rows": rows,
+        "streams": connections * streams,
+        "rps": round(answered / raw["seconds"], 1),
+        "p50_ms": percentile(raw["times_us"], 0.50),
+        "p99_ms": percentile(raw["times_us"], 0.99),
+        "requests": raw["done"],
+        "errors": max(0, raw["done"] - answered),
+        "cpu_us_per_request": round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, answered), 1),
+        "connections_per_process": raw["split"],
+    }
 
 
-def measure_http(server: Server, running: Running, model: str, seconds: float) -> list[dict]:
-    """The same 1-row cell over HTTP (V2 JSON, wrk), for the wire comparison."""
-    run.check_answer(server, model, 1, "v2")
-    cells = []
-    for connections in (8, 64):
-        before = cpu_ticks(running.proc.pid)
-        raw = run.wrk(server.url(model, "v2"), run.body_path(model, 1, "v2"), connections, seconds)
-        ticks = cpu_ticks(running.proc.pid) - before
-        cell = {
-            "wire": "http",
-            "protocol": "v2-json",
-            "model": model,
-            "rows": 1,
-            "streams": connections,
-            **{k: raw[k] for k in ("rps", "p50_ms", "p99_ms", "requests", "errors")},
-            "cpu_us_per_request": round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, raw["requests"]), 1),
-        }
-        cells.append(cell)
-        report(server, cell)
-    return cells
+def http_round(server: Server, running: Running, model: str, load: tuple, seconds: float) -> dict:
+    """The same 1-row cell over HTTP (V2 JSON, wrk, as many connections as gRPC has streams)."""
+    connections = load[0] * load[1]
+    before = cpu_ticks(running.proc.pid)
+    raw = run.wrk(server.url(model, "v2"), run.body_path(model, 1, "v2"), connections, seconds)
+    ticks = cpu_ticks(running.proc.pid) - before
+    return {
+        "wire": "http",
+        "protocol": "v2-json",
+        "model": model,
+        "rows": 1,
+        "streams": connections,
+        **{k: raw[k] for k in ("rps", "p50_ms", "p99_ms", "requests", "errors")},
+        "cpu_us_per_request": round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, raw["requests"]), 1),
+    }
+
+
+def median_of(rounds: list[dict]) -> dict:
+    """The round with the median throughput (the lower of the two middle ones), with every round beside it.
+
+    The kernel spreads h2load's 8 connections over the workers' ``SO_REUSEPORT`` sockets by a hash of
+    each connection's ports, so each round of a cell runs on a split of its own; the rounds of the
+    cells that are compared run interleaved, and the median compares them on the same odds.
+    """
+    ordered = sorted(rounds, key=lambda cell: cell["rps"])
+    cell = dict(ordered[(len(ordered) - 1) // 2])
+    cell["rounds"] = [
+        {k: c[k] for k in ("rps", "p99_ms", "errors", "connections_per_process") if k in c} for c in rounds
+    ]
+    cell["errors"] = sum(c["errors"] for c in rounds)
+    return cell
 
 
 def report(server: Server, cell: dict) -> None:
@@ -405,13 +418,32 @@ def bench(server: Server, grpc_port: int, plan: dict, seconds: float, py_spy: st
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+        answers = {}
         for protocol in plan["protocols"]:
             for model in MODELS:
                 for rows in plan["rows"]:
-                    result["runs"] += measure(server, running, grpc_port, protocol, model, rows, seconds)
+                    answers[protocol, model, rows] = check_answer(grpc_port, protocol, model, rows)
+                    h2load(grpc_port, METHODS[protocol], body_file(protocol, model, rows), 8, 1, 1)  # warm-up
         if plan.get("http"):
             for model in MODELS:
-                result["runs"] += measure_http(server, running, model, seconds)
+                run.check_answer(server, model, 1, "v2")
+        for model in MODELS:
+            for rows in plan["rows"]:
+                for load in STREAMS:
+                    kinds = [p for p in plan["protocols"] if (p, model, rows) in answers]
+                    kinds += ["http"] if plan.get("http") and rows == 1 else []
+                    rounds: dict[str, list[dict]] = {kind: [] for kind in kinds}
+                    for _ in range(plan["rounds"]):
+                        for kind in kinds:
+                            if kind == "http":
+                                cell = http_round(server, running, model, load, seconds)
+                            else:
+                                cell = grpc_round(
+                                    running, grpc_port, kind, model, rows, answers[kind, model, rows], load, seconds
+                                )
+                            report(server, cell)
+                            rounds[kind].append(cell)
+                    result["runs"] += [median_of(rounds[kind]) for kind in kinds]
         if plan.get("streams"):
             result["streaming"] = stream_throughput(grpc_port)
             print(f"   streaming: {result['streaming']}", flush=True)
@@ -459,6 +491,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18800)
     parser.add_argument("--before", type=Path, help="an earlier tree (framework/, plugins/) to run as servekit-before")
     parser.add_argument("--rows", default="1,100", help="rows per request to measure, comma-separated (default 1,100)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of each cell, interleaved across its wires; the median is kept (default 3)",
+    )
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "", help="py-spy to profile with")
     args = parser.parse_args()
     ensure_h2load()
@@ -472,6 +510,7 @@ def main() -> None:
     rows = {int(r) for r in args.rows.split(",")}
     for _server, _port, plan in servers:
         plan["rows"] = tuple(r for r in plan["rows"] if r in rows)
+        plan["rounds"] = max(1, args.rounds)
     if args.only:
         wanted = {n.strip() for n in args.only.split(",")}
         servers = [s for s in servers if s[0].name in wanted or (s[0].name == "servekit-big" and "big" in wanted)]
@@ -479,6 +518,7 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg()[0]},
         "duration_s": args.duration,
+        "rounds": max(1, args.rounds),
         "servers": [bench(server, port, plan, args.duration, args.py_spy) for server, port, plan in servers],
     }
     if not args.only or "big" in (args.only or ""):

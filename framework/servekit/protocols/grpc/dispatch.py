@@ -13,7 +13,9 @@ interceptor runs on every call.  Both cost more than they need to:
 - :class:`LeanPool` is the ``thread_pool``: ``ThreadPoolExecutor.submit`` makes a
   ``Future`` with its own ``Condition`` (a lock and a waiter list) for each call,
   which gRPC only ever asks to run a callback once the call is done; here a call
-  is a queue entry and a slot object, picked up by the next idle thread.
+  is a queue entry and a slot object, picked up by the next idle thread;
+- :class:`UnaryReceive`: a unary call reaches the pool with its request message
+  already read, so the pool's thread wakes once per call, not twice.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+from grpc import _server as grpc_server  # the threaded server's internals: see UnaryReceive
+from grpc._cython import cygrpc
 
 from .decoding import DecodeInterceptor
 
@@ -130,7 +134,14 @@ class LeanPool(futures.ThreadPoolExecutor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         if self.closed:
             raise RuntimeError("cannot schedule new calls after shutdown")
+        if UnaryReceive.applies(args):
+            return UnaryReceive(self, fn, args, kwargs).call
         call = _Call(fn, args, kwargs)
+        self.dispatch(call)
+        return call
+
+    def dispatch(self, call: _Call) -> None:
+        """Hand ``call`` to an idle thread (starting one while the pool has room)."""
         with self.lock:
             if self.idle:
                 self.idle -= 1
@@ -139,7 +150,6 @@ class LeanPool(futures.ThreadPoolExecutor):
                 self.workers.append(thread)
                 thread.start()
         self.calls.put(call)
-        return call
 
     def _work(self) -> None:
         calls = self.calls
@@ -161,3 +171,77 @@ class LeanPool(futures.ThreadPoolExecutor):
             for thread in workers:
                 thread.join()
         super().shutdown(wait=wait)
+
+
+def _knows_unary_internals() -> bool:
+    """Whether this grpcio's threaded server has the internals :class:`UnaryReceive` relies on, as 1.85 has them."""
+    import inspect
+
+    try:
+        run = inspect.signature(grpc_server._unary_response_in_pool).parameters
+        receive = inspect.signature(grpc_server._receive_message).parameters
+        for name in ("_is_rpc_state_active", "_abort", "_CLOSED", "_EMPTY_FLAGS", "_RECEIVE_MESSAGE_TOKEN"):
+            getattr(grpc_server, name)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    expected = ["rpc_event", "state", "behavior", "argument_thunk", "request_deserializer", "response_serializer"]
+    return list(run) == expected and list(receive) == ["state", "call", "request_deserializer"]
+
+
+class UnaryReceive:
+    """A unary-request call whose message is read on gRPC's polling thread before the pool gets the call.
+
+    The threaded server hands a unary call to the pool at once, and the pool's
+    thread then asks for the request message and waits on the call's
+    ``Condition`` until the polling thread has it: two wake-ups of the pool's
+    thread and two passes of the GIL between the threads for each call.  Here
+    the polling thread asks for the message itself (the same batch operation
+    and callback the server uses) and hands the call to the pool from that
+    callback: the pool's thread wakes once, with the message there.  The call
+    then runs gRPC's own function, given the message by :meth:`request`.
+
+    It relies on grpcio's private ``grpc._server`` functions; a grpcio where
+    they differ (:func:`_knows_unary_internals`) keeps gRPC's own path.
+    """
+
+    ENABLED = _knows_unary_internals()
+
+    @classmethod
+    def applies(cls, args: tuple) -> bool:
+        """``args`` (after ``context.run``) are those of the threaded server's unary-request call."""
+        return cls.ENABLED and len(args) == 7 and args[0] is grpc_server._unary_response_in_pool
+
+    def __init__(self, pool: LeanPool, fn: Callable[..., Any], args: tuple, kwargs: dict):
+        self.pool = pool
+        self.rpc_event, self.state = args[1], args[2]
+        # gRPC's argument thunk (which would ask for the message in the pool) gives way to self.request
+        self.call = _Call(fn, (*args[:4], self.request, *args[5:]), kwargs)
+        state = self.state
+        with state.condition:
+            if not grpc_server._is_rpc_state_active(state):  # cancelled already: the call returns at once
+                pool.dispatch(self.call)
+                return
+            self.receive = grpc_server._receive_message(state, self.rpc_event.call, args[5])
+            self.rpc_event.call.start_server_batch(
+                (cygrpc.ReceiveMessageOperation(grpc_server._EMPTY_FLAGS),), self.received
+            )
+            state.due.add(grpc_server._RECEIVE_MESSAGE_TOKEN)
+
+    def received(self, event: Any) -> Any:
+        """The message's batch completed (on the polling thread): record it as gRPC does, then queue the call."""
+        try:
+            return self.receive(event)
+        finally:
+            self.pool.dispatch(self.call)
+
+    def request(self) -> Any:
+        """The request message, or ``None`` (with the call ended) when the client sent none or went away."""
+        state = self.state
+        with state.condition:
+            if state.request is not None:
+                request, state.request = state.request, None
+                return request
+            if state.client is grpc_server._CLOSED:  # the client half-closed without a message
+                details = f'"{self.rpc_event.call_details.method}" requires exactly one request message.'
+                grpc_server._abort(state, self.rpc_event.call, cygrpc.StatusCode.unimplemented, details.encode())
+            return None
