@@ -206,6 +206,8 @@ class UnaryReceive:
 
     ENABLED = _knows_unary_internals()
 
+    __slots__ = ("pool", "rpc_event", "state", "call", "receive")
+
     @classmethod
     def applies(cls, args: tuple) -> bool:
         """``args`` (after ``context.run``) are those of the threaded server's unary-request call."""
