@@ -1,6 +1,6 @@
 """gRPC: servekit's V2 ``ModelInfer`` and TF Serving ``Predict`` beside MLServer's and KServe's gRPC, one run.
 
-    python bench/grpc_run.py                      # everything (about 10 minutes on 2 cores)
+    python bench/grpc_run.py                      # everything (about 30 minutes on 2 cores: three rounds a cell)
     python bench/grpc_run.py --only servekit,kserve --duration 2
     python bench/grpc_run.py --before OLD_TREE   # beside an earlier tree: git archive OLD framework plugins | tar -x -C OLD_TREE
     python bench/grpc_run.py --rows 1 --only servekit,mlserver,mlserver-batch,kserve   # the issue's target cells
