@@ -373,7 +373,8 @@ def gpt_generate_curl(tmp_path, server):
     whole, _, stream = _run_curl("gpt-generate curl", server).partition("\n")
     assert json.loads(whole) == {"model_name": "gpt", "model_version": "1", "text_output": _gpt_text(server)}
     pieces = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: ")]
-    assert len(pieces) > 1 and all(p["model_name"] == "gpt" for p in pieces)
+    # a piece holds every token that was ready when the stream's thread read (one, or all 12 on a busy machine)
+    assert pieces and all(p["model_name"] == "gpt" for p in pieces)
     assert "".join(p["text_output"] for p in pieces) == _gpt_text(server)
 
 

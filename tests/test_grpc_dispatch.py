@@ -165,6 +165,9 @@ def test_a_call_past_its_deadline_frees_the_server(echo_server):
         slow(b"late", timeout=0.1)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     cancelled = slow.future(b"gone", timeout=30)
+    deadline = time.monotonic() + 10
+    while pool.prefetched < 2 and time.monotonic() < deadline:  # the server took the call in
+        time.sleep(0.01)
     cancelled.cancel()
     unary = channel.unary_unary("/test.Echo/Unary")
     assert [unary(b"%d" % i, timeout=30) for i in range(5)] == [b"%d" % i for i in range(5)]
