@@ -142,6 +142,7 @@ def test_model_py_imports_its_siblings_without_touching_sys_path(tmp_path):
     assert sys.modules["helper"].__file__ == str(folder / "helper.py")
 
 
+@pytest.mark.slow  # 5,000 lookups against a thread that loads all the while: seconds, not milliseconds
 def test_loading_model_py_never_hides_site_packages_from_another_thread(tmp_path):
     """The import system walks sys.path itself; a model.py loading beside it must not shift that list."""
     (tmp_path / "helper.py").write_text("VALUE = 1\n")
