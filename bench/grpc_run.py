@@ -159,6 +159,11 @@ def cpu_ticks(pid: int) -> int:
     return total
 
 
+def cpu_us_per(ticks: int, requests: int) -> float:
+    """Clock ticks of server CPU as microseconds per answered request."""
+    return round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, requests), 1)
+
+
 def h2load(port: int, method: str, body: Path, connections: int, streams: int, seconds: float) -> dict:
     with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
         command = [
@@ -230,7 +235,7 @@ def grpc_round(
         "p99_ms": percentile(raw["times_us"], 0.99),
         "requests": raw["done"],
         "errors": max(0, raw["done"] - answered),
-        "cpu_us_per_request": round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, answered), 1),
+        "cpu_us_per_request": cpu_us_per(ticks, answered),
         "connections_per_process": raw["split"],
     }
 
@@ -248,7 +253,7 @@ def http_round(server: Server, running: Running, model: str, load: tuple, second
         "rows": 1,
         "streams": connections,
         **{k: raw[k] for k in ("rps", "p50_ms", "p99_ms", "requests", "errors")},
-        "cpu_us_per_request": round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / max(1, raw["requests"]), 1),
+        "cpu_us_per_request": cpu_us_per(ticks, raw["requests"]),
     }
 
 

@@ -20,6 +20,7 @@ interceptor runs on every call.  Both cost more than they need to:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -175,8 +176,6 @@ class LeanPool(futures.ThreadPoolExecutor):
 
 def _knows_unary_internals() -> bool:
     """Whether this grpcio's threaded server has the internals :class:`UnaryReceive` relies on, as 1.85 has them."""
-    import inspect
-
     try:
         run = inspect.signature(grpc_server._unary_response_in_pool).parameters
         receive = inspect.signature(grpc_server._receive_message).parameters
