@@ -10,7 +10,8 @@ loads, so the plugin costs nothing to a server without one.
 ``servekit.yaml`` settings: ``device`` (auto, cpu, cuda, cuda:N) and
 ``options``: ``task`` (generate | embed), ``dtype`` (auto | float32 | float16 |
 bfloat16); for causal LMs ``continuous_batching`` (default true), ``max_num_seqs``,
-``max_batched_tokens``, ``max_queued`` (:mod:`.causal`) and, without continuous batching,
+``max_batched_tokens``, ``max_queued``, ``prefix_caching``, ``prefix_cache_mb`` (:mod:`.causal`,
+:mod:`.prefix_cache`) and, without continuous batching,
 ``max_concurrent_generations``; for encoders ``normalize``,
 ``truncate``, ``batch_size``.
 """

@@ -7,7 +7,9 @@ sixteen streams cost about what one does.  ``options``: ``max_num_seqs``
 (sequences in the batch, default 64), ``max_batched_tokens`` (tokens one step
 may process: prefills plus one per running sequence, default 4096) and
 ``max_queued`` (requests that may wait beyond the batch; default no limit,
-beyond it 429).  ``continuous_batching: false`` runs each request's own
+beyond it 429), ``prefix_caching`` (default true: prompts that start the same
+way compute that start once, :mod:`.prefix_cache`) and ``prefix_cache_mb``
+(its budget, default 256).  ``continuous_batching: false`` runs each request's own
 ``model.generate`` instead, one per request thread, capped by
 ``max_concurrent_generations``.
 
@@ -44,6 +46,7 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
+from . import prefix_cache
 from .options import positive_option
 from .scheduler import Scheduler, Score, Sequence, check_cache
 
@@ -77,19 +80,20 @@ class CausalLM:
         self.scheduler = self._scheduler(options, limit, name, version)
 
     def _scheduler(self, options: dict[str, Any], limit: int | None, name: str, version: int) -> Scheduler | None:
-        continuous = options.get("continuous_batching", True)
-        if not isinstance(continuous, bool):
-            raise ValueError(f"options.continuous_batching must be true or false, found {continuous!r}")
+        continuous = _flag(options, "continuous_batching")
+        prefix_caching = _flag(options, "prefix_caching")
         max_num_seqs = positive_option(options, "max_num_seqs") or limit or DEFAULT_MAX_NUM_SEQS
         max_batched_tokens = positive_option(options, "max_batched_tokens") or DEFAULT_MAX_BATCHED_TOKENS
         max_queued = positive_option(options, "max_queued", zero=True)
+        cache_mb = positive_option(options, "prefix_cache_mb") or prefix_cache.DEFAULT_MB
         if not continuous:
             return None
         check_cache(self.model, self.device)
         from servekit.observability.generation_metrics import generation_gauges
 
         gauges = generation_gauges(name, str(version))
-        return Scheduler(self.model, self.device, max_num_seqs, max_batched_tokens, max_queued, gauges)
+        kept = prefix_cache.PrefixCache(cache_mb << 20) if prefix_caching else None
+        return Scheduler(self.model, self.device, max_num_seqs, max_batched_tokens, max_queued, gauges, kept)
 
     def close(self) -> None:
         """Stop the scheduler (the model is unloaded)."""
@@ -629,6 +633,14 @@ def _byte_level_alphabet() -> dict[str, int]:
         for n, byte in enumerate(extra):
             _ALPHABET[chr(256 + n)] = byte
     return _ALPHABET
+
+
+def _flag(options: dict[str, Any], key: str) -> bool:
+    """``options[key]`` as a boolean, true when unset."""
+    value = options.get(key, True)
+    if not isinstance(value, bool):
+        raise ValueError(f"options.{key} must be true or false, found {value!r}")
+    return value
 
 
 def _context_length(config: Any) -> int | None:

@@ -10,8 +10,11 @@ repeats one step:
    the same length are prefilled together, in one forward pass without padding
    (sixteen users arriving at once cost one prefill, not sixteen in a row, so
    the last one's first token does not wait behind the others'); a prompt of a
-   length of its own is prefilled alone.  The rows' keys and values are then
-   added to the batch's cache, left-padded to the batch's length;
+   length of its own is prefilled alone.  A prompt whose first blocks an
+   earlier prompt computed starts from their keys and values
+   (:mod:`.prefix_cache`), and the pass computes only the rest (prompts that
+   share a pass start from as many cached tokens).  The rows' keys and values
+   are then added to the batch's cache, left-padded to the batch's length;
 3. one forward pass decodes the next token of every sequence that was already
    running: the padding is masked out of attention and each row gets its own
    position ids, so a row computes what it would compute alone;
@@ -38,6 +41,8 @@ from typing import Any
 
 import torch
 from servekit.errors import ModelFailure, NotReady, TooManyRequests
+
+from .prefix_cache import PrefixCache, block_names
 
 log = logging.getLogger("servekit.huggingface")
 
@@ -69,6 +74,8 @@ class Sequence:
     logprobs: int | None = None
     #: one :data:`Score` per token in ``tokens`` when ``logprobs`` is set
     scores: list[Score] = field(default_factory=list)
+    #: the names of the prompt's full blocks (:func:`.prefix_cache.block_names`), once the scheduler asked
+    blocks: list[bytes] | None = None
 
     def cancel(self) -> None:
         """The client went away: the scheduler drops the sequence at its next step."""
@@ -178,6 +185,7 @@ class Scheduler:
         max_batched_tokens: int,
         max_queued: int | None,
         gauges: Any = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.model = model
         self.device = device
@@ -186,6 +194,8 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.max_queued = max_queued
         self.gauges = gauges
+        #: kept prompt blocks (``None``: every prompt is prefilled whole)
+        self.prefix_cache = prefix_cache
         self.waiting: deque[Sequence] = deque()
         self.batch = Batch()
         #: sequences admitted at the current step, being prefilled (counted as running)
@@ -265,6 +275,8 @@ class Scheduler:
                 seq.events.put(gone)
             self.waiting.clear()
         self.batch.keep([])
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
         self._gauge()
 
     def _admit(self) -> list[Sequence]:
@@ -292,9 +304,11 @@ class Scheduler:
         if len(keep) < len(batch):
             batch.keep(keep)
         decoding = len(batch) > 0  # a batch that starts now decodes from the next step
-        for group in _same_length([s for s in joining if not s.cancelled]):
+        # every group's cached start is gathered before any prefill keeps blocks (which may drop others)
+        groups = [(group, self._cached_start(group, cached)) for group, cached in self._groups(joining)]
+        for group, start in groups:
             try:  # a prefill failing fails the requests in it only
-                cache, logits = self._prefill(group)
+                cache, logits = self._prefill(group, start)
             except Exception as exc:
                 for seq in group:
                     seq.events.put(_failure(exc))
@@ -339,14 +353,49 @@ class Scheduler:
                 staying.append(i)
         return staying
 
-    def _prefill(self, group: list[Sequence]) -> tuple[Any, torch.Tensor]:
-        """One forward pass over prompts of one length: their cache and first-token logits, a row each."""
+    def _groups(self, joining: list[Sequence]) -> list[tuple[list[Sequence], int]]:
+        """The joining sequences by prompt length and cached tokens (in order of each group's first)."""
+        groups: dict[tuple[int, int], list[Sequence]] = {}
+        for seq in joining:
+            if seq.cancelled:
+                continue
+            cached = 0
+            if self.prefix_cache is not None:
+                if seq.blocks is None:
+                    seq.blocks = block_names(seq.prompt_ids)
+                cached = self.prefix_cache.cached(seq.prompt_ids, seq.blocks)
+                if self.gauges is not None:
+                    self.gauges.prefix_queried.inc(len(seq.prompt_ids))
+                    self.gauges.prefix_hit.inc(cached)
+            groups.setdefault((len(seq.prompt_ids), cached), []).append(seq)
+        return [(group, cached) for (_, cached), group in groups.items()]
+
+    def _cached_start(self, group: list[Sequence], cached: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The group's first ``cached`` tokens' keys and values, every layer (none when nothing is cached)."""
+        if not cached or self.prefix_cache is None:
+            return []
+        return self.prefix_cache.start([seq.blocks or [] for seq in group], cached)
+
+    def _prefill(
+        self, group: list[Sequence], start: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[Any, torch.Tensor]:
+        """One forward pass over prompts of one length: their cache and first-token logits, a row each.
+
+        ``start``: every layer's keys and values of the prompts' cached first
+        tokens, or none; the pass computes the tokens after them.
+        """
         from .kv_cache import roomy_cache
 
         ids = torch.tensor([seq.prompt_ids for seq in group], device=self.device)
         cache = roomy_cache()
-        logits = self.forward(ids, torch.ones_like(ids), cache)
+        for layer, (keys, values) in enumerate(start):
+            cache.update(keys, values, layer)
+        cached = start[0][0].shape[-2] if start else 0
+        logits = self.forward(ids[:, cached:], torch.ones_like(ids), cache)
         self.prefills += 1
+        if self.prefix_cache is not None:
+            for row, seq in enumerate(group):
+                self.prefix_cache.keep(seq.blocks or [], cache, row)
         return cache, logits[:, -1, :]
 
     def _gauge(self) -> None:
@@ -428,14 +477,6 @@ def check_cache(model: Any, device: str) -> None:
             f"{type(model).__name__} keeps a cache continuous batching cannot share "
             f"({type(cache).__name__}); set options.continuous_batching: false"
         )
-
-
-def _same_length(seqs: list[Sequence]) -> list[list[Sequence]]:
-    """Sequences grouped by prompt length, in order of arrival of each group's first."""
-    groups: dict[int, list[Sequence]] = {}
-    for seq in seqs:
-        groups.setdefault(len(seq.prompt_ids), []).append(seq)
-    return list(groups.values())
 
 
 def _failure(exc: Exception) -> ModelFailure:
