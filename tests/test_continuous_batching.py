@@ -13,29 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from generative_models import build_tiny_gpt2, build_tiny_llama
+from generative_models import build_tiny_gpt2, load_causal
 from servekit.errors import NotReady, TooManyRequests
 from servekit.generation import GenerationRequest
-from servekit.types import ModelConfig
 
 torch = pytest.importorskip("torch")
-from servekit_huggingface import loader
 
 PROMPTS = ["hello world", "the quick brown fox jumps over", "hi", "servekit serves models over many protocols", "a b"]
-
-
-@pytest.fixture(scope="module")
-def gpt_dir(tmp_path_factory) -> Path:
-    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt", n_positions=128)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "llama", max_position_embeddings=128)
-
-
-def load(folder: Path, name: str = "model", **options):
-    return loader.load_folder(folder, ModelConfig(options=options), name, 1)
 
 
 def tokens(model, prompt: str, **kw) -> list[int]:
@@ -68,7 +52,7 @@ def loaded(request):
 
     def get(kind: str):
         if kind not in models:
-            models[kind] = load(request.getfixturevalue(kind))
+            models[kind] = load_causal(request.getfixturevalue(kind))
         return models[kind]
 
     yield get
@@ -77,7 +61,7 @@ def loaded(request):
 
 
 @pytest.mark.parametrize("settings", SETTINGS)
-@pytest.mark.parametrize("kind", ["gpt_dir", "llama_dir"])
+@pytest.mark.parametrize("kind", ["tiny_gpt2", "tiny_llama"])
 def test_the_same_tokens_alone_and_batched(kind, settings, loaded):
     model = loaded(kind)
     kw = {"max_tokens": 24, **settings, "options": {"ignore_eos": True, **settings.get("options", {})}}
@@ -96,7 +80,7 @@ def test_the_same_tokens_alone_and_batched(kind, settings, loaded):
     assert batched == [alone[i % len(PROMPTS)] for i in range(15)]
 
 
-@pytest.mark.parametrize("kind", ["gpt_dir", "llama_dir"])
+@pytest.mark.parametrize("kind", ["tiny_gpt2", "tiny_llama"])
 def test_prompts_of_one_length_arriving_together_share_one_prefill(kind, loaded):
     model = loaded(kind)
     kw = {"max_tokens": 12, "options": {"ignore_eos": True}}
@@ -122,8 +106,8 @@ def test_prompts_of_one_length_arriving_together_share_one_prefill(kind, loaded)
     assert [seq.tokens for seq in sequences] == alone
 
 
-def test_the_same_tokens_as_generate(llama_dir):
-    batched, generating = load(llama_dir), load(llama_dir, continuous_batching=False)
+def test_the_same_tokens_as_generate(tiny_llama):
+    batched, generating = load_causal(tiny_llama), load_causal(tiny_llama, continuous_batching=False)
     for prompt in PROMPTS:
         for kw in ({"temperature": 0}, {"temperature": 1.0, "seed": 5}):
             one = batched.complete(GenerationRequest(prompt=prompt, max_tokens=16, **kw))
@@ -136,8 +120,8 @@ def test_the_same_tokens_as_generate(llama_dir):
     batched.close()
 
 
-def test_max_num_seqs_bounds_the_batch_and_everyone_is_served(gpt_dir):
-    model = load(gpt_dir, max_num_seqs=3)
+def test_max_num_seqs_bounds_the_batch_and_everyone_is_served(tiny_gpt2):
+    model = load_causal(tiny_gpt2, max_num_seqs=3)
     with ThreadPoolExecutor(8) as pool:
         texts = list(
             pool.map(
@@ -154,8 +138,8 @@ def test_max_num_seqs_bounds_the_batch_and_everyone_is_served(gpt_dir):
     model.close()
 
 
-def test_max_batched_tokens_spreads_prefills_over_steps(gpt_dir):
-    model = load(gpt_dir, max_batched_tokens=8)
+def test_max_batched_tokens_spreads_prefills_over_steps(tiny_gpt2):
+    model = load_causal(tiny_gpt2, max_batched_tokens=8)
     long_prompt = "the quick brown fox jumps over the lazy dog"
     assert len(model.tokenizer(long_prompt)["input_ids"]) > 8
     alone = tokens(model, long_prompt, max_tokens=6, temperature=0)  # over the budget: prefilled on its own step
@@ -182,7 +166,7 @@ def open_stream(model, max_tokens: int = 100, **kw):
 def test_cancelling_a_stream_frees_its_slot_at_the_next_step(long_gpt_dir):
     from prometheus_client import REGISTRY
 
-    model = load(long_gpt_dir, name="cancel-me", max_num_seqs=1)
+    model = load_causal(long_gpt_dir, name="cancel-me", max_num_seqs=1)
     labels = {"model": "cancel-me", "version": "1"}
     stream, first = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
     assert first.text or first.completion_tokens
@@ -209,7 +193,7 @@ def test_cancelling_a_stream_frees_its_slot_at_the_next_step(long_gpt_dir):
 def test_tokens_ready_together_go_out_as_one_chunk_that_joins_the_same(long_gpt_dir):
     """A stream whose reader falls behind gets every ready token in one chunk (none held back
     while reading keeps up), and the chunks join to the whole answer's text."""
-    model = load(long_gpt_dir)
+    model = load_causal(long_gpt_dir)
     ask = {"prompt": "hello", "max_tokens": 60, "temperature": 1.0, "seed": 4, "options": {"ignore_eos": True}}
     whole = model.complete(GenerationRequest(**ask))
     stream = model.complete(GenerationRequest(**ask, stream=True))
@@ -224,7 +208,7 @@ def test_tokens_ready_together_go_out_as_one_chunk_that_joins_the_same(long_gpt_
 
 
 def test_a_full_queue_refuses_with_429(long_gpt_dir):
-    model = load(long_gpt_dir, max_num_seqs=1, max_queued=1)
+    model = load_causal(long_gpt_dir, max_num_seqs=1, max_queued=1)
     stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(model.complete, GenerationRequest(prompt="hi", max_tokens=3, temperature=0))
@@ -236,8 +220,8 @@ def test_a_full_queue_refuses_with_429(long_gpt_dir):
     model.close()
 
 
-def test_a_stop_sequence_ends_the_sequence_in_the_batch(gpt_dir):
-    model = load(gpt_dir)
+def test_a_stop_sequence_ends_the_sequence_in_the_batch(tiny_gpt2):
+    model = load_causal(tiny_gpt2)
     full = model.complete(GenerationRequest(prompt="hello", max_tokens=30, temperature=0, options={"ignore_eos": True}))
     stop = full.text[4:7]
     cut = model.complete(
@@ -249,7 +233,7 @@ def test_a_stop_sequence_ends_the_sequence_in_the_batch(gpt_dir):
 
 
 def test_unloading_ends_running_and_waiting_requests_with_a_clear_error(long_gpt_dir):
-    model = load(long_gpt_dir, max_num_seqs=1)
+    model = load_causal(long_gpt_dir, max_num_seqs=1)
     stream, _ = open_stream(model, max_tokens=4000, options={"ignore_eos": True})
     errors: list[BaseException] = []
 
@@ -281,13 +265,13 @@ def test_unloading_ends_running_and_waiting_requests_with_a_clear_error(long_gpt
         ({"max_queued": -1}, "max_queued must be a non-negative integer"),
     ],
 )
-def test_bad_scheduler_options_are_refused_at_load(gpt_dir, options, message):
+def test_bad_scheduler_options_are_refused_at_load(tiny_gpt2, options, message):
     with pytest.raises(ValueError, match=message):
-        load(gpt_dir, **options)
+        load_causal(tiny_gpt2, **options)
 
 
-def test_an_empty_prompt_starts_from_the_start_of_text_token(gpt_dir):
-    model = load(gpt_dir)
+def test_an_empty_prompt_starts_from_the_start_of_text_token(tiny_gpt2):
+    model = load_causal(tiny_gpt2)
     result = model.complete(GenerationRequest(prompt="", max_tokens=5, temperature=0, options={"ignore_eos": True}))
     assert (result.prompt_tokens, result.completion_tokens) == (1, 5)
     model.close()

@@ -175,3 +175,20 @@ def test_bad_ignore_eos_is_a_400(server):
         server.url + "/v1/completions", json={"model": "gpt", "prompt": "hi", "ignore_eos": "yes"}, timeout=30
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos"
+
+
+def test_the_model_host_counts_its_prefix_cache_on_metrics(server):
+    """A prompt sent twice: the host's cache holds its full blocks the second time, and ``/metrics``
+    (read by a worker from the host's series) counts both lookups and the second one's hit."""
+    prompt = "servekit serves models over many protocols; streams end with metadata. " * 4
+    body = {"model": "gpt", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    queries = gauge(server, "servekit_prefix_cache_queries_total")
+    hits = gauge(server, "servekit_prefix_cache_hits_total")
+    answers = [requests.post(server.url + "/v1/completions", json=body, timeout=60) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    length = answers[0].json()["usage"]["prompt_tokens"]
+    assert length > 32  # more than two blocks of 16
+    assert gauge(server, "servekit_prefix_cache_queries_total") - queries == 2 * length
+    # the first may find blocks of the module's earlier prompts; the second finds all of its own but the last token's
+    assert gauge(server, "servekit_prefix_cache_hits_total") - hits >= (length - 1) // 16 * 16
+    assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import random
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-from generative_models import build_tiny_gpt2, build_tiny_llama
+from generative_models import load_causal
 from servekit.generation import GenerationRequest
-from servekit.types import ModelConfig
 
 torch = pytest.importorskip("torch")
-from servekit_huggingface import loader
 from servekit_huggingface.kv_cache import roomy_cache
 from servekit_huggingface.prefix_cache import BLOCK, PrefixCache, block_names
 from servekit_huggingface.scheduler import forward_of
@@ -25,20 +22,6 @@ from servekit_huggingface.scheduler import forward_of
 #: a long shared start, as a system prompt is, then each user's own question
 SYSTEM = "you are a helpful assistant who answers in short sentences. "
 QUESTIONS = ["what is the weather like?", "hello there", "tell me a story about a fox", "why?"]
-
-
-@pytest.fixture(scope="module")
-def gpt_dir(tmp_path_factory) -> Path:
-    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt", n_positions=256)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "llama", max_position_embeddings=256)
-
-
-def load(folder: Path, name: str = "model", **options):
-    return loader.load_folder(folder, ModelConfig(options=options), name, 1)
 
 
 def tokens(model, prompt: str, **kw) -> list[int]:
@@ -57,14 +40,14 @@ def test_block_names_stand_for_the_whole_prefix():
     assert block_names(c)[1] != block_names(a)[0]  # a block's name depends on what came before it
 
 
-@pytest.mark.parametrize("kind", ["gpt_dir", "llama_dir"])
+@pytest.mark.parametrize("kind", ["tiny_gpt2", "tiny_llama"])
 @pytest.mark.parametrize(
     "settings",
     [pytest.param({"temperature": 0}, id="greedy"), pytest.param({"temperature": 1.0, "seed": 7}, id="seeded")],
 )
 def test_the_same_tokens_with_and_without_the_cache(kind, settings, request):
     folder = request.getfixturevalue(kind)
-    cached, plain = load(folder, name=f"cached-{kind}"), load(folder, prefix_caching=False)
+    cached, plain = load_causal(folder, name=f"cached-{kind}"), load_causal(folder, prefix_caching=False)
     try:
         assert plain.scheduler.prefix_cache is None
         prompts = [SYSTEM + q for q in QUESTIONS]
@@ -93,8 +76,8 @@ def test_the_same_tokens_with_and_without_the_cache(kind, settings, request):
         plain.close()
 
 
-def test_a_prompt_held_whole_recomputes_its_last_token(gpt_dir):
-    model = load(gpt_dir)
+def test_a_prompt_held_whole_recomputes_its_last_token(tiny_gpt2):
+    model = load_causal(tiny_gpt2)
     try:
         ids = model.tokenizer(SYSTEM * 3)["input_ids"][: 2 * BLOCK]  # exactly two blocks
         prompt = model.tokenizer.decode(ids)
@@ -119,8 +102,8 @@ def prefilled(model, texts: list[str]) -> tuple[list[list[int]], object]:
     return ids, cache
 
 
-def test_the_budget_drops_the_least_recently_used_blocks(gpt_dir):
-    model = load(gpt_dir, prefix_caching=False)
+def test_the_budget_drops_the_least_recently_used_blocks(tiny_gpt2):
+    model = load_causal(tiny_gpt2, prefix_caching=False)
     try:
         texts = ["a" * 40, "b" * 40, "c" * 40]
         ids, cache = prefilled(model, texts)
@@ -146,8 +129,8 @@ def test_the_budget_drops_the_least_recently_used_blocks(gpt_dir):
         model.close()
 
 
-def test_a_block_over_the_whole_budget_is_not_kept(gpt_dir):
-    model = load(gpt_dir, prefix_caching=False)
+def test_a_block_over_the_whole_budget_is_not_kept(tiny_gpt2):
+    model = load_causal(tiny_gpt2, prefix_caching=False)
     try:
         ids, cache = prefilled(model, ["a" * 40])
         kept = PrefixCache(max_bytes=16)
@@ -157,10 +140,10 @@ def test_a_block_over_the_whole_budget_is_not_kept(gpt_dir):
         model.close()
 
 
-def test_the_counters_follow_the_lookups(gpt_dir):
+def test_the_counters_follow_the_lookups(tiny_gpt2):
     from prometheus_client import REGISTRY
 
-    model = load(gpt_dir, name="prefix-counted")
+    model = load_causal(tiny_gpt2, name="prefix-counted")
     labels = {"model": "prefix-counted", "version": "1"}
     try:
         prompt = SYSTEM + QUESTIONS[0]
@@ -181,6 +164,6 @@ def test_the_counters_follow_the_lookups(gpt_dir):
         ({"prefix_cache_mb": 0}, "options.prefix_cache_mb must be a positive integer"),
     ],
 )
-def test_bad_options_are_refused_at_load(gpt_dir, options, message):
+def test_bad_options_are_refused_at_load(tiny_gpt2, options, message):
     with pytest.raises(ValueError, match=message):
-        load(gpt_dir, **options)
+        load_causal(tiny_gpt2, **options)
