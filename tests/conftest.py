@@ -81,18 +81,18 @@ def predict(inputs, parameters):
 
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory) -> Path:
-    """The tiny random-weight GPT-2 folder of :mod:`generative_models` (256 positions)."""
+    """The tiny random-weight GPT-2 folder of :mod:`generative_models`."""
     from generative_models import build_tiny_gpt2
 
-    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt", n_positions=256)
+    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt")
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
-    """The tiny random-weight Llama-style folder of :mod:`generative_models` (256 positions)."""
+    """The tiny random-weight Llama-style folder of :mod:`generative_models`."""
     from generative_models import build_tiny_llama
 
-    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "llama", max_position_embeddings=256)
+    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "llama")
 
 
 @pytest.fixture(scope="session")
