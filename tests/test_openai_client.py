@@ -133,6 +133,29 @@ def test_embeddings_float_and_dimensions(client):
     assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-4)  # unit rows are renormalised
 
 
+def test_float_answers_hold_the_float32_values_at_their_shortest_digits(server):
+    """The float form carries exactly the base64 form's float32 values, each written with no more
+    digits than float32 needs (9 significant at most), not as the float64 that widens it."""
+    import base64
+    import json
+    import re
+    from urllib.request import Request, urlopen
+
+    def answer(encoding: str) -> bytes:
+        body = json.dumps({"model": "minilm", "input": "hello there", "encoding_format": encoding}).encode()
+        with urlopen(Request(server.url + "/v1/embeddings", body, {"Content-Type": "application/json"})) as reply:
+            return reply.read()
+
+    exact = np.frombuffer(base64.b64decode(json.loads(answer("base64"))["data"][0]["embedding"]), dtype="<f4")
+    text = answer("float")
+    values = json.loads(text)["data"][0]["embedding"]
+    assert np.array_equal(np.asarray(values, dtype=np.float32), exact)
+    written = text.split(b'"embedding":[', 1)[1].split(b"]", 1)[0].split(b",")
+    assert len(written) == 384
+    digits = [len(re.sub(rb"^0*", b"", re.sub(rb"[-.]|e.*$", b"", number))) for number in written]
+    assert max(digits) <= 9, written[digits.index(max(digits))]
+
+
 def test_errors_reach_the_client_as_api_errors(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="gpt", prompt="hello", max_tokens=100_000)
