@@ -522,7 +522,7 @@ def _encode(vector: np.ndarray, as_base64: bool) -> Any:
     """One embedding: base64 of its little-endian float32 bytes (as the openai client decodes them),
     else the float32 row itself, which the JSON codec writes at float32's shortest round-trip
     digits (as the V2 and TF Serving answers are written): the same values as a list of Python
-    floats would give, in about half the bytes and a seventh of the time (10 us for 384 values)."""
+    floats would give, in 40% fewer bytes and a seventh of the time (10 us for 384 values)."""
     if as_base64:
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
     return np.ascontiguousarray(vector, dtype=np.float32)
