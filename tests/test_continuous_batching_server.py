@@ -1,11 +1,12 @@
 """Continuous batching through a real ``servekit serve``: two HTTP workers feeding one
 model host (``placement: process``), the ``openai`` client and LangChain streaming
-64 chats at once, a client that disconnects mid-stream leaving the batch, and the
-gauges on ``/metrics``.
+64 chats at once, a client that disconnects mid-stream leaving the batch, two host
+replicas each running a batch, and the gauges on ``/metrics``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -28,6 +29,9 @@ def gpt_folder(tmp_path_factory):
     base = tmp_path_factory.mktemp("cb-repo")
     folder = build_tiny_gpt2(base / "gpt")
     (folder / "servekit.yaml").write_text("placement: process\noptions: {max_num_seqs: 64}\n")
+    # the same weights in two model hosts, each batch capped at four sequences
+    replicated = build_tiny_gpt2(base / "gpt-replicas")
+    (replicated / "servekit.yaml").write_text("placement: process\nreplicas: 2\noptions: {max_num_seqs: 4}\n")
     return folder
 
 
@@ -40,9 +44,9 @@ def server(gpt_folder):
         yield srv
 
 
-def gauge(server, name: str) -> float:
+def gauge(server, name: str, model: str = "gpt") -> float:
     text = requests.get(server.url + "/metrics", timeout=10).text
-    values = [float(v) for v in re.findall(rf'^{name}\{{[^}}]*model="gpt"[^}}]*\}} (\S+)$', text, re.M)]
+    values = [float(v) for v in re.findall(rf'^{name}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$', text, re.M)]
     return sum(values)
 
 
@@ -53,13 +57,13 @@ class GaugeWatcher:
     whose threads are all streaming waits there, and the others go on.
     """
 
-    def __init__(self, server, pollers: int = 4):
-        self.server, self.highest, self.stopped = server, 0.0, threading.Event()
+    def __init__(self, server, pollers: int = 4, model: str = "gpt"):
+        self.server, self.model, self.highest, self.stopped = server, model, 0.0, threading.Event()
         self.threads = [threading.Thread(target=self._poll, daemon=True) for _ in range(pollers)]
 
     def _poll(self) -> None:
         while not self.stopped.is_set():
-            self.highest = max(self.highest, gauge(self.server, "servekit_generation_running"))
+            self.highest = max(self.highest, gauge(self.server, "servekit_generation_running", self.model))
             time.sleep(0.02)
 
     def __enter__(self) -> GaugeWatcher:
@@ -123,6 +127,27 @@ def test_both_workers_feed_one_batch(server):
         events = list(pool.map(stream, range(24)))
     assert all(n > 2 for n in events)
     assert watcher.highest > 16, watcher.highest
+
+
+def test_two_host_replicas_each_run_a_batch(server):
+    """``replicas: 2``: the workers spread streams over both hosts, each a batch of at most four, so
+    more than four run at once only when both batch; greedy answers match across the two."""
+    body = {"model": "gpt-replicas", "prompt": "hi", "max_tokens": 250, "temperature": 0, "stream": True}
+    body["ignore_eos"] = True
+    start = threading.Barrier(8, timeout=60)
+
+    def stream(_: int) -> str:
+        start.wait()
+        with requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=120) as response:
+            assert response.status_code == 200
+            events = [line[6:] for line in response.iter_lines() if line.startswith(b"data: {")]
+        return "".join(json.loads(e)["choices"][0]["text"] for e in events if json.loads(e)["choices"])
+
+    with GaugeWatcher(server, model="gpt-replicas") as watcher, ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(stream, range(8)))
+    assert len(set(texts)) == 1 and texts[0], texts
+    assert watcher.highest > 4, watcher.highest
+    assert gauge(server, "servekit_generation_queue_depth", "gpt-replicas") == 0
 
 
 def test_64_streams_through_langchain_complete(server):
