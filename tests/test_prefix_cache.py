@@ -92,6 +92,33 @@ def test_a_prompt_held_whole_recomputes_its_last_token(tiny_gpt2):
         model.close()
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_the_step_budget_charges_only_the_tokens_a_prefill_computes(tiny_gpt2, caching):
+    """``max_batched_tokens`` 24 and prompts of 40 tokens whose first 32 are kept: two of them cost 8
+    each and join one step, prefilled in one pass; with the cache off each costs 40, and the second
+    waits for a step of its own."""
+    model = load_causal(tiny_gpt2, name=f"budget-{caching}", max_batched_tokens=24, prefix_caching=caching)
+    try:
+        ids = model.tokenizer(SYSTEM * 4)["input_ids"][: 2 * BLOCK + 8]
+        prompt = model.tokenizer.decode(ids)
+        assert model.tokenizer(prompt)["input_ids"] == ids
+        kw = {"temperature": 0, "options": {"ignore_eos": True}}
+        alone = tokens(model, prompt, **kw)  # fills the cache (when on)
+        scheduler = model.scheduler
+        pair = [model._sequence(GenerationRequest(prompt=prompt, max_tokens=16, **kw))[0] for _ in range(2)]
+        before = scheduler.prefills
+        with scheduler.lock:  # both wait before the scheduler's next admission
+            for seq in pair:
+                scheduler.submit(seq)
+        for seq in pair:
+            for _ in seq.tokens_as_produced(scheduler.alive):
+                pass
+        assert [seq.tokens for seq in pair] == [alone, alone]
+        assert scheduler.prefills - before == (1 if caching else 2)
+    finally:
+        model.close()
+
+
 def prefilled(model, texts: list[str]) -> tuple[list[list[int]], object]:
     """One prefill of prompts of one length (what the scheduler's pass leaves): their ids and cache."""
     ids = [model.tokenizer(t)["input_ids"] for t in texts]

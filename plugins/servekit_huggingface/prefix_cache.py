@@ -61,15 +61,21 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def cached(self, ids: list[int], names: list[bytes]) -> int:
-        """How many of the prompt's first tokens kept blocks hold, leaving at least the last one to compute."""
+    def held(self, ids: list[int], names: list[bytes]) -> int:
+        """How many of the prompt's first tokens kept blocks hold, leaving at least the last one to compute
+        (a look only: nothing is counted or moved)."""
         found = 0
         for name in names:
             if name not in self.blocks:
                 break
-            self.blocks.move_to_end(name)
             found += BLOCK
-        found = min(found, len(ids) - 1)
+        return min(found, len(ids) - 1)
+
+    def cached(self, ids: list[int], names: list[bytes]) -> int:
+        """:meth:`held`, counted as a lookup, its blocks the most recently used."""
+        found = self.held(ids, names)
+        for name in names[: -(-found // BLOCK)]:  # a block the last token cut short is used too
+            self.blocks.move_to_end(name)
         self.queried += len(ids)
         self.hit += found
         return found

@@ -6,7 +6,8 @@ repeats one step:
 1. sequences whose client went away (or that were cancelled) leave the batch;
 2. waiting requests join while the batch has room (``max_num_seqs``) and the
    step's token budget allows (``max_batched_tokens``: each running sequence
-   costs one token, each joining one its prompt's length).  Joining prompts of
+   costs one token, each joining one the prompt tokens its prefill computes, those
+   the prefix cache does not hold).  Joining prompts of
    the same length are prefilled together, in one forward pass without padding
    (sixteen users arriving at once cost one prefill, not sixteen in a row, so
    the last one's first token does not wait behind the others'); a prompt of a
@@ -286,12 +287,21 @@ class Scheduler:
         budget = self.max_batched_tokens - len(self.batch)
         joining: list[Sequence] = []
         while self.waiting and len(self.batch) + len(joining) < self.max_num_seqs:
-            cost = len(self.waiting[0].prompt_ids)
+            cost = self._computed(self.waiting[0])
             if joining and cost > budget:
                 break  # waits for the next step; a prompt over the whole budget still runs, on a step of its own
             joining.append(self.waiting.popleft())
             budget -= cost
         return joining
+
+    def _computed(self, seq: Sequence) -> int:
+        """The prompt tokens a joining sequence's prefill computes: those the prefix cache does not hold
+        (vLLM's scheduler charges a step's budget the same way)."""
+        if self.prefix_cache is None:
+            return len(seq.prompt_ids)
+        if seq.blocks is None:
+            seq.blocks = block_names(seq.prompt_ids)
+        return len(seq.prompt_ids) - self.prefix_cache.held(seq.prompt_ids, seq.blocks)
 
     def _step(self, joining: list[Sequence]) -> None:
         """Prefill the joining prompts, then decode every row, the joined ones included.
