@@ -63,10 +63,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servekit.tally import FLUSH_SECONDS
+from servekit.observability.tally import FLUSH_SECONDS
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # the suite's tiny model builder
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))  # the suite's tiny model builder
 
 MODELS = {
     "generate": "options: {continuous_batching: false}\n",
@@ -515,7 +515,7 @@ def embed_summary(rows: list[dict]) -> dict:
 
 def in_process(base: Path, levels: list[int], generate_levels: list[int], tokens: int) -> list[dict]:
     """The same model without HTTP: N threads calling ``complete`` (what the model side alone can do)."""
-    from servekit.generation import GenerationRequest
+    from servekit.dataplane.generation import GenerationRequest
     from servekit.types import ModelConfig
     from servekit_huggingface import loader
 

@@ -68,10 +68,10 @@ import numpy as np
 import run
 from run import RESULTS, VENVS, WORK, Running, Server
 from servekit.codecs import tensor_proto
-from servekit.cpus import available_cpus
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as v2_pb
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2_grpc as v2_grpc
 from servekit.protocols.grpc.protos.tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from servekit.server.cpus import available_cpus
 
 HERE = Path(__file__).resolve().parent
 STREAMS = ((8, 1), (8, 8))  # (connections, streams per connection): 8 and 64 streams

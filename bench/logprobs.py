@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 sys.path.insert(0, str(HERE))
 
 VARIANTS = {"off": (None, None), "all-5": (5, 5), "all-20": (20, 20), "half-5": (5, None)}
@@ -36,7 +36,7 @@ VARIANTS = {"off": (None, None), "all-5": (5, 5), "all-20": (20, 20), "half-5": 
 
 def model_side(levels: list[int], tokens: int, rounds: int) -> list[dict]:
     from generative import build_gpt2
-    from servekit.generation import GenerationRequest
+    from servekit.dataplane.generation import GenerationRequest
     from servekit.types import ModelConfig
     from servekit_huggingface import loader
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 BODY = json.dumps(
     {
@@ -142,7 +142,7 @@ def main() -> None:
         "--no-timeouts", action="store_true", help="pass no timeout flags (to measure a servekit without them)"
     )
     args = parser.parse_args()
-    from conftest import fit_iris
+    from sklearn_models import fit_iris
 
     repo = Path(tempfile.mkdtemp(prefix="servekit-slow-clients-"))
     fit_iris(repo / "iris")

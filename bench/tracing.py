@@ -79,7 +79,7 @@ _CPU_PROBE = """
 import json, sys, time
 from pathlib import Path
 from servekit.server.app import create_app
-from servekit.settings import Settings
+from servekit.server.settings import Settings
 try:
     from servekit.observability import tracing
 except ImportError:  # a baseline from before traces

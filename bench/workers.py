@@ -21,7 +21,7 @@ import run as bench
 
 LAUNCH = """
 import sys
-from servekit import settings as settings_mod
+from servekit.server import settings as settings_mod
 from servekit.server.gunicorn_app import ServekitApplication
 import argparse
 parser = argparse.ArgumentParser()

@@ -5,13 +5,13 @@
 # tensorflow-cpu, so it goes in without its dependencies.
 python -c "import tensorflow_serving" 2>/dev/null || python -m pip install --quiet --no-deps "tensorflow-serving-api>=2.15"
 # KServe's own client pins protobuf < 7 and much else, so it lives in a virtualenv of its own;
-# tests/test_kserve_client.py drives servekit with it.
+# tests/e2e/test_kserve_client.py drives servekit with it.
 if [ ! -x .venv-kserve/bin/python ]; then
     (python -m venv .venv-kserve && .venv-kserve/bin/python -m pip install --quiet "kserve==0.21.0") \
         || echo "could not install KServe's client; its test will skip"
 fi
 # `mlflow server` needs the full mlflow (the test extra has mlflow-skinny, the client only), so
-# the server lives in a virtualenv of its own, at the client's version; tests/test_mlflow_registry.py
+# the server lives in a virtualenv of its own, at the client's version; plugins/servekit_mlflow/tests/test_mlflow_registry.py
 # starts it with a SQLite backend.
 if [ ! -x .venv-mlflow/bin/mlflow ]; then
     mlflow_version="$(python -c 'from importlib.metadata import version; print(version("mlflow-skinny"))' 2>/dev/null)"
@@ -22,7 +22,7 @@ if [ ! -x .venv-mlflow/bin/mlflow ]; then
             || { [ -n "$mlflow_version" ] && .venv-mlflow/bin/python -m pip install --quiet "mlflow<=$mlflow_version"; }; }) \
         || echo "could not install mlflow's server; the registry test will skip"
 fi
-# servekit's gRPC stubs read with protobuf 5.26.1 and up: tests/test_grpc_startup.py runs them on the
+# servekit's gRPC stubs read with protobuf 5.26.1 and up: tests/server/test_grpc_startup.py runs them on the
 # grpc extra's floor and on the 6.x a Triton client moves protobuf to, from these folders
 for pb in 5.26.1 6.33.5; do
     [ -d ".cache/protobuf-$pb/google/protobuf" ] \
@@ -43,7 +43,7 @@ for tool in prometheus:/usr/bin/promtool haproxy:/usr/sbin/haproxy postgresql:/u
             || echo "could not install ${tool%%:*}; the tests that need it will skip"
     fi
 done
-# The real-image test (tests/test_docker_image.py) runs a Docker daemon of its own and builds a
+# The real-image test (tests/scaffold/test_docker_image.py) runs a Docker daemon of its own and builds a
 # Debian base image with debootstrap; as root on Debian, install both when missing (without
 # them that test skips with the reason).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

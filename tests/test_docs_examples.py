@@ -28,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DATA, TF_DATA, fit_iris, fit_regressor
 from framework_models import xgboost_booster
 from generative_models import build_tiny_gpt2
+from repo_paths import DATA, TF_DATA
 from servekit.testing import ServerProcess
+from sklearn_models import fit_iris, fit_regressor
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MARKED = re.compile(r"<!-- (example|fragment): ?([^>]*?) -->\n```(\w+)\n(.*?)```", re.S)

@@ -12,23 +12,29 @@ submodules' importers: re-exporting its children is what an ``__init__`` is for.
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from lanes import wholly_slow
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = [
     REPO / "framework" / "servekit",
     *sorted(p for p in (REPO / "plugins").iterdir() if (p / "__init__.py").exists()),
 ]
-SKIP = {"scaffold_templates"}  # Jinja templates, not modules
+#: Not modules of the package: the Jinja templates, and a plugin's tests beside it.
+SKIP = ("scaffold/templates/", "tests/")
 
 
 def module_files(package: Path) -> dict[str, Path]:
     """Dotted module name → file, for every module under ``package``."""
     found = {}
     for path in package.rglob("*.py"):
-        if SKIP & set(path.relative_to(package).parts):
+        if path.relative_to(package).as_posix().startswith(SKIP):
             continue
         parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
@@ -179,11 +185,12 @@ PROTOCOL_HELPERS = {
     "servekit.protocols.grpc.common",
     "servekit.protocols.grpc.predict_stream",
     "servekit.protocols.grpc.generate_stream",
+    "servekit.protocols.model_control",
+    "servekit.protocols.warmup",
 }
 #: What assembles the gRPC server from its services (as server/app.py does for HTTP).
 GRPC_ASSEMBLY = {
     "servekit.protocols.grpc",
-    "servekit.protocols.grpc.server",
     "servekit.protocols.grpc.dispatch",
     "servekit.protocols.grpc.generate",
 }
@@ -226,7 +233,7 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_no_import_cycle_between_folders():
     """hosts/, control/, protocols/, server/, ...: each folder sits above or below another, never both."""
     graph = folder_graph(import_graph(PACKAGES))
-    assert "servekit.hosts" in graph and "servekit.repository" in graph
+    assert "servekit.hosts" in graph and "servekit.dataplane" in graph
     found = cycles(graph)
     assert not found, "import cycles between folders:\n" + "\n\n".join(describe(graph, c) for c in found)
 
@@ -260,3 +267,130 @@ def test_protocols_pages_and_observability_reach_models_through_the_planes():
                 if isinstance(node, ast.Attribute) and node.attr == "repository":
                     reaching.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not reaching, f"reaching into the repository: {reaching}"
+
+
+#: The modules a plugin may import servekit through: the public face, the errors, the types.
+PLUGIN_API = {"servekit", "servekit.errors", "servekit.types"}
+
+
+def test_plugins_import_only_the_public_plugin_api():
+    """First-party plugins use what a third-party plugin can: ``servekit``, ``servekit.errors``, ``servekit.types``."""
+    graph = import_graph(PACKAGES)
+    reaching = {
+        module: sorted(
+            e for e in edges if e.startswith("servekit") and e.split(".")[0] == "servekit" and e not in PLUGIN_API
+        )
+        for module, edges in graph.items()
+        if module.startswith("servekit_")
+    }
+    reaching = {m: e for m, e in reaching.items() if e}
+    assert not reaching, (
+        f"plugins importing servekit's internals (add what they need to servekit.PLUGIN_API): {reaching}"
+    )
+
+
+def test_every_name_of_the_plugin_api_imports():
+    import servekit
+
+    for name, module in servekit.PLUGIN_API.items():
+        assert getattr(servekit, name) is getattr(importlib.import_module(module), name)
+        assert name in servekit.__all__
+
+
+def test_the_package_root_holds_only_the_kernel():
+    """At most eight modules beside the layers' folders, and no prefix family standing in for a folder."""
+    root = REPO / "framework" / "servekit"
+    modules = sorted(p.stem for p in root.glob("*.py"))
+    assert len(modules) <= 8, modules
+    prefixes = Counter(name.split("_")[0] for name in modules if "_" in name.strip("_"))
+    assert not [p for p, n in prefixes.items() if n > 1], f"prefix families at the root: {prefixes}"
+
+
+def test_nothing_inside_servekit_imports_its_public_face():
+    """``servekit/__init__.py`` re-exports from every layer, so a layer that imported it would close a cycle."""
+    graph = import_graph(PACKAGES)
+    importers = sorted(m for m, edges in graph.items() if "servekit" in edges and m.startswith("servekit."))
+    assert not importers, importers
+
+
+def test_old_module_paths_still_import_and_warn():
+    import servekit
+    from servekit.folders import artifacts
+
+    for new in servekit.MOVED.values():
+        assert importlib.util.find_spec(new) is not None, new
+    sys.modules.pop("servekit.model_files", None)
+    with pytest.warns(DeprecationWarning, match="servekit.model_files moved to servekit.folders.artifacts"):
+        old = importlib.import_module("servekit.model_files")
+    assert old is artifacts
+
+
+#: What the quick lane must not import at collection: each costs seconds, and the quick lane
+#: runs where they are not installed.
+HEAVY = {"torch", "tensorflow", "transformers", "tensorflow_serving", "keras"}
+TEST_ROOTS = [REPO / "tests", *sorted((REPO / "plugins").glob("*/tests"))]
+SUPPORT = REPO / "tests" / "support"
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """Top-level package names a module imports when it is imported (function bodies excluded)."""
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    for child in getattr(node, field, []):
+                        visit(child.body if isinstance(child, ast.ExceptHandler) else [child])
+            elif isinstance(node, (ast.Expr, ast.Assign)):
+                # pytest.importorskip("torch") at module level imports it too
+                for call in ast.walk(node):
+                    if (
+                        isinstance(call, ast.Call)
+                        and getattr(call.func, "attr", None) == "importorskip"
+                        and call.args
+                        and isinstance(call.args[0], ast.Constant)
+                    ):
+                        found.add(str(call.args[0].value).split(".")[0])
+
+    visit(ast.parse(path.read_text()).body)
+    return found
+
+
+def heavy_imports(path: Path, support: Path = SUPPORT, seen: set[Path] | None = None) -> set[str]:
+    """The heavy frameworks a module imports at module level, through the suite's helpers too."""
+    seen = seen if seen is not None else set()
+    seen.add(path)
+    names = module_level_imports(path)
+    heavy = names & HEAVY
+    for name in names:
+        helper = support / f"{name}.py"
+        if helper.exists() and helper not in seen:
+            heavy |= heavy_imports(helper, support, seen)
+    return heavy
+
+
+def test_the_quick_lane_imports_neither_torch_nor_tensorflow():
+    """A module the quick lane collects imports no heavy framework at module level (inside a test is fine);
+    a module whose tests are all slow is not collected by the quick lane (conftest.py)."""
+    offending = {}
+    for root in TEST_ROOTS:
+        for path in sorted(root.rglob("test_*.py")):
+            heavy = heavy_imports(path)
+            if heavy and not wholly_slow(path):
+                offending[str(path.relative_to(REPO))] = sorted(heavy)
+    assert not offending, offending
+
+
+def test_the_heavy_import_check_sees_helpers_and_importorskip(tmp_path):
+    (tmp_path / "test_a.py").write_text('import pytest\ntorch = pytest.importorskip("torch")\n')
+    (tmp_path / "test_b.py").write_text("from torch_helper import build\n")
+    (tmp_path / "torch_helper.py").write_text("import torch\n")
+    (tmp_path / "test_c.py").write_text("def test():\n    import torch\n")
+    assert heavy_imports(tmp_path / "test_a.py") == {"torch"}
+    assert heavy_imports(tmp_path / "test_b.py", support=tmp_path) == {"torch"}  # through a helper
+    assert heavy_imports(tmp_path / "test_c.py") == set()

@@ -24,6 +24,7 @@ def _mypy(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([mypy, *args], cwd=ROOT, capture_output=True, text=True, check=False)
 
 
+@pytest.mark.slow  # a minute of its own: out of the quick lane
 def test_mypy_finds_nothing():
     result = _mypy()
     assert result.returncode == 0, result.stdout + result.stderr

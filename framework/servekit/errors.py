@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .routes import is_openai_path
+from servekit.routes import is_openai_path
 
 
 class ServekitError(Exception):

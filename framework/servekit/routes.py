@@ -1,6 +1,6 @@
 """Every route table in one place: what stays open, what skips the queue, what speaks OpenAI.
 
-The API key (:mod:`servekit.auth`), the limits (:mod:`servekit.limits`), the
+The API key (:mod:`servekit.server.auth`), the limits (:mod:`servekit.server.limits`), the
 error renderer (:func:`servekit.errors.render`), the metric labels and the fast
 lane (:mod:`servekit.server.fastlane`) all read these, so a route added here is
 treated the same by each of them.
@@ -15,11 +15,11 @@ from collections.abc import Iterable
 #: probes (V2's, and KServe V1's liveness at ``/``) and the metrics.
 OPEN_PATHS = ("/v2/health/", "/metrics", "/")
 
-#: Paths that need the ``admin`` scope of an API key (:mod:`servekit.auth`): model
+#: Paths that need the ``admin`` scope of an API key (:mod:`servekit.server.auth`): model
 #: control (Triton's repository extension) and the request/prediction log.
 ADMIN_PATHS = ("/v2/repository/", "/v1/logs/")
 
-#: Paths that need the ``metrics`` scope (open by default, see :mod:`servekit.auth`).
+#: Paths that need the ``metrics`` scope (open by default, see :mod:`servekit.server.auth`).
 METRICS_PATHS = ("/metrics", "/monitoring/prometheus/metrics")
 
 #: Never queued or timed out by the limits: orchestrators must reach them under load.

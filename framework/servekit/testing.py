@@ -184,8 +184,8 @@ _OFF = ("0", "false", "no", "off")
 @pytest.fixture
 def servekit_app():
     """Factory: ``servekit_app(model_dir, plugin=[...])`` -> a Flask test client, models loaded."""
-    from .server.app import create_app
-    from .settings import Settings
+    from servekit.server.app import create_app
+    from servekit.server.settings import Settings
 
     apps = []
 

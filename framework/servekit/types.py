@@ -1,4 +1,6 @@
-"""Plain data types shared by the core, the protocols and plugins.
+"""Plain data types shared by the core, the protocols and plugins: tensors and metadata,
+a model's settings, where a version runs, the request log, and what the ``complete``
+hook receives and returns.
 
 This module imports nothing from servekit, so any module (``hookspecs`` included)
 can name these types without joining an import cycle.
@@ -31,7 +33,7 @@ class TensorSpec:
     ``shape`` uses ``-1`` for a dimension of any size and ``None`` for unknown rank;
     ``tensor_name`` is the underlying graph tensor (TensorFlow's ``x:0``), if any;
     ``labels`` name the classes along an output's last axis (Triton's classification
-    extension answers with them, :mod:`servekit.classification`).
+    extension answers with them, :mod:`servekit.dataplane.classification`).
     """
 
     name: str
@@ -73,7 +75,7 @@ class BatchingConfig:
 
 @dataclass
 class SequenceConfig:
-    """``sequence:`` of servekit.yaml: the model keeps a state per sequence (servekit.sequences)."""
+    """``sequence:`` of servekit.yaml: the model keeps a state per sequence (servekit.dataplane.sequences)."""
 
     max_idle_ms: float = 1000.0
 
@@ -92,16 +94,16 @@ class ModelConfig:
     placement: str | None = None
     #: host processes of a version with placement ``process``
     replicas: int = 1
-    #: calls that run at once in one process, first come first served (servekit.call_gate);
+    #: calls that run at once in one process, first come first served (servekit.dataplane.call_gate);
     #: ``0``: no bound; ``None``: the default for the model's kind
     concurrency: int | None = None
-    #: sample requests run before a version takes traffic (servekit.warmup)
+    #: sample requests run before a version takes traffic (servekit.protocols.warmup)
     warmup: list[dict[str, Any]] = field(default_factory=list)
     #: never unloaded to make room under ``--model-memory-budget``
     pin: bool = False
     #: a state per sequence of requests (Triton's sequence batching); ``None``: stateless
     sequence: SequenceConfig | None = None
-    #: a pipeline of other models (``servekit.pipeline.Pipeline``; Triton's ensembles); ``None``: a model
+    #: a pipeline of other models (``servekit.folders.pipeline.Pipeline``; Triton's ensembles); ``None``: a model
     pipeline: Any = None
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
@@ -111,7 +113,7 @@ class ModelConfig:
 
 
 class Executor(Protocol):
-    """Runs a loaded version's calls: in this process (``servekit.dataplane.LocalExecutor``) or in
+    """Runs a loaded version's calls: in this process (``servekit.dataplane.data_plane.LocalExecutor``) or in
     its model hosts (``servekit.hosts.client.HostClient``)."""
 
     def predict(self, mv: Any, inputs: Any, **kwargs: Any) -> Any: ...
@@ -198,3 +200,118 @@ def maybe_json(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+# -- generation: what the ``complete`` hook receives and returns -------------------------------
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass
+class GenerationRequest:
+    """One text to generate.
+
+    ``None`` in a sampling field means the client did not set it: the model
+    applies its own default (the Hugging Face plugin uses OpenAI's: temperature 1,
+    top_p 1).
+    """
+
+    #: the text to continue: the completion prompt, or the chat formatted by the
+    #: model's chat template (or the documented fallback when it has none)
+    prompt: str
+    #: chat messages as the client sent them (``None`` for completions)
+    messages: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    #: the model may stop early on these; the framework cuts the text at them anyway
+    stop: list[str] = field(default_factory=list)
+    #: per-choice seed (the request's seed plus the choice number), for reproducible sampling
+    seed: int | None = None
+    #: True when the client streams; a model may then return a generator
+    stream: bool = False
+    #: which prompt (for several prompts) and which of the ``n`` choices this is
+    prompt_index: int = 0
+    choice_index: int = 0
+    #: further sampling options a model may support (``top_k``, ``repetition_penalty``,
+    #: ``presence_penalty``, ``frequency_penalty``...), exactly as sent
+    options: dict[str, Any] = field(default_factory=dict)
+    #: ``None``: the client asked for no log-probabilities.  ``N`` (0 or more): the model
+    #: returns each generated token's :class:`TokenLogprob` with the ``N`` most likely
+    #: tokens of its step in ``top``.  A model that cannot must refuse (the framework
+    #: answers a 400 when a result comes back without them)
+    logprobs: int | None = None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+@dataclass
+class TokenLogprob:
+    """One token's log-probability, and (in ``top``) the most likely tokens of its step.
+
+    ``logprob`` is of the distribution the token was drawn from before any sampling
+    setting changed it (the log-softmax of the model's raw logits, as vLLM's default
+    ``raw_logprobs``).  ``bytes`` is the token's UTF-8 bytes (a token may hold part of
+    a character, so they need not decode alone); ``None`` lets the framework take
+    ``token.encode()``.  ``top`` entries have an empty ``top`` of their own.
+    """
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class GenerationResult:
+    """A whole generated text.  Token counts the model leaves out are counted by the framework."""
+
+    text: str
+    #: ``"stop"`` (end of text or a stop sequence) or ``"length"`` (``max_tokens`` reached)
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    #: the model's reasoning, answered as chat's ``reasoning_content``
+    reasoning: str | None = None
+    #: one entry per generated token, when the request asked (``request.logprobs``)
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class GenerationChunk:
+    """One piece of a streamed text; a generator may also yield plain ``str`` pieces."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    #: running totals, when the model knows them
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning: str | None = None
+    #: the log-probabilities of the tokens this piece adds (their text may come in a later piece)
+    logprobs: list[TokenLogprob] | None = None
+
+
+class Tokenizer(Protocol):
+    """What the ``tokenizer`` hook returns; a Hugging Face tokenizer fits as is."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+class TokenIds(str):
+    """An embeddings input sent as token ids: the decoded text, with the ids in ``token_ids``.
+
+    The OpenAI API (and LangChain's ``OpenAIEmbeddings``) may send token ids
+    instead of text.  The ``embed`` hook still receives strings, so a model
+    that only reads text works; a plugin that can embed ids exactly (the
+    Hugging Face encoder) reads ``token_ids`` instead of re-tokenizing.
+    """
+
+    token_ids: list[int]
+
+    def __new__(cls, text: str, token_ids: list[int]) -> TokenIds:
+        made = super().__new__(cls, text)
+        made.token_ids = list(token_ids)
+        return made

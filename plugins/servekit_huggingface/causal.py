@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from servekit.errors import BadRequest
-from servekit.generation import GenerationChunk, GenerationRequest, GenerationResult, TokenLogprob
+from servekit.types import GenerationChunk, GenerationRequest, GenerationResult, TokenLogprob
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -89,7 +89,7 @@ class CausalLM:
         if not continuous:
             return None
         check_cache(self.model, self.device)
-        from servekit.observability.generation_metrics import generation_gauges
+        from servekit import generation_gauges
 
         gauges = generation_gauges(name, str(version))
         kept = prefix_cache.PrefixCache(cache_mb << 20) if prefix_caching else None

@@ -10,7 +10,7 @@ silently cut.  Texts are embedded in forward passes of ``options.batch_size``
 (32), grouped by length so a batch pads little; with ``batching:`` on in
 ``servekit.yaml``, concurrent requests are merged first (the adaptive batcher).
 
-An input sent as token ids (:class:`servekit.generation.TokenIds`, from the
+An input sent as token ids (:class:`servekit.dataplane.generation.TokenIds`, from the
 OpenAI API's id-array form) is embedded from those ids exactly as sent, with
 no re-tokenizing and no special tokens added (as vLLM does).
 

@@ -86,8 +86,7 @@ def set_threads(options: dict[str, Any]) -> None:
     of 1).  The setting is the process's, so the last model loaded decides it.
     """
     import torch
-    from servekit.cpus import available_cpus, cpus_per_worker
-    from servekit.hosts.runtime import in_host
+    from servekit import available_cpus, cpus_per_worker, in_host
 
     from .options import positive_option
 

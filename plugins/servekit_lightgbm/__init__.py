@@ -3,7 +3,7 @@
 Also a KServe lgbserver folder (the one ``*.bst`` booster) and an MLServer
 folder (``model-settings.json`` with ``implementation:
 mlserver_lightgbm.LightGBMModel`` and ``parameters.uri``) serve unchanged; see
-:mod:`servekit.model_files`.  A file is LightGBM's when it starts with the
+:mod:`servekit.folders.artifacts`.  A file is LightGBM's when it starts with the
 ``tree`` line LightGBM's text format opens with, whatever its name: that is
 how ``model.bst`` is told apart from XGBoost's.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import servekit
-from servekit.model_files import find_artifact, is_lightgbm_text
+from servekit import find_artifact, is_lightgbm_text
 
 from .booster import LightGBMModel
 

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servekit.cpus import cpus_per_worker
+from servekit import cpus_per_worker, example_rows, feature_rows
 from servekit.errors import BadRequest
-from servekit.tabular import example_rows, feature_rows
 from servekit.types import CLASSIFY_METHOD, REGRESS_METHOD, ModelConfig, ModelMetadata, Signature, TensorSpec
 
 CLASSIFIERS = ("binary", "multiclass", "multiclassova")

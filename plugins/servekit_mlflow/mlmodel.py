@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from servekit.codecs.dtypes import numpy_to_v2
+from servekit import numpy_to_v2
 from servekit.types import TensorSpec
 
 MLMODEL = "MLmodel"

@@ -135,7 +135,7 @@ def _load_native(
 
 def _plugin_hooks(plugin: str) -> Any:
     """The hook relay of the installed servekit plugin ``plugin`` alone; ``None`` when it is not installed."""
-    from servekit.plugins import ENTRY_POINT_GROUP, new_manager
+    from servekit import ENTRY_POINT_GROUP, new_manager
 
     found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=plugin)
     for entry_point in found:

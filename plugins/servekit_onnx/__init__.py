@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import servekit
-from servekit.model_files import find_artifact
+from servekit import find_artifact
 
 from .session import OnnxModel
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servekit.cpus import cpus_per_worker
+from servekit import cpus_per_worker
 from servekit.errors import BadRequest
 from servekit.types import ModelConfig, ModelMetadata, Signature, TensorSpec
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from servekit.codecs.dtypes import numpy_to_v2
+from servekit import numpy_to_v2
 from servekit.errors import BadRequest
 from servekit.types import CLASSIFY_METHOD, ModelMetadata, Signature, TensorSpec
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from servekit.codecs.dtypes import V2_TO_NUMPY
+from servekit import V2_TO_NUMPY
 from servekit.errors import BadRequest
 
 from .metadata import tf_dtype_name, v2_datatype

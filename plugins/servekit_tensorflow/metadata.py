@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servekit.codecs.dtypes import TF_TO_V2
+from servekit import TF_TO_V2
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
 #: TensorFlow dtypes beyond the core's table, by their V2 names where V2 has one.

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from servekit.plugins import import_file
+from servekit import import_file
 from servekit.types import ModelConfig
 
 from . import signature

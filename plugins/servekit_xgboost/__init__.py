@@ -3,7 +3,7 @@
 Also a KServe xgbserver folder (the one ``*.json``/``*.ubj``/``*.bst`` booster)
 and an MLServer folder (``model-settings.json`` with ``implementation:
 mlserver_xgboost.XGBoostModel`` and ``parameters.uri``) serve unchanged; see
-:mod:`servekit.model_files`.  ``model.bst`` is XGBoost's unless its header is
+:mod:`servekit.folders.artifacts`.  ``model.bst`` is XGBoost's unless its header is
 LightGBM's text format (``tree``), which the LightGBM plugin serves.
 
 Signatures: ``serving_default`` (``Booster.predict``, what xgbserver answers),
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import servekit
-from servekit.model_files import find_artifact, header, is_lightgbm_text
+from servekit import find_artifact, header, is_lightgbm_text
 
 from .booster import XGBoostModel
 

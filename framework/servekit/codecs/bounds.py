@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import PayloadTooLarge
+from servekit.errors import PayloadTooLarge
 
 _DEFAULT_ELEMENTS = 64 * 1024 * 1024  # the default --max-request-size: one byte per element at least
 _DEFAULT_INPUTS = 1024

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadRequest
+from servekit.errors import BadRequest
 
 # (V2 name, numpy dtype, TensorFlow DataType name)
 _TABLE: list[tuple[str, np.dtype[Any], str]] = [

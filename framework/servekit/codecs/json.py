@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import BadRequest
+from servekit.errors import BadRequest
 
 _OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 

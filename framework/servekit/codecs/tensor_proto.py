@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadRequest, ModelFailure
-from . import bounds
+from servekit.codecs import bounds
+from servekit.errors import BadRequest, ModelFailure
 
 try:  # optional: bfloat16, float8 and int4 dtypes
     import ml_dtypes

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadRequest
-from . import bounds
+from servekit.codecs import bounds
+from servekit.errors import BadRequest
 
 _NUMERIC_KINDS = "biuf"
 

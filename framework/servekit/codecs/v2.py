@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadRequest, ModelFailure
-from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
-from ..shared_memory import Regions, placement_of
-from . import bounds
-from . import json as jsonc
-from .dtypes import V2_TO_NUMPY, numpy_to_v2, v2_to_numpy
+from servekit.codecs import bounds
+from servekit.codecs import json as jsonc
+from servekit.codecs.dtypes import V2_TO_NUMPY, numpy_to_v2, v2_to_numpy
+from servekit.codecs.infer_request import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from servekit.codecs.shared_memory import Regions, placement_of
+from servekit.errors import BadRequest, ModelFailure
 
 #: The header of the binary tensor data extension: the JSON part's length in bytes.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -364,7 +364,7 @@ def decode_infer_request(
     form ``{"name", "shape", "datatype", "parameters", "data"}`` as a one-input
     request.  Pass a ``bytearray`` body to let binary inputs share its memory.
     An input may name a shared-memory region instead (``regions``: the
-    registered ones, :mod:`servekit.shared_memory`).
+    registered ones, :mod:`servekit.codecs.shared_memory`).
     """
     head, binary = split_body(body, header_length)
     if not len(head):

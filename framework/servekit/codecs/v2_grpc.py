@@ -1,6 +1,6 @@
 """The V2 protocol's gRPC messages (``ModelInferRequest`` / ``ModelInferResponse``) and numpy.
 
-A ``ModelInferRequest`` decodes into the same :class:`~servekit.inference.InferRequest`
+A ``ModelInferRequest`` decodes into the same :class:`~servekit.codecs.infer_request.InferRequest`
 as an HTTP body (:func:`servekit.codecs.v2.decode_infer_request`), through the
 same checks: tensors arrive as typed ``contents`` or as ``raw_input_contents``
 (the binary layout of :mod:`.v2`); outputs go back as ``raw_output_contents``,
@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadRequest
-from ..inference import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
-from ..shared_memory import Regions, SharedTensor, placement_of, write_outputs
-from . import bounds
-from . import v2 as codec
+from servekit.codecs import bounds
+from servekit.codecs import v2 as codec
+from servekit.codecs.infer_request import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from servekit.codecs.shared_memory import Regions, SharedTensor, placement_of, write_outputs
+from servekit.errors import BadRequest
 
 #: The typed ``InferTensorContents`` field of each datatype; FP16 has none.
 CONTENTS_FIELD = {

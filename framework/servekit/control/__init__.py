@@ -1,6 +1,6 @@
 """The control plane: one model set for the whole server, beside the data plane.
 
-The data plane (:mod:`servekit.dataplane`) answers requests with what a
+The data plane (:mod:`servekit.dataplane.data_plane`) answers requests with what a
 process has loaded; the control plane decides what that is, once for the
 whole server:
 
@@ -24,10 +24,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .. import errors, long_lived
-from . import transport
-from .owner import APPLY_TIMEOUT, LocalLink, Owner
-from .plan import Planner
+from servekit import errors
+from servekit.control import long_lived, transport
+from servekit.control.owner import APPLY_TIMEOUT, LocalLink, Owner
+from servekit.control.plan import Planner
 
 __all__ = ["ControlPlane", "Owner", "Planner", "start_owner"]
 

@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import shared_memory, storage
-from ..errors import BadRequest, NotFound, NotReady, UnknownModel
-from . import triton_config, uploads
-from .plan import UNLOADED, Planner
+from servekit import storage
+from servekit.codecs import shared_memory
+from servekit.control import triton_config, uploads
+from servekit.control.plan import UNLOADED, Planner
+from servekit.errors import BadRequest, NotFound, NotReady, UnknownModel
 
 log = logging.getLogger("servekit.control")
 
@@ -35,7 +36,7 @@ log = logging.getLogger("servekit.control")
 APPLY_TIMEOUT = 600.0
 
 #: Where the models of a TF Serving config are served from, when a front door says so:
-#: ``servekit tfserving`` serves a generated folder per model (servekit.tfserving_config.Mirror);
+#: ``servekit tfserving`` serves a generated folder per model (servekit.cli.tfserving_files.ConfigFileFolders);
 #: by default each model is served from its ``base_path`` with its policy and labels laid over.
 config_folders: Any = None
 
@@ -290,7 +291,7 @@ class Owner:
             raise BadRequest(f"the new model config did not load: {failures}")
 
     def reload_config(self, models: list[dict[str, Any]]) -> None:
-        """TF Serving's config reload: ``models`` as :func:`servekit.tf_model_config.served_model` gives them."""
+        """TF Serving's config reload: ``models`` as :func:`servekit.folders.tf_serving_config.served_model` gives them."""
         if config_folders is not None:
             self.replace(config_folders(models))
         else:

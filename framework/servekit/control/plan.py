@@ -4,11 +4,11 @@ A *plan* is plain data, numbered by a generation: for every model its folder,
 its settings (``servekit.yaml`` with what an operator set over it through the
 API), whether it is to be served, and the version folders its policy wants,
 each with a fingerprint; and the shared-memory regions clients registered
-(:mod:`servekit.shared_memory`), so every worker reads the same ones.  One
+(:mod:`servekit.codecs.shared_memory`), so every worker reads the same ones.  One
 :class:`Planner` per server reads the disk and keeps the operator's changes
 (load, unload, a config override, a new model config file); the repositories
 of every worker and model host apply its plans
-(:meth:`servekit.repository.ModelRepository.apply`) without reading the
+(:meth:`servekit.dataplane.repository.ModelRepository.apply`) without reading the
 folders' policies themselves, so they all serve the same thing.
 """
 
@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import storage
-from ..config import ConfigError, parse_model_config, read_raw_config, select_versions
-from ..errors import UnknownModel
-from ..model_folders import (
+from servekit import storage
+from servekit.errors import UnknownModel
+from servekit.folders.layout import (
     fingerprint,
     folder_bytes,
     is_versioned,
@@ -31,7 +30,8 @@ from ..model_folders import (
     valid_name,
     versions_on_disk,
 )
-from ..types import BatchingConfig
+from servekit.folders.servekit_yaml import ConfigError, parse_model_config, read_raw_config, select_versions
+from servekit.types import BatchingConfig
 
 log = logging.getLogger("servekit.control")
 #: Settings that change what a load makes; a change of one reloads the versions (labels and
@@ -156,7 +156,7 @@ class Planner:
         self.batching = batching or BatchingConfig()
         self.explicit = explicit
         self.generation = 0
-        #: Triton's registered system shared-memory regions, by name (servekit.shared_memory)
+        #: Triton's registered system shared-memory regions, by name (servekit.codecs.shared_memory)
         self.shared_memory: dict[str, dict[str, Any]] = {}
         self.plan: dict[str, Any] = {"generation": 0, "models": {}, "shared_memory": {}}
 

@@ -26,8 +26,8 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 from pathlib import Path
 from typing import Any
 
-from .. import errors
-from .owner import Owner
+from servekit import errors
+from servekit.control.owner import Owner
 
 log = logging.getLogger("servekit.control")
 

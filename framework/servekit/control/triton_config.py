@@ -27,8 +27,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, parse_model_config, read_raw_config
-from ..errors import BadRequest
+from servekit.errors import BadRequest
+from servekit.folders.servekit_yaml import ConfigError, parse_model_config, read_raw_config
 
 #: Triton backends and platforms, and the servekit plugin that serves their artifacts.
 BACKENDS: dict[str, str | None] = {

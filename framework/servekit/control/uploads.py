@@ -16,7 +16,7 @@ import tempfile
 import threading
 from pathlib import Path, PurePosixPath
 
-from ..errors import BadRequest
+from servekit.errors import BadRequest
 
 PREFIX = "file:"
 

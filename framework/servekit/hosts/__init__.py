@@ -20,8 +20,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..hookspecs import hookimpl
-from .runtime import cleanup, default_placement, in_host, prepare_server
+from servekit.hooks.specs import hookimpl
+from servekit.hosts.runtime import cleanup, default_placement, in_host, prepare_server
 
 __all__ = ["attach", "cleanup", "placement_of", "prepare_server"]
 
@@ -44,18 +44,18 @@ def placement_of(config: Any) -> tuple[str, int]:
     if getattr(config, "pipeline", None) is not None:
         return "worker", 1  # its steps run where their own models are placed
     if getattr(config, "sequence", None) is not None and placement != "worker":
-        return "process", 1  # one state per sequence, whichever worker a request reaches (servekit.sequences)
+        return "process", 1  # one state per sequence, whichever worker a request reaches (servekit.dataplane.sequences)
     placement = placement or default_placement()
     return (placement, replicas) if placement == "process" else ("worker", 1)
 
 
 def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
     """Serve ``mv`` from host processes: start them if this server has none yet, read the metadata."""
-    from .. import plugins
-    from . import client, runtime
+    from servekit.hooks import manager as plugins
+    from servekit.hosts import client, runtime
 
     folder = runtime.ensure()
-    from ..control.plan import config_key
+    from servekit.control.plan import config_key
 
     # a load with other settings (a config override) gets hosts of its own
     settings = f"{mv.config.device}|{config_key(mv.raw_config)}"

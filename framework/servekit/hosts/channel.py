@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ServekitError
+from servekit.errors import ServekitError
 
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 SLAB_MIN = 64 * 1024

@@ -29,9 +29,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import errors
-from ..observability import tracing
-from . import channel, runtime
+from servekit import errors
+from servekit.hosts import channel, runtime
+from servekit.observability import tracing
 
 log = logging.getLogger("servekit.hosts")
 
@@ -157,7 +157,7 @@ class Replica:
             self._spawn()
 
     def _forget(self, pid: int) -> None:
-        from ..observability import host_metrics, metrics
+        from servekit.observability import host_metrics, metrics
 
         log.warning(
             "model host for %s version %s (pid %d) is gone; starting a new one",

@@ -3,7 +3,7 @@
 Started by :mod:`servekit.hosts.client` as ``python -m servekit.hosts.host SPEC``.
 It loads the version exactly as a worker would (plugins, ``model.py``, the
 version's ``servekit.yaml``), then serves every HTTP worker and gRPC server of
-the server through one :class:`~servekit.dataplane.DataPlane`, so the
+the server through one :class:`~servekit.dataplane.data_plane.DataPlane`, so the
 adaptive batcher sees the requests of all of them and the hooks run here.
 
 A worker holds a connection for one call at a time.  A version that batches
@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import long_lived
-from ..hookspecs import hookimpl
-from ..observability import tracing
-from . import channel, runtime
+from servekit.control import long_lived
+from servekit.hooks.specs import hookimpl
+from servekit.hosts import channel, runtime
+from servekit.observability import tracing
 
 log = logging.getLogger("servekit.hosts")
 
@@ -59,11 +59,11 @@ class Host:
     # -- start ---------------------------------------------------------------
 
     def load(self) -> None:
-        from .. import plugins
-        from ..dataplane import DataPlane
-        from ..observability import host_metrics, load, metrics
-        from ..repository import ModelRepository
-        from ..types import BatchingConfig
+        from servekit.dataplane.data_plane import DataPlane
+        from servekit.dataplane.repository import ModelRepository
+        from servekit.hooks import manager as plugins
+        from servekit.observability import host_metrics, load, metrics
+        from servekit.types import BatchingConfig
 
         load.serving_in_host()  # the worker that handed a request over counts its arrival
         spec = self.spec
@@ -94,7 +94,7 @@ class Host:
         listener.bind(tmp)
         listener.listen(1024)
         os.rename(tmp, sock_path)  # the socket appears only once it accepts
-        from .. import batching
+        from servekit.dataplane import batching
 
         batcher = batching.batcher_for(self.mv)
         log.info(
@@ -104,7 +104,7 @@ class Host:
             "batching loop" if batcher else "a thread per connection",
         )
         if batcher is not None:
-            from .loop import Loop
+            from servekit.hosts.loop import Loop
 
             Loop(self, listener).run()
         while True:
@@ -193,7 +193,7 @@ class Host:
         channel.send(conn, reply)
 
     def _run(self, request: dict[str, Any], slab: channel.Slab) -> Any:
-        from ..errors import BadRequest
+        from servekit.errors import BadRequest
 
         op = request["op"]
         args, kwargs = channel.arguments(request, slab)
@@ -201,7 +201,7 @@ class Host:
             raise BadRequest(f"model host: unknown operation {op!r}")
         if op == "call":
             return self.dataplane.call_hook(self.mv, *args, **kwargs)
-        from ..observability import load
+        from servekit.observability import load
 
         with load.arrived_at(kwargs.pop("arrival", None)):
             return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
@@ -288,7 +288,7 @@ class _HostRows:
 
     @hookimpl(wrapper=True)
     def predict(self, inputs: Any):
-        from ..observability.metrics import _rows
+        from servekit.observability.metrics import _rows
 
         result = yield
         if result is not None and self.host.gauges is not None:

@@ -5,7 +5,7 @@ request, and the batcher's leader another; for a model whose ``predict`` takes
 tens of microseconds that is most of the host's time.  Here one thread waits on
 every worker connection at once (``epoll``), reads each request that has
 arrived, runs the ``predict`` requests among them together
-(:meth:`~servekit.dataplane.DataPlane.predict_together`: the batcher's rules,
+(:meth:`~servekit.dataplane.data_plane.DataPlane.predict_together`: the batcher's rules,
 in this thread) and writes the answers.  Requests that arrive while a call runs
 wait in their sockets and make the next batch: adaptive batching with no timer
 and no batching thread, and a lone request never waits.
@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..observability import tracing
-from ..streams import is_stream
-from . import channel
-from .channel import arguments, error_of
+from servekit.hosts import channel
+from servekit.hosts.channel import arguments, error_of
+from servekit.observability import tracing
+from servekit.streams import is_stream
 
 log = logging.getLogger("servekit.hosts")
 

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import channel
+from servekit.hosts import channel
 
 ENV_DIR = "SERVEKIT_HOSTS_DIR"
 ENV_OWNER = "SERVEKIT_HOSTS_OWNER"

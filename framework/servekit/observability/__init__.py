@@ -17,10 +17,10 @@ from typing import Any
 
 from flask import Flask, request
 
-from ..streams import close
-from ..wsgi_body import ClosingBody, Once
-from . import labels, log_search, metrics, request_log, status_metrics, tracing
-from .logging import REQUEST_ID_HEADER, current_request_id, request_id_from
+from servekit.observability import labels, log_search, metrics, request_log, status_metrics, tracing
+from servekit.observability.logging import REQUEST_ID_HEADER, current_request_id, request_id_from
+from servekit.observability.wsgi_body import ClosingBody, Once
+from servekit.streams import close
 
 access_log = getLogger("servekit.access")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .metrics import BATCH_BUCKETS
+from servekit.observability.metrics import BATCH_BUCKETS
 
 _families_lock = threading.Lock()
 

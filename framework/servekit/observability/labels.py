@@ -11,7 +11,7 @@ from collections.abc import Container
 from contextvars import ContextVar
 from typing import Any
 
-from ..routes import OPENAI_ROUTES
+from servekit.routes import OPENAI_ROUTES
 
 #: The version that answers the current request, set when the data plane resolves it
 #: (the request log stores it; ``None`` until one is resolved).

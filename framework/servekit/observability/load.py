@@ -27,7 +27,7 @@ A host writes its counts as each call starts and ends (before the answers
 leave, so the worker's -1 never reaches the gauges first).
 
 Each process keeps plain counts and writes them into its gauges every
-:data:`servekit.tally.FLUSH_SECONDS` (and before it answers a scrape), so the
+:data:`servekit.observability.tally.FLUSH_SECONDS` (and before it answers a scrape), so the
 per-request cost is a dictionary update, not a file write.
 """
 
@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..tally import Tally, add_to_histogram
+from servekit.observability.tally import Tally, add_to_histogram
 
 #: Seconds a request may wait for its model call; a queue an autoscaler acts on is in this range.
 QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

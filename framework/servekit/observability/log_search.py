@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 
 from flask import Blueprint, Response, current_app, request
 
-from ..errors import BadRequest, NotFound
-from .log_store import Query
+from servekit.errors import BadRequest, NotFound
+from servekit.observability.log_store import Query
 
 bp = Blueprint("log_search", __name__)
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import orjson
 
-from ..types import PredictionLog, RequestLog
+from servekit.types import PredictionLog, RequestLog
 
 log = logging.getLogger("servekit.request_log")
 

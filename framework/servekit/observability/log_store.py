@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import servekit
-
-from ..types import PredictionLog, RequestLog
-from .log_spool import Spool, default_folder
+from servekit.hooks.specs import hookimpl
+from servekit.observability.log_spool import Spool, default_folder
+from servekit.types import PredictionLog, RequestLog
 
 log = logging.getLogger("servekit.request_log")
 
@@ -375,7 +374,7 @@ class SqlRequestLog:
         self.backend = open_backend(url)
         self.spool = Spool(spool or default_folder(url), self._ship)
 
-    @servekit.hookimpl
+    @hookimpl
     def log_request(self, record: RequestLog) -> None:
         try:
             kept = self.spool.append(record)
@@ -426,7 +425,7 @@ class SqlRequestLog:
 
 
 def _dropped() -> None:
-    from .metrics import metrics  # prometheus_client loads late
+    from servekit.observability.metrics import metrics  # prometheus_client loads late
 
     metrics().log_dropped.inc()
 

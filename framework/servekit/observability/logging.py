@@ -19,7 +19,7 @@ from typing import Any
 
 from gunicorn import glogging
 
-from . import tracing
+from servekit.observability import tracing
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")

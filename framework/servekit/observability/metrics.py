@@ -45,14 +45,13 @@ from typing import Any, Protocol
 
 from flask import Blueprint, Response, current_app
 
-import servekit
-
-from ..tally import Tally
-from ..tally import add_to_histogram as _add_to_histogram
+from servekit.hooks.specs import hookimpl
+from servekit.observability.tally import Tally
+from servekit.observability.tally import add_to_histogram as _add_to_histogram
 
 
 class Served(Protocol):
-    """What metrics read of a :class:`~servekit.dataplane.DataPlane`.
+    """What metrics read of a :class:`~servekit.dataplane.data_plane.DataPlane`.
 
     Not imported from there: the repository and the model hosts record metrics,
     so this module sits below the data plane and must not import it back.
@@ -305,8 +304,7 @@ def resident_bytes() -> int:
 def render(dataplane: Served) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-    from .. import statistics
-    from . import load
+    from servekit.observability import load, statistics
 
     metrics()  # every family appears from the first scrape on, even at zero
     flush()  # this worker's latest requests, as any scrape elsewhere will see them soon
@@ -341,7 +339,7 @@ class BatchSizePlugin:
     def __init__(self, dataplane: Served):
         self.dataplane = dataplane
 
-    @servekit.hookimpl(wrapper=True)
+    @hookimpl(wrapper=True)
     def predict(self, inputs: Any, name: str):
         rows = _rows(inputs)
         result = yield
@@ -349,7 +347,7 @@ class BatchSizePlugin:
             observe_batch(name, rows)
         return result
 
-    @servekit.hookimpl(wrapper=True)
+    @hookimpl(wrapper=True)
     def embed(self, texts: list[str], name: str):
         result = yield
         if result is not None and texts:

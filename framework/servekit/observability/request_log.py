@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from flask import Blueprint, Flask, Response, current_app, g, has_request_context, request
 
-from ..errors import NotFound
-from ..streams import close
-from ..types import PredictionLog, RequestLog, maybe_json
-from . import labels, tracing
-from .logging import current_request_id
+from servekit.errors import NotFound
+from servekit.observability import labels, tracing
+from servekit.observability.logging import current_request_id
+from servekit.streams import close
+from servekit.types import PredictionLog, RequestLog, maybe_json
 
 if TYPE_CHECKING:
-    from .log_store import SqlRequestLog
+    from servekit.observability.log_store import SqlRequestLog
 
 log = logging.getLogger("servekit.request_log")
 
@@ -351,7 +351,7 @@ def install(app: Flask, settings: Any) -> SqlRequestLog | None:
     Off by default: keeping every request and response costs about a third of a
     small model's throughput (docs/performance.md).
     """
-    from .log_store import SqlRequestLog
+    from servekit.observability.log_store import SqlRequestLog
 
     app.register_blueprint(bp)
     app.before_request(_before)

@@ -26,7 +26,7 @@ from typing import Any
 
 from flask import Blueprint, current_app
 
-from . import load, metrics
+from servekit.observability import load, metrics
 
 bp = Blueprint("status_metrics", __name__)
 

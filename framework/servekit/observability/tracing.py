@@ -99,7 +99,7 @@ def configure(exporters: list[Any] | None = None, *, simple: bool = False) -> bo
     named = "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     if not os.environ.get("OTEL_SERVICE_NAME") and not named:
         attributes["service.name"] = "servekit"
-    from .. import __version__
+    from servekit.version import __version__
 
     attributes["service.version"] = __version__
     provider = TracerProvider(resource=Resource.create(attributes))

@@ -17,7 +17,7 @@ TensorRT-LLM's spellings of the same (``stop_words``, ``random_seed``) and its
 switches at their defaults (``bad_words`` empty, ``beam_width`` 1).  Anything
 else is refused with a 400 naming it: a setting silently dropped would answer
 something the client did not ask for.  The text then runs through the model's
-``complete`` hook like an OpenAI completion (:mod:`servekit.generation` cuts stop
+``complete`` hook like an OpenAI completion (:mod:`servekit.dataplane.generation` cuts stop
 sequences and counts tokens), so the same prompt and settings answer the same text.
 """
 
@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import generation as gen
-from ..dataplane import DataPlane
-from ..errors import BadRequest, NotImplementedByModel
-from ..repository import ModelVersion
-from . import openai_requests as req
+from servekit.dataplane import generation as gen
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelVersion
+from servekit.errors import BadRequest, NotImplementedByModel
+from servekit.protocols import openai_requests as req
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"

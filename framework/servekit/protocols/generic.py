@@ -8,12 +8,20 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
-from ..codecs import tf_json
-from ..dataplane import DataPlane
-from ..errors import BadRequest
-from ..repository import ModelVersion
-from .http import Answer, dataplane, json_object, json_response, parameters_of, parse_json_object, stream_requested
-from .streaming import predict_answer as answer_of
+from servekit.codecs import tf_json
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelVersion
+from servekit.errors import BadRequest
+from servekit.protocols.http import (
+    Answer,
+    dataplane,
+    json_object,
+    json_response,
+    parameters_of,
+    parse_json_object,
+    stream_requested,
+)
+from servekit.protocols.streaming import predict_answer as answer_of
 
 bp = Blueprint("generic", __name__)
 

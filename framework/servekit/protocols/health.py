@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from .http import dataplane, json_response
+from servekit.protocols.http import dataplane, json_response
 
 bp = Blueprint("health", __name__)
 

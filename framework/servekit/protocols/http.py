@@ -7,9 +7,9 @@ from typing import Any
 
 from flask import Response, current_app, request
 
-from ..codecs import json as jsonc
-from ..dataplane import DataPlane
-from ..errors import BadRequest
+from servekit.codecs import json as jsonc
+from servekit.dataplane.data_plane import DataPlane
+from servekit.errors import BadRequest
 
 JSON = "application/json"
 

@@ -4,7 +4,7 @@ Mounted under ``/v1``, ``/openai/v1`` and without prefix, so the official
 ``openai`` client works with ``base_url`` set to any of them.  The protocol is
 thin: it validates the body (:mod:`.openai_requests`), runs the model's
 ``complete`` / ``embed`` hooks through the data plane once per prompt and
-choice (:mod:`servekit.generation` cuts stop sequences and counts tokens), and
+choice (:mod:`servekit.dataplane.generation` cuts stop sequences and counts tokens), and
 writes OpenAI's response objects, or their SSE chunks when ``"stream": true``.
 Errors answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``
 (``code`` is the HTTP status, which matters once a stream has sent its 200).
@@ -25,17 +25,17 @@ import orjson
 from flask import Blueprint, request
 from werkzeug.exceptions import HTTPException
 
-from .. import generation as gen
-from ..codecs import tf_json
-from ..errors import BadRequest, ModelFailure, ServekitError, openai_error
-from ..observability.request_log import REQUEST_LOG_HEADER, predictions
-from ..repository import ModelVersion
-from ..routes import OPENAI_PREFIXES
-from ..streams import close
-from . import openai_requests as req
-from .http import dataplane, json_object, json_response
-from .streaming import error_message, event, first_item, sse_response
-from .tf_documents import model_status
+from servekit.codecs import tf_json
+from servekit.dataplane import generation as gen
+from servekit.dataplane.repository import ModelVersion
+from servekit.errors import BadRequest, ModelFailure, ServekitError, openai_error
+from servekit.observability.request_log import REQUEST_LOG_HEADER, predictions
+from servekit.protocols import openai_requests as req
+from servekit.protocols.http import dataplane, json_object, json_response
+from servekit.protocols.streaming import error_message, event, first_item, sse_response
+from servekit.protocols.tf_documents import model_status
+from servekit.routes import OPENAI_PREFIXES
+from servekit.streams import close
 
 log = logging.getLogger("servekit.openai")
 
@@ -474,7 +474,7 @@ def embeddings():
 
 
 def token_inputs(mv: ModelVersion, tokenizer: Any | None, rows: list[list[int]]) -> list[str]:
-    """Token-id inputs as :class:`~servekit.generation.TokenIds`, checked against the vocabulary.
+    """Token-id inputs as :class:`~servekit.dataplane.generation.TokenIds`, checked against the vocabulary.
 
     As vLLM does, ids are taken in the model's own vocabulary; a model without a
     tokenizer cannot say what they mean, so it takes text only.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BadRequest
+from servekit.errors import BadRequest
 
 #: OpenAI's default ``max_tokens`` for the legacy completions endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16

@@ -21,13 +21,13 @@ from typing import Any
 
 from flask import Response
 
-from ..codecs import json as jsonc
-from ..codecs import tf_json
-from ..dataplane import join_stream
-from ..errors import ModelFailure, ServekitError
-from ..observability.request_log import REQUEST_LOG_HEADER, Predictions, predictions
-from ..streams import close, is_stream
-from .http import Answer
+from servekit.codecs import json as jsonc
+from servekit.codecs import tf_json
+from servekit.dataplane.data_plane import join_stream
+from servekit.errors import ModelFailure, ServekitError
+from servekit.observability.request_log import REQUEST_LOG_HEADER, Predictions, predictions
+from servekit.protocols.http import Answer
+from servekit.streams import close, is_stream
 
 log = logging.getLogger("servekit.sse")
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..codecs.dtypes import V2_TO_TF
-from ..dataplane import DataPlane
-from ..repository import ModelVersion
-from ..types import ModelMetadata, Signature, TensorSpec
+from servekit.codecs.dtypes import V2_TO_TF
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelVersion
+from servekit.types import ModelMetadata, Signature, TensorSpec
 
 # -- status ---------------------------------------------------------------------------------
 

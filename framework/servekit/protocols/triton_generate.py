@@ -24,15 +24,15 @@ from typing import Any
 
 from flask import Blueprint, Response
 
-from .. import generation as gen
-from ..dataplane import DataPlane
-from ..errors import BadRequest
-from ..observability.request_log import REQUEST_LOG_HEADER, Predictions, predictions
-from ..repository import ModelVersion
-from ..streams import close
-from . import generate_requests as gr
-from .http import dataplane, json_object, json_response
-from .streaming import error_event, event, first_item, sse_response
+from servekit.dataplane import generation as gen
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelVersion
+from servekit.errors import BadRequest
+from servekit.observability.request_log import REQUEST_LOG_HEADER, Predictions, predictions
+from servekit.protocols import generate_requests as gr
+from servekit.protocols.http import dataplane, json_object, json_response
+from servekit.protocols.streaming import error_event, event, first_item, sse_response
+from servekit.streams import close
 
 log = logging.getLogger("servekit.generate")
 

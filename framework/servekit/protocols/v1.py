@@ -12,12 +12,12 @@ from typing import Any
 
 from flask import Blueprint, Response, request
 
-from ..codecs import tf_json
-from ..dataplane import DataPlane, check_inputs
-from ..errors import BadRequest, NotFound
-from ..observability import tracing
-from . import tf_documents as documents
-from .http import (
+from servekit.codecs import tf_json
+from servekit.dataplane.data_plane import DataPlane, check_inputs
+from servekit.errors import BadRequest, NotFound
+from servekit.observability import tracing
+from servekit.protocols import tf_documents as documents
+from servekit.protocols.http import (
     Answer,
     dataplane,
     json_answer,
@@ -26,7 +26,7 @@ from .http import (
     parse_json_object,
     stream_requested,
 )
-from .streaming import predict_answer
+from servekit.protocols.streaming import predict_answer
 
 bp = Blueprint("v1", __name__)
 

@@ -9,10 +9,10 @@
 - Triton's statistics (``GET /v2/models[/NAME[/versions/V]]/stats``) and model
   configuration (``GET /v2/models/NAME[/versions/V]/config``) extensions.
 - Triton's system shared-memory extension (``/v2/systemsharedmemory/...``:
-  register, unregister, status; :mod:`servekit.shared_memory`) and the CUDA one's
+  register, unregister, status; :mod:`servekit.codecs.shared_memory`) and the CUDA one's
   answers on a server without CUDA (``/v2/cudasharedmemory/...``).
 
-The request decodes into the :class:`~servekit.inference.InferRequest` gRPC's
+The request decodes into the :class:`~servekit.codecs.infer_request.InferRequest` gRPC's
 ``ModelInfer`` decodes into too, and :meth:`DataPlane.infer` checks and runs it;
 every document about the server and its models comes from :mod:`.v2_documents`,
 which gRPC answers from as well.
@@ -31,16 +31,16 @@ from typing import Any
 import numpy as np
 from flask import Blueprint, Response, current_app, request
 
-from .. import shared_memory
-from ..codecs import json as jsonc
-from ..codecs import v2 as codec
-from ..dataplane import DataPlane, check_inputs
-from ..errors import BadRequest, NotFound, NotReady
-from ..model_control import require_model_control
-from ..observability import tracing
-from ..observability.request_log import logged
-from . import v2_documents as documents
-from .http import Answer, control, dataplane, json_response
+from servekit.codecs import json as jsonc
+from servekit.codecs import shared_memory
+from servekit.codecs import v2 as codec
+from servekit.dataplane.data_plane import DataPlane, check_inputs
+from servekit.errors import BadRequest, NotFound, NotReady
+from servekit.observability import tracing
+from servekit.observability.request_log import logged
+from servekit.protocols import v2_documents as documents
+from servekit.protocols.http import Answer, control, dataplane, json_response
+from servekit.protocols.model_control import require_model_control
 
 bp = Blueprint("v2", __name__)
 
@@ -147,7 +147,7 @@ def _explanation_tensors(result: Any) -> dict[str, Any]:
 
 def _request_body() -> bytes:
     """The raw body.  A gzip body (tritonclient's ``request_compression_algorithm``)
-    arrives here already inflated, and size-capped, by :mod:`servekit.limits`."""
+    arrives here already inflated, and size-capped, by :mod:`servekit.server.limits`."""
     return request.get_data(cache=False)
 
 

@@ -7,10 +7,10 @@ cannot drift apart:
 - server metadata (the extensions both wires implement) and model metadata;
 - Triton's repository extension: the index, and what a load refuses or reports;
 - Triton's statistics extension: counts and cumulative nanoseconds per model
-  version (:mod:`servekit.statistics` says what each one measures and how the
+  version (:mod:`servekit.observability.statistics` says what each one measures and how the
   gunicorn workers' numbers are summed);
 - Triton's model configuration extension: the folder's ``config.pbtxt``
-  (:mod:`servekit.triton_model_config`) with the model's metadata and
+  (:mod:`servekit.folders.triton_config`) with the model's metadata and
   ``servekit.yaml`` laid over it.
 
 tritonclient's ``get_inference_statistics`` and ``get_model_config`` read the
@@ -23,11 +23,13 @@ import base64
 import binascii
 from typing import Any
 
-from .. import __version__, statistics, triton_model_config
-from ..dataplane import DataPlane
-from ..errors import BadRequest, NotFound, malformed_version
-from ..repository import Model, State
-from ..types import ModelConfig, TensorSpec
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import Model, State
+from servekit.errors import BadRequest, NotFound, malformed_version
+from servekit.folders import triton_config as triton_model_config
+from servekit.observability import statistics
+from servekit.types import ModelConfig, TensorSpec
+from servekit.version import __version__
 
 #: What server metadata reports under ``extensions`` (Triton's names), on both wires.
 EXTENSIONS = [

@@ -14,22 +14,23 @@ import pluggy
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
-from .. import hosts, limits, observability, plugins, storage
-from ..auth import ApiKey
-from ..codecs import bounds
-from ..control import ControlPlane, transport
-from ..control.plan import Planner
-from ..dataplane import DataPlane
-from ..errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
-from ..model_folders import discover, repository_roots
-from ..protocols import generic, health, openai, triton_generate, v1, v2
-from ..protocols.http import json_response
-from ..repository import ModelRepository
-from ..settings import Settings
-from ..types import BatchingConfig
-from ..warmup import Warmer
-from . import fastlane
-from .pages import openapi, status_page
+from servekit import hosts, observability, storage
+from servekit.codecs import bounds
+from servekit.control import ControlPlane, transport
+from servekit.control.plan import Planner
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelRepository
+from servekit.errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
+from servekit.folders.layout import discover, repository_roots
+from servekit.hooks import manager as plugins
+from servekit.protocols import generic, health, openai, triton_generate, v1, v2
+from servekit.protocols.http import json_response
+from servekit.protocols.warmup import Warmer
+from servekit.server import fastlane, limits
+from servekit.server.auth import ApiKey
+from servekit.server.pages import openapi, status_page
+from servekit.server.settings import Settings
+from servekit.types import BatchingConfig
 
 log = logging.getLogger("servekit.server")
 

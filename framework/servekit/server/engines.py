@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..cpus import WORKERS_ENV
-from ..settings import Settings, worker_count
+from servekit.server.cpus import WORKERS_ENV
+from servekit.server.settings import Settings, worker_count
 
 #: Artifacts whose loading starts no threads and no device context: safe to load before fork.
 FORK_SAFE_ARTIFACTS = frozenset({"model.joblib", "model.pkl", "model.skops"})
@@ -19,14 +19,14 @@ FORK_SAFE_ARTIFACTS = frozenset({"model.joblib", "model.pkl", "model.skops"})
 
 def run(settings: Settings) -> None:
     settings.preload = resolve_preload(settings)
-    # framework plugins size their thread pools by it (servekit.cpus.cpus_per_worker)
+    # framework plugins size their thread pools by it (servekit.server.cpus.cpus_per_worker)
     os.environ[WORKERS_ENV] = str(worker_count(settings))
     if settings.server == "granian":
-        from .granian_app import run as run_granian
+        from servekit.server.granian_app import run as run_granian
 
         run_granian(settings)
     else:
-        from .gunicorn_app import run as run_gunicorn
+        from servekit.server.gunicorn_app import run as run_gunicorn
 
         run_gunicorn(settings)
 
@@ -43,7 +43,7 @@ def resolve_preload(settings: Settings) -> bool:
         return settings.preload
     if worker_count(settings) < 2:
         return False
-    from ..repository import discover
+    from servekit.dataplane.repository import discover
 
     folders = discover(settings.model_paths, settings.model_name)
     return all(_fork_safe(path) for path in folders.values())

@@ -15,7 +15,7 @@ through :func:`servekit.errors.render` as Flask's handler renders them.
 What wraps every request stays around the fast lane: the limits (size, gzip,
 backpressure, timeout) and the observability layer (request id, metrics, access
 log) are WSGI layers outside it; the API key is checked here with the same
-:class:`~servekit.auth.ApiKey` Flask uses.  The fast lane steps aside, and Flask
+:class:`~servekit.server.auth.ApiKey` Flask uses.  The fast lane steps aside, and Flask
 answers, whenever the app has more than servekit's own hooks: a plugin that adds
 ``before_request``/``after_request`` functions or routes that shadow these
 paths, or any ``log_request`` implementation (the request log's hooks read
@@ -33,15 +33,15 @@ from urllib.parse import parse_qs
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from ..auth import ApiKey
-from ..codecs import json as jsonc
-from ..codecs.v2 import HEADER_LENGTH
-from ..dataplane import DataPlane
-from ..errors import ServekitError, render, retry_headers
-from ..observability.logging import current_request_id
-from ..protocols import generic, v1, v2
-from ..protocols.http import Answer
-from ..routes import GENERIC_PREDICT, V1_TARGET, V2_INFER
+from servekit.codecs import json as jsonc
+from servekit.codecs.v2 import HEADER_LENGTH
+from servekit.dataplane.data_plane import DataPlane
+from servekit.errors import ServekitError, render, retry_headers
+from servekit.observability.logging import current_request_id
+from servekit.protocols import generic, v1, v2
+from servekit.protocols.http import Answer
+from servekit.routes import GENERIC_PREDICT, V1_TARGET, V2_INFER
+from servekit.server.auth import ApiKey
 
 log = logging.getLogger("servekit.fastlane")
 

@@ -28,11 +28,11 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from .. import tls
-from ..observability import logging as log_setup
-from ..observability import metrics
-from ..settings import Settings, worker_count
-from .gunicorn_app import prepare_server
+from servekit.observability import logging as log_setup
+from servekit.observability import metrics
+from servekit.server import tls
+from servekit.server.gunicorn_app import prepare_server
+from servekit.server.settings import Settings, worker_count
 
 log = logging.getLogger("servekit.server")
 
@@ -86,7 +86,7 @@ def run(settings: Settings) -> None:
 
 
 def _security_options(settings: Settings) -> dict[str, Any]:
-    """TLS (:mod:`servekit.tls`) and the header limits and read timeout of granian's HTTP/1."""
+    """TLS (:mod:`servekit.server.tls`) and the header limits and read timeout of granian's HTTP/1."""
     from granian.http import HTTP1Settings
 
     files = tls.files_of(settings, "http")
@@ -112,7 +112,7 @@ def _preload(settings: Settings) -> Any:
     """With ``--preload``, the app and its models load here once; workers share them copy-on-write."""
     if not settings.preload:
         return None
-    from .app import create_app
+    from servekit.server.app import create_app
 
     log_setup.configure(settings.log_format, settings.log_level)
     app = create_app(settings, start=False)
@@ -122,7 +122,7 @@ def _preload(settings: Settings) -> Any:
 
 def _worker_app(settings: Settings, preloaded: Any) -> Any:
     """In each worker after the fork: the app, its polling, gRPC beside it, and the drain signal."""
-    from .app import create_app
+    from servekit.server.app import create_app
 
     log_setup.configure(settings.log_format, settings.log_level)
     if preloaded is not None:
@@ -139,7 +139,7 @@ def _worker_app(settings: Settings, preloaded: Any) -> Any:
 
     signal.signal(DRAIN_SIGNAL, on_drain)
     if settings.grpc_port:
-        from ..protocols import grpc
+        from servekit.server import grpc_engine as grpc
 
         _WORKER.wsgi, _WORKER.pid = app, os.getpid()
         grpc.start_in_worker(_WORKER, settings)
@@ -162,8 +162,8 @@ def _spawn_target() -> Any:
         try:
             serve_wsgi(*args, **kwargs)
         finally:
-            from .. import statistics
-            from ..protocols import grpc
+            from servekit.observability import statistics
+            from servekit.server import grpc_engine as grpc
 
             grpc.stop_in_worker(_WORKER)
             statistics.flush()

@@ -28,11 +28,11 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.errors import HaltServer
 
-from .. import hosts
-from ..observability import logging as log_setup
-from ..observability import metrics
-from ..settings import Settings, worker_count
-from . import gunicorn_errors
+from servekit import hosts
+from servekit.observability import logging as log_setup
+from servekit.observability import metrics
+from servekit.server import gunicorn_errors
+from servekit.server.settings import Settings, worker_count
 
 log = logging.getLogger("servekit.server")
 
@@ -86,7 +86,7 @@ class ServekitApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from .app import create_app
+        from servekit.server.app import create_app
 
         log_setup.configure(self.settings.log_format, self.settings.log_level)
         app = create_app(self.settings, start=not self.settings.preload)
@@ -106,13 +106,13 @@ class ServekitApplication(BaseApplication):
         install_drain(worker, self.settings)
         # gRPC beside HTTP: one server per worker, after the fork, over the worker's app
         if self.settings.grpc_port:
-            from ..protocols import grpc
+            from servekit.server import grpc_engine as grpc
 
             grpc.start_in_worker(worker, self.settings)
 
     def _worker_exit(self, server, worker) -> None:
-        from .. import statistics
-        from ..protocols import grpc
+        from servekit.observability import statistics
+        from servekit.server import grpc_engine as grpc
 
         grpc.stop_in_worker(worker)
         statistics.flush()
@@ -123,13 +123,13 @@ class ServekitApplication(BaseApplication):
 
 
 def security_options(settings: Settings) -> dict[str, Any]:
-    """TLS (:mod:`servekit.tls`) and the worker that times out slow headers (:mod:`.slow_clients`)."""
-    from .. import tls
+    """TLS (:mod:`servekit.server.tls`) and the worker that times out slow headers (:mod:`.slow_clients`)."""
+    from servekit.server import tls
 
     files = tls.files_of(settings, "http")
     options: dict[str, Any] = tls.gunicorn_options(files) if files else {}
     if settings.header_timeout > 0:
-        from . import slow_clients
+        from servekit.server import slow_clients
 
         slow_clients.HEADER_TIMEOUT = settings.header_timeout  # the workers fork from here
         slow_clients.BODY_TIMEOUT = settings.body_timeout if settings.body_timeout > 0 else 3600.0
@@ -199,10 +199,10 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
 
 def start_control(settings: Settings) -> Callable[[], None]:
     """The owner of the model set, in this process (it forks the workers and outlives them)."""
-    from ..control import start_owner
-    from ..model_folders import discover, repository_roots
-    from ..storage import prepare_paths
-    from ..types import BatchingConfig
+    from servekit.control import start_owner
+    from servekit.folders.layout import discover, repository_roots
+    from servekit.storage import prepare_paths
+    from servekit.types import BatchingConfig
 
     prepare_paths(settings.paths)  # the owner fills the cache of s3://, gs://, https:// paths
     return start_owner(

@@ -15,8 +15,8 @@ from __future__ import annotations
 import socket
 import tempfile
 
-from .. import __version__
-from ..settings import Settings
+from servekit.server.settings import Settings
+from servekit.version import __version__
 
 #: gRPC services a server answers on ``--grpc-port`` (fully qualified, as clients name them).
 GRPC_SERVICES = (
@@ -51,7 +51,7 @@ def check_temp_dir() -> None:
 
 def grpc_enabled(settings: Settings) -> bool:
     """gRPC is served when ``--grpc-port`` is not 0 and the ``grpc`` extra is installed."""
-    from ..protocols import grpc
+    from servekit.server import grpc_engine as grpc
 
     return bool(settings.grpc_port) and not grpc.missing_libraries()
 
@@ -107,7 +107,7 @@ def startup_lines(
     """The start-up summary: models and the plugins that can load them, then which URL serves which protocol.
 
     ``not_installed``: the plugins whose library is missing, with what installs it
-    (:func:`servekit.plugins.usable`); they are named apart, never as usable.
+    (:func:`servekit.hooks.manager.usable`); they are named apart, never as usable.
     """
     http = _display_host(settings.host)
     bound = " (all interfaces)" if settings.host in _ALL_INTERFACES else ""

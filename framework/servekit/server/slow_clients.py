@@ -13,9 +13,9 @@ yet) and costs no thread.  The headers must be complete within
 
 Under TLS the bytes on the socket are encrypted and cannot be peeked at: there
 the thread reads the handshake, line and headers itself, and the watchdog
-(:mod:`servekit.watchdog`) shuts the socket for reading when they take longer
+(:mod:`servekit.server.watchdog`) shuts the socket for reading when they take longer
 than ``--header-timeout``, so a slow client holds a thread that long at most.
-The body has its own deadline (``--body-timeout``, :mod:`servekit.limits`).
+The body has its own deadline (``--body-timeout``, :mod:`servekit.server.limits`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 from gunicorn.workers import gthread
 from gunicorn.workers.gthread import ThreadWorker
 
-from ..watchdog import WATCHDOG, shut_reading
+from servekit.server.watchdog import WATCHDOG, shut_reading
 
 #: ``--header-timeout`` and ``--body-timeout``, set in the master before the fork (:mod:`.gunicorn_app`).
 HEADER_TIMEOUT = 10.0

@@ -9,9 +9,9 @@ config's ``post_worker_init`` then starts every worker's polling.
 
 from __future__ import annotations
 
-from ..observability import logging as log_setup
-from ..settings import resolve
-from .app import create_app
+from servekit.observability import logging as log_setup
+from servekit.server.app import create_app
+from servekit.server.settings import resolve
 
 settings = resolve()
 if not settings.paths:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import StorageError
-from .mirror import CACHE_ENV, Synced, cache_root, local_path, prepare, source_of, sync, sync_new_models
-from .uris import is_uri
+from servekit.storage.errors import StorageError
+from servekit.storage.mirror import CACHE_ENV, Synced, cache_root, local_path, prepare, source_of, sync, sync_new_models
+from servekit.storage.uris import is_uri
 
 __all__ = [
     "CACHE_ENV",

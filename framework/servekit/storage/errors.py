@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import ConfigError
+from servekit.folders.servekit_yaml import ConfigError
 
 
 class StorageError(ConfigError):

@@ -23,8 +23,8 @@ import os
 import threading
 from typing import Any
 
-from .errors import StorageError
-from .uris import scheme
+from servekit.storage.errors import StorageError
+from servekit.storage.uris import scheme
 
 _FALSE = ("0", "false", "no", "off")
 _TRUE = ("1", "true", "yes", "on")

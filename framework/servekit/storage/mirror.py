@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..model_folders import version_of
-from .errors import StorageError
-from .filesystems import describe, filesystem
-from .uris import basename, check, is_archive, normalized, store_path
+from servekit.folders.layout import version_of
+from servekit.storage.errors import StorageError
+from servekit.storage.filesystems import describe, filesystem
+from servekit.storage.uris import basename, check, is_archive, normalized, store_path
 
 log = logging.getLogger("servekit.storage")
 
@@ -185,7 +185,7 @@ def _fingerprint(files: dict[str, dict[str, Any]]) -> str:
 
 
 def _is_model(files: dict[str, dict[str, Any]]) -> bool:
-    """Model folder or repository, by the rule local folders follow (servekit.model_folders)."""
+    """Model folder or repository, by the rule local folders follow (servekit.folders.layout)."""
     for rel in files:
         first, sep, _ = rel.partition("/")
         if sep and first.isascii() and first.isdigit() and int(first) > 0:
@@ -227,7 +227,7 @@ def _download(fs: Any, uri: str, files: dict[str, dict[str, Any]], into: Path) -
 
 def _own_policy(folder: Path) -> Select:
     """The version policy of the cached folder's own ``servekit.yaml`` (latest when unreadable)."""
-    from ..config import ConfigError, parse_model_config, read_raw_config, select_versions
+    from servekit.folders.servekit_yaml import ConfigError, parse_model_config, read_raw_config, select_versions
 
     def select(versions: list[int]) -> list[int]:
         try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from ...errors import NotReady, ServekitError
+from servekit.errors import NotReady, ServekitError
 
 log = logging.getLogger("servekit.grpc")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from ...errors import BadRequest
+from servekit.errors import BadRequest
 
 
 class DecodeInterceptor(grpc.ServerInterceptor):

@@ -8,7 +8,7 @@ interceptor runs on every call.  Both cost more than they need to:
   ``INVALID_ARGUMENT`` (:mod:`.decoding`) wraps each method's handler once,
   when the server is built, instead of in an interceptor on every call; the
   server then finds each handler by its registered name.  Only the API key
-  check (:mod:`servekit.auth`) stays an interceptor: it reads each call's
+  check (:mod:`servekit.server.auth`) stays an interceptor: it reads each call's
   metadata;
 - :class:`LeanPool` is the ``thread_pool``: ``ThreadPoolExecutor.submit`` makes a
   ``Future`` with its own ``Condition`` (a lock and a waiter list) for each call,
@@ -32,7 +32,7 @@ import grpc
 from grpc import _server as grpc_server  # the threaded server's internals: see UnaryReceive
 from grpc._cython import cygrpc
 
-from .decoding import DecodeInterceptor
+from servekit.protocols.grpc.decoding import DecodeInterceptor
 
 log = logging.getLogger("servekit.grpc")
 

@@ -31,15 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from ... import generation as gen
-from ...codecs import v2_grpc as codec
-from ...dataplane import DataPlane
-from ...errors import ModelFailure, ServekitError
-from ...inference import InferRequest
-from ...repository import ModelVersion
-from ...streams import close
-from .. import generate_requests as gr
-from .protos.inference import grpc_service_pb2 as pb
+from servekit.codecs import v2_grpc as codec
+from servekit.codecs.infer_request import InferRequest
+from servekit.dataplane import generation as gen
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelVersion
+from servekit.errors import ModelFailure, ServekitError
+from servekit.protocols import generate_requests as gr
+from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as pb
+from servekit.streams import close
 
 #: Triton's decoupled-model parameter: the client asks for an empty final response
 EMPTY_FINAL = "triton_enable_empty_final_response"

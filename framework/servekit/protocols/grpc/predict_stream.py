@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BadRequest
-from .protos.tensorflow_serving.apis import predict_pb2
+from servekit.errors import BadRequest
+from servekit.protocols.grpc.protos.tensorflow_serving.apis import predict_pb2
 
 _States = predict_pb2.PredictStreamedOptions.RequestState
 

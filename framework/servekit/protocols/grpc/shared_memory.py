@@ -1,7 +1,7 @@
 """Triton's shared-memory RPCs of ``inference.GRPCInferenceService`` (tritonclient.grpc's calls).
 
 ``SystemSharedMemoryStatus``, ``...Register`` and ``...Unregister`` answer from
-and change the regions every worker shares (:mod:`servekit.shared_memory`), as
+and change the regions every worker shares (:mod:`servekit.codecs.shared_memory`), as
 ``/v2/systemsharedmemory/...`` does over HTTP; the CUDA ones answer as a server
 without CUDA: an empty status, an unregister that succeeds, a register refused.
 
@@ -16,10 +16,10 @@ from typing import Any
 
 import grpc
 
-from ... import shared_memory
-from ...errors import BadRequest, NotFound
-from .common import control_of, rpc
-from .protos.inference import shared_memory_pb2 as pb
+from servekit.codecs import shared_memory
+from servekit.errors import BadRequest, NotFound
+from servekit.protocols.grpc.common import control_of, rpc
+from servekit.protocols.grpc.protos.inference import shared_memory_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
 

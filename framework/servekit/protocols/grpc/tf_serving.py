@@ -23,19 +23,17 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 
-from ...codecs import bounds, tensor_proto
-from ...dataplane import DataPlane
-from ...errors import BadRequest
-from ...inference import InferRequest, RequestedOutput
-from ...model_control import require_model_control
-from ...repository import ModelVersion
-from ...tf_model_config import served_model
-from ...types import CLASSIFY_METHOD, REGRESS_METHOD, Signature
-from .. import tf_documents as documents
-from .common import control_of, rpc, streaming_rpc
-from .predict_stream import PredictStream, Turn
-from .protos.tensorflow.core.protobuf import meta_graph_pb2
-from .protos.tensorflow_serving.apis import (
+from servekit.codecs import bounds, tensor_proto
+from servekit.codecs.infer_request import InferRequest, RequestedOutput
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelVersion
+from servekit.errors import BadRequest
+from servekit.folders.tf_serving_config import served_model
+from servekit.protocols import tf_documents as documents
+from servekit.protocols.grpc.common import control_of, rpc, streaming_rpc
+from servekit.protocols.grpc.predict_stream import PredictStream, Turn
+from servekit.protocols.grpc.protos.tensorflow.core.protobuf import meta_graph_pb2
+from servekit.protocols.grpc.protos.tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -48,6 +46,8 @@ from .protos.tensorflow_serving.apis import (
     regression_pb2,
     status_pb2,
 )
+from servekit.protocols.model_control import require_model_control
+from servekit.types import CLASSIFY_METHOD, REGRESS_METHOD, Signature
 
 log = logging.getLogger("servekit.grpc")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from ...observability import tracing
+from servekit.observability import tracing
 
 
 class TracingInterceptor(grpc.ServerInterceptor):

@@ -2,7 +2,7 @@
 
 Wire-compatible with ``tritonclient.grpc`` (and KServe's V2 gRPC clients).
 A ``ModelInferRequest`` decodes (:mod:`servekit.codecs.v2_grpc`) into the same
-:class:`~servekit.inference.InferRequest` as an HTTP body, and
+:class:`~servekit.codecs.infer_request.InferRequest` as an HTTP body, and
 :meth:`DataPlane.infer` checks and runs it as it does for HTTP.  Outputs always
 go back as ``raw_output_contents``, as Triton answers (tritonclient and MLServer's
 client read them), and a request that sent typed ``contents`` gets typed contents
@@ -15,7 +15,7 @@ requests (:mod:`.generate_stream`) run at once, as a decoupled Triton model's do
 Every document answers as over HTTP, built by the same code (:mod:`..v2_documents`):
 server and model metadata, ``ModelConfig`` and ``ModelStatistics``, and the repository RPCs
 (``RepositoryIndex``, ``RepositoryModelLoad``, ``RepositoryModelUnload``), whose
-load and unload need ``--model-control-mode explicit`` (:mod:`servekit.model_control`).
+load and unload need ``--model-control-mode explicit`` (:mod:`servekit.protocols.model_control`).
 """
 
 from __future__ import annotations
@@ -26,19 +26,19 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from ...codecs import v2_grpc as codec
-from ...dataplane import DataPlane
-from ...errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
-from ...model_control import require_model_control
-from ...observability import tracing
-from ...repository import ModelVersion
-from .. import v2_documents as documents
-from ..generate_requests import NotGenerative
-from . import generate_stream
-from .common import control_of, rpc, streaming_rpc
-from .protos.inference import grpc_service_pb2 as pb
-from .protos.inference import grpc_service_pb2_grpc as pb_grpc
-from .protos.inference import model_config_pb2
+from servekit.codecs import v2_grpc as codec
+from servekit.dataplane.data_plane import DataPlane
+from servekit.dataplane.repository import ModelVersion
+from servekit.errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
+from servekit.observability import tracing
+from servekit.protocols import v2_documents as documents
+from servekit.protocols.generate_requests import NotGenerative
+from servekit.protocols.grpc import generate_stream
+from servekit.protocols.grpc.common import control_of, rpc, streaming_rpc
+from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as pb
+from servekit.protocols.grpc.protos.inference import grpc_service_pb2_grpc as pb_grpc
+from servekit.protocols.grpc.protos.inference import model_config_pb2
+from servekit.protocols.model_control import require_model_control
 
 #: Extensions this service implements: those of HTTP but the binary one (gRPC is binary
 #: anyway); the shared-memory RPCs are in :mod:`.shared_memory`.

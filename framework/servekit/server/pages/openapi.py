@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 from flask import Blueprint, Flask, Response, current_app
 
-from ... import __version__
-from ...codecs import json as jsonc
+from servekit.codecs import json as jsonc
+from servekit.version import __version__
 
 bp = Blueprint("openapi", __name__)
 
@@ -120,7 +120,7 @@ def _endpoint(app: Flask, rule: str, method: str) -> str:
 
 
 def _is_open(path: str, settings: Any) -> bool:
-    from ...routes import is_open_path
+    from servekit.routes import is_open_path
 
     return is_open_path(path, settings.open_paths)
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from flask import Blueprint, current_app, render_template_string, request
 
-from ... import __version__
-from ...protocols.http import dataplane, json_response
-from ...repository import ModelVersion
-from ...types import Signature, TensorSpec
+from servekit.dataplane.repository import ModelVersion
+from servekit.protocols.http import dataplane, json_response
+from servekit.types import Signature, TensorSpec
+from servekit.version import __version__
 
 bp = Blueprint("status_page", __name__)
 

@@ -1,0 +1,78 @@
+"""Shared fixtures for every test of the repository, the core's (``tests/``) and the plugins' (``plugins/*/tests/``).
+
+Tiny real models fitted once per session, and shared servers.  The servekit
+pytest plugin (``servekit.testing``) supplies ``servekit_app`` and
+``servekit_server``; these fixtures add the models the suite serves.  The
+helpers they build with live in ``tests/support/`` (on ``sys.path`` through
+``pythonpath`` in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from lanes import quick_lane, wholly_slow
+from repo_paths import TF_DATA
+from sklearn_models import ECHO_MODEL, fit_iris, fit_regressor
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The quick lane leaves out the modules whose tests are all slow, without importing them."""
+    module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    if module and quick_lane(config.option.markexpr) and wholly_slow(collection_path):
+        return True
+    return None
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    """The tiny random-weight GPT-2 folder of :mod:`generative_models`."""
+    from generative_models import build_tiny_gpt2
+
+    return build_tiny_gpt2(tmp_path_factory.mktemp("gpt") / "gpt")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """The tiny random-weight Llama-style folder of :mod:`generative_models`."""
+    from generative_models import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "llama")
+
+
+@pytest.fixture(scope="session")
+def sklearn_repo(tmp_path_factory) -> Path:
+    """A repository: iris (versions 1 and 2, labels), a regressor, a model.py echo model, a broken model."""
+    base = tmp_path_factory.mktemp("repo")
+    fit_iris(base / "iris", 1)
+    fit_iris(base / "iris", 2)
+    (base / "iris" / "servekit.yaml").write_text("version_policy: all\nlabels: {stable: 1, canary: 2}\n")
+    fit_regressor(base / "linear")
+    echo = base / "echo"
+    echo.mkdir()
+    (echo / "model.py").write_text(ECHO_MODEL)
+    broken = base / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "model.joblib").write_bytes(b"not a pickle")
+    return base
+
+
+@pytest.fixture(scope="session")
+def sklearn_server(sklearn_repo):
+    """One real gunicorn server over ``sklearn_repo`` shared by the session's tests."""
+    from servekit.testing import ServerProcess
+
+    # 'broken' fails on purpose: readiness must not wait for it
+    with ServerProcess(sklearn_repo, workers=1, threads=8, strict_readiness=False) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tf_models(tmp_path_factory) -> Path:
+    """A writable copy of TF Serving's test SavedModels."""
+    base = tmp_path_factory.mktemp("tf")
+    for name in ("saved_model_half_plus_three", "saved_model_half_plus_two_2_versions"):
+        shutil.copytree(TF_DATA / name, base / name)
+    return base

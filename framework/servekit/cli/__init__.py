@@ -1,0 +1,21 @@
+"""Every front door on the command line: ``servekit serve``, ``tensorflow_model_server``, ``servekit logs``, ``servekit new`` and ``servekit build``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    # ``servekit.cli`` was one module before 0.2.0; its names still import from here for one release
+    import importlib
+    import warnings
+
+    value = getattr(importlib.import_module("servekit.cli.commands"), name, None)
+    if value is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"servekit.cli.{name} moved to servekit.cli.commands.{name} in servekit 0.2.0; the old name goes in 0.3.0",
+        DeprecationWarning,
+        2,
+    )
+    return value

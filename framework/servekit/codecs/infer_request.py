@@ -1,0 +1,116 @@
+"""The one request type of the tensor protocols, and what every wire checks the same way.
+
+V2 over HTTP (:func:`servekit.codecs.v2.decode_infer_request`) and over gRPC
+(:func:`servekit.codecs.v2_grpc.decode_infer_request`) both decode into an
+:class:`InferRequest`, which :meth:`servekit.dataplane.data_plane.DataPlane.infer` runs;
+the wire only decides how tensors travel.  What a request may ask for is
+decided here once: the ``signature_name`` parameter, the Triton parameters
+servekit refuses (and what counts as leaving them unset), requested outputs
+named twice.
+
+This module imports nothing from servekit but the error tree and the
+shared-memory parameters (:mod:`.shared_memory`), so codecs and the
+data plane both build on it (KServe's ``InferRequest``, ``infer_type.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servekit.codecs.shared_memory import SharedTensor, placement_of
+from servekit.errors import BadRequest
+
+#: Tensor parameters of Triton extensions servekit does not implement; a request
+#: using them is refused instead of silently answered without them.  (None now:
+#: classification, shared memory and sequences are served.)
+UNSUPPORTED_PARAMETERS: dict[str, str] = {}
+#: What leaves a parameter unset: JSON's null, false, 0 and "", and proto3's
+#: defaults for every ``InferParameter`` choice (a gRPC map entry may hold one).
+UNSET = (None, False, 0, "")
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    #: ``True``/``False`` from the output's ``binary_data`` parameter (HTTP), ``None`` if unset
+    binary: bool | None = None
+    #: Triton's ``classification`` parameter: answer the top N classes (0: the tensor itself)
+    classification: int = 0
+    #: where the answer goes instead of the response (the shared-memory extension)
+    placement: SharedTensor | None = None
+
+
+@dataclass
+class InferRequest:
+    """A decoded V2 inference request, whichever wire it came on."""
+
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    outputs: list[RequestedOutput] | None = None
+    #: the ``signature_name`` parameter: a signature other than the model's default
+    signature_name: str | None = None
+    #: hold inputs to the shapes the model declares (V2, as Triton does); TF Serving's
+    #: Predict does not, and a model there may take what its signature does not say
+    check_shapes: bool = True
+
+    @property
+    def output_names(self) -> list[str] | None:
+        return [o.name for o in self.outputs] if self.outputs else None
+
+    @property
+    def placements(self) -> dict[str, SharedTensor]:
+        """The outputs the client placed in shared memory, by name."""
+        return {o.name: o.placement for o in self.outputs or () if o.placement is not None}
+
+    @property
+    def binary_output(self) -> bool:
+        """The request-level ``binary_data_output`` parameter (HTTP's binary extension)."""
+        return self.parameters.get("binary_data_output") is True
+
+
+def signature_of(parameters: dict[str, Any]) -> str | None:
+    """The ``signature_name`` parameter, checked: a string, or unset."""
+    name = parameters.get("signature_name")
+    if name is not None and not isinstance(name, str):
+        raise BadRequest(f"parameter 'signature_name' must be a string, found {name!r}")
+    return name or None
+
+
+def refuse_unsupported(params: dict[str, Any], where: str) -> None:
+    """Refuse a tensor parameter of a Triton extension servekit does not implement."""
+    if not params:
+        return
+    for key, extension in UNSUPPORTED_PARAMETERS.items():
+        if params.get(key) not in UNSET:
+            raise BadRequest(f"{where}: parameter {key!r} needs {extension}, which servekit does not implement")
+
+
+def add_output(
+    outputs: list[RequestedOutput], name: str, binary: bool | None = None, params: dict[str, Any] | None = None
+) -> RequestedOutput:
+    """Add a requested output; the same name twice is a client error on every wire.
+
+    ``params`` are the output's parameters: ``classification`` is read from them.
+    """
+    if any(o.name == name for o in outputs):
+        raise BadRequest(f"output {name!r} is requested twice")
+    where = f"requested output {name!r}"
+    count = class_count((params or {}).get("classification"), where)
+    placement = placement_of(params, where)
+    if placement is not None and count:
+        raise BadRequest(f"{where}: 'classification' cannot be answered into shared memory")
+    outputs.append(RequestedOutput(name, binary, count, placement))
+    return outputs[-1]
+
+
+def class_count(value: Any, where: str) -> int:
+    """The ``classification`` parameter: a positive integer (unset or 0: the tensor itself)."""
+    if value in UNSET:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequest(f"{where}: 'classification' must be a positive integer, found {value!r}")
+    return value

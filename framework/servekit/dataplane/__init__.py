@@ -1,0 +1,21 @@
+"""The one inference path: the data plane, where a version's hooks run, the repository of loaded versions, batching, the concurrency gate, sequences, classification and generation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    # ``servekit.dataplane`` was one module before 0.2.0; its names still import from here for one release
+    import importlib
+    import warnings
+
+    value = getattr(importlib.import_module("servekit.dataplane.data_plane"), name, None)
+    if value is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"servekit.dataplane.{name} moved to servekit.dataplane.data_plane.{name} in servekit 0.2.0; the old name goes in 0.3.0",
+        DeprecationWarning,
+        2,
+    )
+    return value

@@ -1,0 +1,628 @@
+"""The one inference path every protocol calls.
+
+Protocols decode their wire format into numpy tensors, call the data plane,
+and encode what comes back.  The data plane resolves the model version, runs
+the hooks (preprocess, predict/explain/..., postprocess), turns a hook's failure
+into :class:`ModelFailure` and a missing hook into :class:`NotImplementedByModel`.
+
+What checks a request against its model lives here, not in a protocol:
+:func:`check_inputs` (shapes against the metadata), naming a model's outputs
+(:func:`named_outputs`), the one way a streamed prediction is joined into a
+single answer (:func:`join_stream`), and :meth:`DataPlane.infer`, which runs a
+V2 :class:`~servekit.codecs.infer_request.InferRequest` whichever wire it came on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from servekit.codecs.infer_request import InferRequest
+from servekit.dataplane import batching, call_gate, classification, sequences
+from servekit.dataplane.repository import ModelRepository, ModelVersion
+from servekit.errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, ServekitError, UnknownModel
+from servekit.folders import pipeline
+from servekit.folders import triton_config as triton_model_config
+from servekit.observability import labels, load, statistics, tracing
+from servekit.streams import close, is_stream
+from servekit.types import Executor, ModelMetadata, Tensors
+
+log = logging.getLogger("servekit.dataplane")
+
+#: The name given to a single unnamed output when the metadata names none.
+DEFAULT_OUTPUT = "output_0"
+
+
+class LocalExecutor:
+    """A version loaded in this process: its hooks run here (the other :class:`Executor` is
+    :class:`servekit.hosts.client.HostClient`, for a version in model hosts)."""
+
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    def predict(self, mv: Any, inputs: Tensors, **kwargs: Any) -> Any:
+        return self.dataplane._predict_here(mv, inputs, **kwargs)
+
+    def explain(self, mv: Any, inputs: Tensors, **kwargs: Any) -> Any:
+        return self.dataplane._explain_here(mv, inputs, **kwargs)
+
+    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
+        return self.dataplane._hook_here(mv, name, **kwargs)
+
+    def close(self) -> None:
+        return None
+
+
+class DataPlane:
+    def __init__(self, repository: ModelRepository, *, load_wait: float = 60.0, strict_readiness: bool = True):
+        self.repository = repository
+        self.draining = False
+        #: Triton's --strict-readiness: every model AVAILABLE (else: one AVAILABLE, every first load done)
+        self.strict_readiness = strict_readiness
+        #: how long a request waits for this worker's first load instead of failing
+        self.load_wait = load_wait
+        #: asks the control plane to load a model the memory budget unloaded (ControlPlane.ensure)
+        self.on_demand: Any = None
+        #: parts of this worker that must be up before it is ready: each says why not, or None
+        #: (a requested gRPC port, servekit.server.grpc_engine)
+        self.readiness_gates: list[Callable[[], str | None]] = []
+        self._here = LocalExecutor(self)
+
+    # -- health ---------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        return True
+
+    @property
+    def ready(self) -> bool:
+        """Whether this server should get traffic (``/v2/health/ready``, gRPC ``ServerReady``, the status page)."""
+        return self.readiness()[0]
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness and, when not ready, why."""
+        if self.draining:
+            return False, "shutting down (SIGTERM): finishing in-flight requests"
+        for gate in self.readiness_gates:
+            reason = gate()
+            if reason:
+                return False, reason
+        return self.repository.readiness(self.strict_readiness)
+
+    def model_names(self) -> list[str]:
+        return sorted(self.repository.models)
+
+    # -- what is loaded here (protocols, pages and observability read it through these) ----
+
+    @property
+    def models(self) -> dict[str, Any]:
+        """Every model this process knows, by name (:class:`servekit.dataplane.repository.Model`)."""
+        return self.repository.models
+
+    @property
+    def shared_memory(self) -> Any:
+        """The registered system shared-memory regions (:class:`servekit.codecs.shared_memory.Regions`)."""
+        return self.repository.shared_memory
+
+    @property
+    def plugins(self) -> Any:
+        """The plugin manager: the server-wide hooks (``log_request``, ``register_routes``, ...)."""
+        return self.repository.pm
+
+    def model(self, name: str) -> Any:
+        """One model by name; :class:`UnknownModel` (404) when none is served under it."""
+        return self.repository.get_model(name)
+
+    def statuses(self, name: str, version: Any = None, label: str | None = None) -> list[ModelVersion]:
+        """The versions a status request addresses, newest first (TF Serving's GetModelStatus)."""
+        return self.repository.statuses(name, version, label)
+
+    def resolve_now(self, name: str, version: Any = None) -> ModelVersion:
+        """:meth:`resolve` without waiting for a first load (a readiness probe answers at once)."""
+        return self.repository.resolve(name, version)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait for this process's first load; whether it finished in time."""
+        return self.repository.wait_ready(timeout)
+
+    def resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
+        mv = self._resolve(name, version, label)
+        labels.answering_version.set(mv.version)  # the request log's version
+        return mv
+
+    def _resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
+        if not self.repository.ready:
+            # Another worker may already answer ready while this one still loads:
+            # hold the request briefly rather than fail it.
+            self.repository.wait_ready(self.load_wait)
+        try:
+            return self.repository.resolve(name, version, label)
+        except NotFound:
+            model = self.repository.models.get(name)
+            if self.on_demand is None or model is None or not model.evicted:
+                raise
+        self.on_demand(name)  # waits until every worker has it again, or raises 503 with Retry-After
+        return self.repository.resolve(name, version, label)
+
+    def metadata(self, mv: ModelVersion) -> ModelMetadata:
+        return mv.metadata
+
+    # -- inference ------------------------------------------------------------
+
+    def predict(
+        self,
+        mv: ModelVersion,
+        inputs: Tensors,
+        *,
+        parameters: dict[str, Any] | None = None,
+        signature_name: str | None = None,
+        output_names: list[str] | None = None,
+    ) -> Any:
+        """Run ``predict``; a generator result is returned as is, for streaming.
+
+        The request counts in the load signal (:mod:`servekit.observability.load`)
+        from here until it returns, in the process that accepted it: a model host
+        runs its workers' requests but does not count them again.
+        """
+        counted = not load.in_host()
+        if counted:
+            load.arrived(mv.name)
+        try:
+            return self._executor(mv).predict(
+                mv,
+                single_tensor(mv, inputs),
+                parameters=parameters or {},
+                signature_name=signature_name,
+                output_names=output_names,
+            )
+        finally:
+            if counted:
+                load.left(mv.name)
+
+    def _executor(self, mv: ModelVersion) -> Executor:
+        """Where ``mv`` runs: in this process, or in its model hosts (which record their own statistics)."""
+        return mv.host if mv.host is not None else self._here
+
+    @statistics.recorded  # Triton's statistics extension (statistics.py)
+    def _predict_here(
+        self,
+        mv: ModelVersion,
+        inputs: Tensors,
+        *,
+        parameters: dict[str, Any] | None,
+        signature_name: str | None,
+        output_names: list[str] | None,
+    ) -> Any:
+        arrival = load.arrival()
+        parameters = parameters or {}
+        inputs = single_tensor(mv, inputs)
+        if isinstance(mv.model, pipeline.Pipeline):
+            return self._run_pipeline(mv, inputs, parameters)
+        stat = statistics.current()
+        live = sequences.sequences_of(mv)
+        sequence = live.open(parameters) if live is not None else None
+        if sequence is not None:  # a sequence's requests run alone, one at a time, on its state
+            assert live is not None
+            try:
+                inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names, sequence)
+                return self._outputs(mv, stat, run(inputs), parameters)
+            finally:
+                live.close(sequence)
+        inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
+        batcher = batching.batcher_for(mv)
+        options = batching.options_key(parameters, signature_name, output_names) if batcher else None
+        if batcher is None or options is None:
+            with call_gate.turn(mv), load.running(mv.name, [arrival]):  # the wait for a place is queueing
+                outputs = run(inputs)
+        else:
+            with tracing.span("servekit.queue"):
+                outputs = batcher.submit(inputs, run, options, arrival=arrival)  # waits for batch-mates, then the call
+        return self._outputs(mv, stat, outputs, parameters)
+
+    def _run_pipeline(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> dict[str, Any]:
+        """A pipeline's steps, each an ordinary request to its own model (checked, batched, counted)."""
+
+        def call(step: pipeline.Step, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+            try:
+                step_mv = self.resolve(step.model, step.version)
+                return self.infer(step_mv, InferRequest(tensors, parameters=dict(parameters)))
+            except UnknownModel as exc:
+                raise NotFound(f"pipeline {mv.name!r}, step {step.model!r}: {exc.v2_message}") from None
+            except ServekitError as exc:
+                exc.message = f"pipeline {mv.name!r}, step {step.model!r}: {exc.message}"
+                exc.args = (exc.message,)
+                raise
+
+        stat = statistics.current()
+        return stat.execution(statistics.rows_of(inputs), lambda: pipeline.run(mv.model, inputs, call))
+
+    def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
+        """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).
+
+        ``calls`` holds each request's inputs and keyword arguments (those of
+        :meth:`predict`, and ``arrival``: when it arrived in its worker); they share calls as the batcher's rules allow
+        (:meth:`Batcher.run_together`).  Returns ``(result, None)`` or
+        ``(None, exception)`` per request, in order; each is counted in the
+        statistics like a :meth:`predict`.
+        """
+        batcher = batching.batcher_for(mv)
+        if batcher is None:
+            raise RuntimeError(f"model {mv.name!r} does not batch")
+        outcomes: list[tuple[Any, Any]] = [(None, None)] * len(calls)
+        prepared = []
+        for i, (raw, kwargs) in enumerate(calls):
+            stat = statistics.Request(mv.name, str(mv.version))
+            parameters = kwargs.get("parameters") or {}
+            signature_name, output_names = kwargs.get("signature_name"), kwargs.get("output_names")
+            try:
+                inputs, run = self._prepared(mv, stat, single_tensor(mv, raw), parameters, signature_name, output_names)
+            except BaseException as exc:
+                stat.finish(False, 0)
+                outcomes[i] = (None, exc)
+                continue
+            options = batching.options_key(parameters, signature_name, output_names)
+            arrival = kwargs.get("arrival") or time.monotonic()
+            prepared.append((i, stat, raw, parameters, (inputs, run, options, arrival)))
+        members = batcher.run_together([entry[-1] for entry in prepared])
+        for (i, stat, raw, parameters, _), member in zip(prepared, members):
+            try:
+                if member.error is not None:
+                    raise member.error
+                outcomes[i] = (self._outputs(mv, stat, member.result, parameters), None)
+            except BaseException as exc:
+                stat.finish(False, 0)
+                outcomes[i] = (None, exc)
+                continue
+            stat.finish(True, statistics.rows_of(raw))
+        return outcomes
+
+    def _prepared(
+        self,
+        mv: ModelVersion,
+        stat: statistics.Request,
+        inputs: Tensors,
+        parameters: dict[str, Any],
+        signature_name: str | None,
+        output_names: list[str] | None,
+        sequence: sequences.Sequence | None = None,
+    ) -> tuple[Tensors, batching.Runner]:
+        """A request's preprocessed inputs and the call of the ``predict`` hook that serves it (or its batch)."""
+        inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
+
+        def run(batch: Tensors) -> Any:
+            if tracing.ON:
+                attributes = _model_call(mv, statistics.rows_of(inputs), statistics.rows_of(batch))
+                with tracing.span("servekit.predict", attributes):
+                    return call(batch)
+            return call(batch)
+
+        def call(batch: Tensors) -> Any:
+            return stat.execution(
+                statistics.rows_of(batch),
+                lambda: self._call(
+                    mv,
+                    "predict",
+                    inputs=batch,
+                    parameters=parameters,
+                    signature_name=signature_name,
+                    output_names=output_names,
+                    sequence=sequence,
+                ),
+            )
+
+        stat.submitted()
+        return inputs, run
+
+    def _outputs(self, mv: ModelVersion, stat: statistics.Request, outputs: Any, parameters: dict[str, Any]) -> Any:
+        if is_stream(outputs):
+            return _guarded(mv, outputs)
+        return stat.time("compute_output", self._postprocess, mv, outputs, parameters)
+
+    def infer(self, mv: ModelVersion, request: InferRequest) -> dict[str, np.ndarray]:
+        """A V2 request's named outputs; a streaming model's items joined into one answer."""
+        result = self._infer(mv, request)
+        if is_stream(result):
+            result = join_stream(named_outputs(mv, item, request.signature_name) for item in result)
+            return classified(mv, request, filter_outputs(result, request.output_names))
+        return classified(
+            mv, request, filter_outputs(named_outputs(mv, result, request.signature_name), request.output_names)
+        )
+
+    def infer_stream(self, mv: ModelVersion, request: InferRequest) -> Iterator[dict[str, np.ndarray]]:
+        """A V2 request's named outputs, one dict per item a streaming model yields."""
+        result = self._infer(mv, request)
+        items = result if is_stream(result) else iter([result])
+        try:
+            for item in items:
+                named = filter_outputs(named_outputs(mv, item, request.signature_name), request.output_names)
+                yield classified(mv, request, named)
+        finally:
+            close(items)  # the client went away: stop the model's generator
+
+    def _infer(self, mv: ModelVersion, request: InferRequest) -> Any:
+        if request.check_shapes:
+            check_inputs(mv, request.inputs, request.signature_name)
+        return self.predict(
+            mv,
+            request.inputs,
+            parameters=request.parameters,
+            signature_name=request.signature_name,
+            output_names=request.output_names,
+        )
+
+    def explain(
+        self,
+        mv: ModelVersion,
+        inputs: Tensors,
+        *,
+        parameters: dict[str, Any] | None = None,
+        signature_name: str | None = None,
+    ) -> Any:
+        inputs = single_tensor(mv, inputs)
+        return self._executor(mv).explain(mv, inputs, parameters=parameters or {}, signature_name=signature_name)
+
+    def _explain_here(
+        self, mv: ModelVersion, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None
+    ) -> Any:
+        inputs = self._preprocess(mv, inputs, parameters)
+        return self._call(mv, "explain", inputs=inputs, parameters=parameters, signature_name=signature_name)
+
+    def classify(self, mv: ModelVersion, examples: list[dict], *, parameters=None, signature_name=None):
+        result = self._call(
+            mv, "classify", examples=examples, parameters=parameters or {}, signature_name=signature_name
+        )
+        if len(result) != len(examples):
+            raise ModelFailure(f"classify returned {len(result)} results for {len(examples)} examples")
+        return result
+
+    def regress(self, mv: ModelVersion, examples: list[dict], *, parameters=None, signature_name=None):
+        result = self._call(
+            mv, "regress", examples=examples, parameters=parameters or {}, signature_name=signature_name
+        )
+        if len(result) != len(examples):
+            raise ModelFailure(f"regress returned {len(result)} results for {len(examples)} examples")
+        return result
+
+    def complete(self, mv: ModelVersion, request: Any, parameters: dict[str, Any] | None = None) -> Any:
+        return self._call(mv, "complete", request=request, parameters=parameters or {})
+
+    def embed(self, mv: ModelVersion, texts: list[str], parameters: dict[str, Any] | None = None) -> Any:
+        """Run ``embed``; with the version's batching on, concurrent requests share one call.
+
+        Requests whose bodies agree but for ``input`` are merged (the adaptive
+        batcher's rules, texts stacked in arrival order) and the hook then gets
+        the shared fields as ``parameters``, without ``input``: the texts it
+        embeds are ``texts``.
+        """
+        parameters = parameters or {}
+        batcher = batching.batcher_for(mv)
+        shared = {k: v for k, v in parameters.items() if k != "input"}
+        key = batching.options_key(shared, "embed", None) if batcher is not None else None
+        if batcher is None or key is None:
+            return self._call(mv, "embed", texts=texts, parameters=parameters)
+        rows = np.empty(len(texts), dtype=object)
+        rows[:] = texts  # strings (token-id inputs keep their ids) stacked like any rows
+
+        def run(stacked: Any) -> Any:
+            return self._call(mv, "embed", texts=list(stacked), parameters=shared)
+
+        return batcher.submit(rows, run, key)
+
+    def tokenizer(self, mv: ModelVersion) -> Any | None:
+        """The model's tokenizer (the ``tokenizer`` hook), ``None`` when it has none.
+
+        Generation cuts stop sequences and counts tokens with it; OpenAI's token-id
+        inputs are checked against its vocabulary.
+        """
+        try:
+            return mv.hooks.tokenizer(model=mv.model)
+        except ServekitError:
+            raise
+        except Exception as exc:
+            raise ModelFailure(f"model {mv.name!r} failed in tokenizer: {type(exc).__name__}: {exc}") from exc
+
+    # -- helpers ----------------------------------------------------------------
+
+    def call_hook(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
+        """One of the model's hooks, wherever the version runs (a model host calls this for its workers)."""
+        return self._call(mv, hook, **kwargs)
+
+    def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
+        with mv.in_use():  # raises NotReady when it is not serving
+            return self._executor(mv).hook(mv, hook, **kwargs)
+
+    def _hook_here(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
+        caller = getattr(mv.hooks, hook)
+        if not caller.get_hookimpls():
+            raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")
+        try:
+            result = caller(model=mv.model, name=mv.name, version=mv.version, **kwargs)
+        except ServekitError:
+            raise
+        except Exception as exc:
+            log.warning("model %s raised in %s: %s", mv.name, hook, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+            raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+        if result is None:
+            raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")
+        return result
+
+    def _preprocess(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> Tensors:
+        if not mv.hooks.preprocess.get_hookimpls():
+            return inputs
+        mapped = self._optional(mv, "preprocess", inputs=inputs, parameters=parameters)
+        return inputs if mapped is None else mapped
+
+    def _postprocess(self, mv: ModelVersion, outputs: Any, parameters: dict[str, Any]) -> Any:
+        if not mv.hooks.postprocess.get_hookimpls():
+            return outputs
+        mapped = self._optional(mv, "postprocess", outputs=outputs, parameters=parameters)
+        return outputs if mapped is None else mapped
+
+    def _optional(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(mv.hooks, hook)(model=mv.model, name=mv.name, version=mv.version, **kwargs)
+        except ServekitError:
+            raise
+        except Exception as exc:
+            raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
+
+
+def _model_call(mv: ModelVersion, rows: int, batch_rows: int) -> dict[str, Any]:
+    """The model call span's attributes: the request's rows within the batch the model was given."""
+    return {
+        tracing.MODEL: mv.name,
+        tracing.VERSION: str(mv.version),
+        tracing.ROWS: rows,
+        tracing.BATCH_SIZE: batch_rows,
+        tracing.DEVICE: str(getattr(mv.config, "device", "") or "auto"),
+    }
+
+
+def check_inputs(mv: ModelVersion, inputs: Tensors, signature_name: str | None) -> None:
+    """Refuse an input whose shape contradicts the model's metadata (``-1``: any size).
+
+    Only inputs the signature names, with a known shape, are checked; datatypes
+    are left to the model, which converts what it can.  A declared shape of
+    ``[]`` is not checked either: older SavedModels write an empty shape where
+    they mean "unknown" (TF Serving's own half_plus_three does), and TF Serving
+    does not hold requests to it.
+    """
+    signature = mv.metadata.signature(signature_name)
+    if signature is None or not isinstance(inputs, dict):
+        return
+    for spec in signature.inputs:
+        arr = inputs.get(spec.name)
+        if arr is None or not spec.shape:
+            continue
+        if len(spec.shape) != arr.ndim or any(d >= 0 and d != a for d, a in zip(spec.shape, arr.shape)):
+            raise BadRequest(
+                f"input {spec.name!r}: shape {list(arr.shape)} does not match the model's shape "
+                f"{spec.shape} (-1 means any size)"
+            )
+
+
+def single_tensor(mv: ModelVersion, inputs: Tensors) -> Tensors:
+    """A request's only tensor as one array when the model's metadata declares no inputs.
+
+    V1 rows arrive as one array, V2 and gRPC always name their tensors; without
+    this, a ``model.py`` written for one array would answer V1 and fail on the
+    others.  A model that declares its inputs gets them by name, as declared.
+    """
+    if not isinstance(inputs, dict) or len(inputs) != 1:
+        return inputs
+    if any(sig.inputs for sig in mv.metadata.signatures.values()):
+        return inputs
+    (array,) = inputs.values()
+    return array
+
+
+def _guarded(mv: ModelVersion, items: Iterator[Any]) -> Iterator[Any]:
+    """A streaming model's generator, its failures reported like any hook's (closing is passed on)."""
+    try:
+        yield from items
+    except ServekitError:
+        raise
+    except Exception as exc:
+        log.warning("model %s raised while streaming: %s", mv.name, exc)
+        raise ModelFailure(f"model {mv.name!r} failed in predict: {type(exc).__name__}: {exc}") from exc
+
+
+def named_outputs(mv: ModelVersion, outputs: Any, signature_name: str | None = None) -> dict[str, np.ndarray]:
+    """Outputs as named arrays, for protocols that always name tensors (V2, gRPC).
+
+    A single unnamed output takes the signature's one output name, else ``output_0``.
+    """
+    if isinstance(outputs, dict):
+        return {str(k): _as_array(v, str(k)) for k, v in outputs.items()}
+    name = DEFAULT_OUTPUT
+    signature = mv.metadata.signature(signature_name)
+    if signature is not None and len(signature.outputs) == 1:
+        name = signature.outputs[0].name
+    return {name: _as_array(outputs, name)}
+
+
+def _as_array(value: Any, name: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except ValueError:
+        raise ModelFailure(f"output {name!r} is not a rectangular tensor") from None
+
+
+def classified(mv: ModelVersion, request: InferRequest, outputs: dict[str, Any]) -> dict[str, Any]:
+    """Outputs requested with Triton's ``classification`` parameter as their top classes."""
+    wanted = {o.name: o.classification for o in request.outputs or () if o.classification}
+    if not wanted:
+        return outputs
+    signature = mv.metadata.signature(request.signature_name)
+    specs = {spec.name: spec for spec in signature.outputs} if signature is not None else {}
+    batched = triton_model_config.batch_size(mv) > 0  # the batch dimension Triton's configuration reports
+    out = dict(outputs)
+    for name, count in wanted.items():
+        spec = specs.get(name)
+        labels = classification.labels_for(mv, name, spec.labels if spec is not None else None)
+        try:
+            out[name] = classification.top_classes(_as_array(out[name], name), count, batched=batched, labels=labels)
+        except BadRequest as exc:
+            raise BadRequest(f"output {name!r}: {exc.message}") from None
+    return out
+
+
+def filter_outputs(outputs: dict[str, Any], requested: list[str] | None) -> dict[str, Any]:
+    """Keep the requested outputs, in the order asked; an unknown name is a client error."""
+    if not requested:
+        return outputs
+    missing = [n for n in requested if n not in outputs]
+    if missing:
+        raise BadRequest(f"unknown output(s) {', '.join(missing)}; the model returns {', '.join(outputs) or 'none'}")
+    return {n: outputs[n] for n in requested}
+
+
+def join_stream(items: Iterable[Any], *, lenient: bool = False) -> Any:
+    """A streaming model's items as one answer: each output concatenated along its first axis.
+
+    Used where the protocol has room for one response only (unary ``Predict`` and
+    ``ModelInfer``, V2 over HTTP, V1 without ``stream``, ``return_single_response``).
+    Items are named outputs (every item with the same names) or plain arrays;
+    scalar items are stacked.  Items that cannot be joined are a
+    :class:`ModelFailure`, or, with ``lenient`` (TF Serving's JSON, which can
+    carry any list), the list of items as they came.
+    """
+    collected = list(items)
+    try:
+        if collected and all(isinstance(i, dict) for i in collected):
+            return _join_named(collected)
+        if collected and all(isinstance(i, (np.ndarray, np.generic, int, float)) for i in collected):
+            return _concatenate([np.atleast_1d(i) for i in collected])
+        if not collected:
+            raise ModelFailure("the model's stream produced no items")
+        raise ModelFailure("a streamed item is neither a tensor nor named tensors; cannot join them")
+    except ModelFailure:
+        if lenient:
+            return collected
+        raise
+
+
+def _join_named(items: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    names = list(items[0])
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for item in items:
+        if sorted(item) != sorted(names):
+            raise ModelFailure(
+                f"a streamed item has outputs {sorted(item)}, the first had {sorted(names)}; cannot join them"
+            )
+        for n in names:
+            parts[n].append(np.atleast_1d(item[n]))
+    return {n: _concatenate(chunks) for n, chunks in parts.items()}
+
+
+def _concatenate(chunks: list[np.ndarray]) -> np.ndarray:
+    try:
+        return np.concatenate(chunks, axis=0)
+    except ValueError as exc:
+        raise ModelFailure(f"cannot join the model's streamed items along their first axis: {exc}") from None

@@ -1,0 +1,239 @@
+"""Reading a model folder's ``servekit.yaml`` into a :class:`ModelConfig`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servekit.folders import pipeline
+from servekit.folders import triton_config as triton_model_config
+from servekit.types import BatchingConfig, ModelConfig, SequenceConfig
+
+CONFIG_FILE = "servekit.yaml"
+_KEYS = {
+    "plugin",
+    "version_policy",
+    "labels",
+    "device",
+    "batching",
+    "options",
+    "placement",
+    "replicas",
+    "concurrency",
+    "warmup",
+    "pin",
+    "sequence",
+    "pipeline",
+    "build",  # read by `servekit build` only (servekit.scaffold.build_settings)
+}
+#: What one warm-up item may hold: a request body of one protocol, or a file of one.
+WARMUP_KINDS = ("v1", "v2", "file")
+
+
+class ConfigError(ValueError):
+    """``servekit.yaml`` is unreadable or holds a wrong value; the message says which."""
+
+
+def read_model_config(model_dir: Path, defaults: BatchingConfig | None = None) -> ModelConfig:
+    return parse_model_config(read_raw_config(model_dir), model_dir, defaults)
+
+
+def read_raw_config(model_dir: Path) -> dict[str, Any]:
+    """The settings ``servekit.yaml`` holds, unchecked (``{}`` without one)."""
+    path = model_dir / CONFIG_FILE
+    raw: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{CONFIG_FILE}: not valid YAML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"{CONFIG_FILE}: cannot read it: {exc.strerror}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
+    try:  # a Triton folder: its config.pbtxt's dynamic_batching, or the pipeline of an ensemble
+        triton = triton_model_config.read(model_dir)
+        batching = triton_model_config.batching(triton)
+        ensemble = pipeline.from_triton_config(triton)
+    except (triton_model_config.TritonConfigError, pipeline.PipelineError) as exc:
+        raise ConfigError(str(exc)) from None
+    if batching is not None and "batching" not in raw:
+        raw = {**raw, "batching": batching}
+    if ensemble is not None and "pipeline" not in raw:
+        raw = {**raw, "pipeline": ensemble}
+    return raw
+
+
+def parse_model_config(
+    raw: dict[str, Any], model_dir: Path | None = None, defaults: BatchingConfig | None = None
+) -> ModelConfig:
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ConfigError(
+            f"{CONFIG_FILE}: unknown setting(s) {', '.join(sorted(unknown))}; expected {', '.join(sorted(_KEYS))}"
+        )
+    labels = raw.get("labels")
+    labels = {} if labels is None else labels
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in labels.items()
+    ):
+        raise ConfigError(f"{CONFIG_FILE}: 'labels' must map label names to version numbers")
+    batching = raw.get("batching")
+    batching = {} if batching is None else batching
+    if not isinstance(batching, dict) or set(batching) - {"max_batch_size", "max_batch_time_ms"}:
+        raise ConfigError(f"{CONFIG_FILE}: 'batching' takes max_batch_size and max_batch_time_ms")
+    base = defaults or BatchingConfig()
+    options = raw.get("options")
+    options = {} if options is None else options
+    if not isinstance(options, dict):
+        raise ConfigError(f"{CONFIG_FILE}: 'options' must be a mapping")
+    device = str(raw.get("device", "auto"))
+    if not (device in ("auto", "cpu", "cuda") or device.startswith("cuda:")):
+        raise ConfigError(f"{CONFIG_FILE}: 'device' must be auto, cpu, cuda or cuda:N, found {device!r}")
+    if not isinstance(raw.get("build") or {}, dict):
+        raise ConfigError(f"{CONFIG_FILE}: 'build' must be a mapping (the settings of `servekit build`)")
+    policy = raw.get("version_policy", "latest")
+    check_version_policy(policy)
+    placement, replicas = _placement(raw)
+    return ModelConfig(
+        plugin=raw.get("plugin"),
+        version_policy=policy,
+        labels=dict(labels),
+        device=device,
+        batching=BatchingConfig(
+            max_batch_size=int(batching.get("max_batch_size", base.max_batch_size)),
+            max_batch_time_ms=float(batching.get("max_batch_time_ms", base.max_batch_time_ms)),
+        ),
+        options=options,
+        placement=placement,
+        replicas=replicas,
+        concurrency=_concurrency(raw.get("concurrency")),
+        warmup=_warmup(raw.get("warmup")),
+        pin=_pin(raw.get("pin", False)),
+        sequence=_sequence(raw.get("sequence")),
+        pipeline=_pipeline(raw.get("pipeline")),
+        base_path=model_dir,
+    )
+
+
+def _concurrency(raw: Any) -> int | None:
+    """``concurrency``: calls of the model that run at once in one process; ``0``: no bound."""
+    if raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= 1024:
+        raise ConfigError(
+            f"{CONFIG_FILE}: 'concurrency' must be how many calls run at once in a process, "
+            f"from 1 to 1024, or 0 for no bound; found {raw!r}"
+        )
+    return raw
+
+
+def _pipeline(raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        return pipeline.parse(raw)
+    except pipeline.PipelineError as exc:
+        raise ConfigError(f"{CONFIG_FILE}: {exc}") from None
+
+
+def _sequence(raw: Any) -> SequenceConfig | None:
+    """``sequence: true`` or ``sequence: {max_idle_ms: N}``; unset or false: stateless."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return SequenceConfig()
+    if not isinstance(raw, dict) or set(raw) - {"max_idle_ms"}:
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence' must be true or {{max_idle_ms: N}}")
+    idle = raw.get("max_idle_ms", SequenceConfig.max_idle_ms)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0:
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence.max_idle_ms' must be a positive number, found {idle!r}")
+    return SequenceConfig(max_idle_ms=float(idle))
+
+
+def _pin(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise ConfigError(f"{CONFIG_FILE}: 'pin' must be true or false, found {raw!r}")
+    return raw
+
+
+def _warmup(raw: Any) -> list[dict[str, Any]]:
+    """``warmup``: a list of sample requests, each ``{v1: body}``, ``{v2: body}`` or ``{file: path}``
+    (a JSON request beside the version), with an optional ``count``."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{CONFIG_FILE}: 'warmup' must be a list of sample requests")
+    items = []
+    for i, item in enumerate(raw):
+        kinds = [k for k in WARMUP_KINDS if isinstance(item, dict) and k in item]
+        if len(kinds) != 1 or set(item) - {kinds[0], "count"}:
+            raise ConfigError(
+                f"{CONFIG_FILE}: warmup item {i} must hold one of v1 (a TF Serving REST predict body), "
+                "v2 (a V2 infer body) or file (a JSON request beside the version), and optionally count"
+            )
+        count = item.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 1000:
+            raise ConfigError(f"{CONFIG_FILE}: warmup item {i}: 'count' must be a number from 1 to 1000")
+        body = item[kinds[0]]
+        if not isinstance(body, dict if kinds[0] != "file" else str):
+            raise ConfigError(
+                f"{CONFIG_FILE}: warmup item {i}: {kinds[0]} must be a {'path' if kinds[0] == 'file' else 'request body'}"
+            )
+        items.append({"kind": kinds[0], "body": body, "count": count})
+    return items
+
+
+def _placement(raw: dict[str, Any]) -> tuple[str | None, int]:
+    """``placement`` (worker | process, unset: the server's ``--placement``) and ``replicas``."""
+    placement = raw.get("placement")
+    if placement is not None and placement not in ("worker", "process"):
+        raise ConfigError(f"{CONFIG_FILE}: 'placement' must be worker or process, found {placement!r}")
+    replicas = raw.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
+        raise ConfigError(
+            f"{CONFIG_FILE}: 'replicas' must be a number of host processes from 1 to 64, found {replicas!r}"
+        )
+    if replicas > 1 and placement == "worker":
+        raise ConfigError(f"{CONFIG_FILE}: 'replicas' needs placement: process (each worker has its own copy)")
+    return placement, replicas
+
+
+def check_version_policy(policy: Any) -> None:
+    if policy in ("latest", "all"):
+        return
+    if isinstance(policy, dict) and len(policy) == 1:
+        ((kind, value),) = policy.items()
+        if kind == "specific":
+            versions = value.get("versions") if isinstance(value, dict) else value
+            if (
+                isinstance(versions, list)
+                and versions
+                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in versions)
+            ):
+                return
+        if kind == "latest":
+            n = value.get("num_versions") if isinstance(value, dict) else value
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                return
+    raise ConfigError(
+        f"{CONFIG_FILE}: 'version_policy' must be latest, all, {{latest: N}} or "
+        f"{{specific: [versions]}}, found {policy!r}"
+    )
+
+
+def select_versions(policy: Any, available: list[int]) -> list[int]:
+    """The versions a policy serves out of those on disk (TF Serving's ServableVersionPolicy)."""
+    ordered = sorted(available)
+    if policy == "all":
+        return ordered
+    if policy == "latest":
+        return ordered[-1:]
+    ((kind, value),) = policy.items()
+    if kind == "latest":
+        n = value["num_versions"] if isinstance(value, dict) else value  # checked by check_version_policy
+        return ordered[-n:]
+    versions = value["versions"] if isinstance(value, dict) else value
+    return [v for v in ordered if v in set(versions)]

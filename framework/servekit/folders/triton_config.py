@@ -1,0 +1,188 @@
+"""A model folder's Triton ``config.pbtxt``, as Triton's JSON model configuration.
+
+A Triton model repository entry keeps its model configuration in
+``config.pbtxt`` beside the version folders.  servekit reads it for:
+
+- the configuration document (``/v2/models/NAME/config``, gRPC ``ModelConfig``,
+  built in :func:`servekit.protocols.v2_documents.model_configuration`): every
+  field the file holds, with what servekit knows laid over it;
+- the metadata of a model that gives none (a ``model.py`` without a
+  ``metadata`` hook): its ``input`` and ``output``, with a leading ``-1`` for the
+  batch dimension when ``max_batch_size`` is above 0, as Triton reports them;
+- whether the model has a batch dimension (:func:`batch_size`), which Triton's
+  classification extension ranks row by row;
+- the model's batching when ``servekit.yaml`` has no ``batching:``:
+  ``dynamic_batching`` turns servekit's adaptive batching on (:func:`batching`).
+
+The text format is read without the protobuf schema (:mod:`servekit.folders.pbtxt`), so
+the HTTP server needs no ``grpc`` extra; what the schema would say is restored
+here: a repeated field given once becomes a list (:data:`REPEATED`), and a map
+(``parameters``, ``input_map``: entries of ``key`` and ``value``) an object, which
+is the shape protobuf's JSON mapping gives them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from servekit.folders import pbtxt
+from servekit.types import ModelMetadata, Signature, TensorSpec
+
+log = logging.getLogger("servekit.triton")
+
+CONFIG_FILE = "config.pbtxt"
+
+#: The repeated fields of Triton's ``ModelConfig`` and the messages inside it
+#: (``model_config.proto``); no message there has a singular field of these names.
+REPEATED = frozenset(
+    {
+        "agents",
+        "batch_input",
+        "batch_output",
+        "bool_false_true",
+        "buckets",
+        "control",
+        "control_input",
+        "cpu_execution_accelerator",
+        "dim",
+        "dims",
+        "fp32_false_true",
+        "gpu_execution_accelerator",
+        "gpus",
+        "graph_spec",
+        "initial_state",
+        "input",
+        "instance_group",
+        "int32_false_true",
+        "metric_control",
+        "model_warmup",
+        "op_library_filename",
+        "output",
+        "preferred_batch_size",
+        "profile",
+        "resources",
+        "secondary_devices",
+        "shape",
+        "source_input",
+        "state",
+        "step",
+        "target_name",
+        "versions",
+    }
+)
+
+
+class TritonConfigError(ValueError):
+    """``config.pbtxt`` cannot be read; the message says why."""
+
+
+def read(folder: Path | None) -> dict[str, Any] | None:
+    """The folder's ``config.pbtxt`` as a JSON model configuration (``None``: the folder has none)."""
+    if folder is None:
+        return None
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        doc = pbtxt.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, pbtxt.ParseError) as exc:
+        raise TritonConfigError(f"{CONFIG_FILE}: cannot be read: {exc}") from None
+    return _message(doc)
+
+
+def _message(doc: dict[str, Any]) -> dict[str, Any]:
+    return {key: _field(key, value) for key, value in doc.items()}
+
+
+def _field(key: str, value: Any) -> Any:
+    items = value if isinstance(value, list) else [value]
+    if items and all(isinstance(i, dict) and "key" in i and set(i) <= {"key", "value"} for i in items):
+        return {str(i["key"]): _value(i.get("value", "")) for i in items}  # a map's entries
+    if key in REPEATED or isinstance(value, list):
+        return [_value(i) for i in items]
+    return _value(value)
+
+
+def _value(value: Any) -> Any:
+    return _message(value) if isinstance(value, dict) else value
+
+
+# -- per served version -------------------------------------------------------------------
+
+
+def model_folder(mv: Any) -> Path:
+    """The model's folder (the one holding ``config.pbtxt`` and the version folders)."""
+    return Path(mv.config.base_path) if mv.config.base_path else Path(mv.path).parent
+
+
+def of_version(mv: Any) -> dict[str, Any] | None:
+    """The ``config.pbtxt`` of a served version's folder, read once per version (``None``: none, or unreadable)."""
+    cache = mv.__dict__
+    if "_triton_config" not in cache:
+        try:
+            cache["_triton_config"] = read(model_folder(mv))
+        except TritonConfigError as exc:
+            log.warning("model %s: %s; its configuration is derived from its metadata", mv.name, exc)
+            cache["_triton_config"] = None
+    return cache["_triton_config"]
+
+
+def batch_size(mv: Any) -> int:
+    """The model's ``max_batch_size``: servekit's batching size when it batches, else ``config.pbtxt``'s (0: none)."""
+    batching = max(0, mv.config.batching.max_batch_size)
+    if batching:
+        return batching
+    doc = of_version(mv) or {}
+    return max(0, _int(doc.get("max_batch_size", 0)))
+
+
+def batching(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``batching:`` of ``servekit.yaml`` a configuration's ``dynamic_batching`` stands for (``None``: none).
+
+    Triton combines requests only with ``dynamic_batching``, up to ``max_batch_size``
+    rows, waiting at most ``max_queue_delay_microseconds``; without a batch
+    dimension (``max_batch_size`` 0) it has nothing to combine along.
+    """
+    if not doc or not isinstance(doc.get("dynamic_batching"), dict):
+        return None
+    size = _int(doc.get("max_batch_size", 0))
+    if size <= 0:
+        return None
+    delay_us = _int(doc["dynamic_batching"].get("max_queue_delay_microseconds", 0))
+    return {"max_batch_size": size, "max_batch_time_ms": delay_us / 1000.0}
+
+
+# -- metadata -----------------------------------------------------------------------------
+
+
+def v2_datatype(config_type: Any) -> str:
+    """A V2 datatype from Triton's ``TYPE_*`` name (``TYPE_STRING`` is ``BYTES``)."""
+    return str(config_type).removeprefix("TYPE_").replace("STRING", "BYTES")
+
+
+def metadata(doc: dict[str, Any] | None) -> ModelMetadata | None:
+    """The metadata a configuration's ``input`` and ``output`` give (``None``: it lists neither)."""
+    if not doc or not (doc.get("input") or doc.get("output")):
+        return None
+    batched = _int(doc.get("max_batch_size", 0)) > 0
+    signature = Signature(
+        inputs=[_spec(t, batched) for t in doc.get("input", [])],
+        outputs=[_spec(t, batched) for t in doc.get("output", [])],
+    )
+    platform = str(doc.get("platform") or doc.get("backend") or "python")
+    return ModelMetadata(signatures={"serving_default": signature}, platform=platform)
+
+
+def _spec(tensor: dict[str, Any], batched: bool) -> TensorSpec:
+    dims = [_int(d) for d in tensor.get("dims", [])]
+    datatype = v2_datatype(tensor.get("data_type", "TYPE_INVALID"))
+    return TensorSpec(str(tensor.get("name", "")), datatype, ([-1] if batched else []) + dims)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,97 @@
+"""The control plane's parts without a server: plans, Triton's config mapping, uploads."""
+
+from __future__ import annotations
+
+import pytest
+from servekit.control import ControlPlane
+from servekit.control.plan import Planner
+from servekit.control.triton_config import settings_for
+from servekit.control.uploads import Uploads
+from servekit.errors import BadRequest, NotFound
+from sklearn_models import fit_iris
+
+
+def test_a_plan_changes_generation_only_when_the_folders_or_the_operator_change(tmp_path):
+    fit_iris(tmp_path / "repo" / "iris", 1)
+    planner = Planner({"iris": tmp_path / "repo" / "iris"}, roots=[tmp_path / "repo"], explicit=True)
+    assert planner.refresh() and planner.generation == 1
+    assert not planner.refresh()
+    fit_iris(tmp_path / "repo" / "iris", 2)
+    assert planner.refresh() and list(planner.plan["models"]["iris"]["versions"]) == [2]
+    planner.disable("iris")
+    assert planner.refresh() and planner.plan["models"]["iris"]["versions"] == {}
+    fit_iris(tmp_path / "repo" / "late", 1)
+    planner.refresh()
+    late = planner.plan["models"]["late"]
+    assert not late["enabled"] and "not loaded" in late["reason"]
+    planner.enable("late")
+    planner.refresh()
+    assert planner.plan["models"]["late"]["enabled"]
+    with pytest.raises(NotFound):
+        planner.enable("missing")
+
+
+def test_triton_config_maps_onto_servekit_settings():
+    settings = settings_for(
+        "m",
+        '{"name": "m", "max_batch_size": "16", "dynamic_batching": {"max_queue_delay_microseconds": 2000},'
+        ' "version_policy": {"specific": {"versions": ["2", 3]}}, "backend": "onnxruntime",'
+        ' "instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [1]}],'
+        ' "parameters": {"threshold": {"string_value": "0.5"}}}',
+    )
+    assert settings == {
+        "batching": {"max_batch_size": 16, "max_batch_time_ms": 2.0},
+        "version_policy": {"specific": [2, 3]},
+        "plugin": "onnx",
+        "placement": "process",
+        "replicas": 2,
+        "device": "cuda:1",
+        "options": {"threshold": "0.5"},
+    }
+    assert settings_for("m", '{"version_policy": {"all": {}}, "instance_group": [{"kind": "KIND_CPU"}]}') == {
+        "version_policy": "all",
+        "device": "cpu",
+    }
+
+
+@pytest.mark.parametrize(
+    "config, named",
+    [
+        ('{"sequence_batching": {"control_input": []}}', "sequence_batching.control_input"),
+        ('{"input": [{"name": "x"}]}', "input"),
+        ('{"max_batch_size": "lots"}', "max_batch_size"),
+        ('{"name": "other"}', "other"),
+        ('{"dynamic_batching": {"priority_levels": 2}}', "dynamic_batching.priority_levels"),
+        ('{"backend": "openvino"}', "openvino"),
+        ('"parameters": {"config": {{"max_batch_size": "16"}}}', "not valid JSON"),
+        ("[1]", "JSON object"),
+    ],
+)
+def test_what_cannot_be_mapped_is_a_400_naming_the_field(config, named):
+    with pytest.raises(BadRequest, match="failed to load 'm'") as caught:
+        settings_for("m", config)
+    assert named in caught.value.message
+
+
+def test_uploaded_files_stay_inside_their_folder(tmp_path):
+    uploads = Uploads()
+    folder = uploads.write("m", {"file:1/model.joblib": b"x", "file:servekit.yaml": b"{}"})
+    assert (folder / "1" / "model.joblib").read_bytes() == b"x" and folder.name == "m"
+    assert uploads.write("m", {"file:1/model.joblib": b"y"}) != folder  # a new folder per load
+    for bad in ("file:../x", "file:/etc/x", "file:"):
+        with pytest.raises(BadRequest, match="relative path"):
+            uploads.write("m", {bad: b"x"})
+
+
+def test_a_one_process_app_loads_and_unloads_through_its_own_owner(servekit_app, tmp_path):
+    fit_iris(tmp_path / "repo" / "iris", 1)
+    client = servekit_app(tmp_path / "repo", model_control_mode="explicit")
+    control: ControlPlane = client.application.extensions["servekit.control"]
+    control.unload("iris")
+    assert client.get("/v2/models/iris/ready").status_code == 404
+    control.load("iris", config='{"max_batch_size": 8}')
+    assert client.get("/v2/models/iris/config").get_json()["max_batch_size"] == 8
+    control.load("iris")  # without a config: back to the folder's own settings
+    assert client.get("/v2/models/iris/config").get_json()["max_batch_size"] == 0
+    r = client.post("/v2/repository/models/iris/unload", json={"parameters": {"unload_dependents": "yes"}})
+    assert r.status_code == 400 and "unload_dependents" in r.get_json()["error"]
