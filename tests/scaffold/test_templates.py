@@ -257,13 +257,16 @@ def test_gunicorn_conf_matches_servekit_serve(monkeypatch):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
     spec = importlib.util.spec_from_file_location("image_gunicorn_conf", scaffold.DOCKER_TEMPLATES / "gunicorn.conf.py")
     conf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conf)
-    # gunicorn reads a config file the same way: every setting named at module level
-    loaded = Config()
-    for name, value in vars(conf).items():
-        if name in loaded.settings:
-            loaded.set(name, value)
-    cfg = ServekitApplication(resolve(environ=env)).cfg
+    spec.loader.exec_module(conf)  # sets up the server's shared folders and its owner, as in an image
+    try:
+        # gunicorn reads a config file the same way: every setting named at module level
+        loaded = Config()
+        for name, value in vars(conf).items():
+            if name in loaded.settings:
+                loaded.set(name, value)
+        cfg = ServekitApplication(resolve(environ=env)).cfg
+    finally:
+        conf.on_exit(None)  # what gunicorn's master calls on its way out
     for key in (
         "bind",
         "workers",

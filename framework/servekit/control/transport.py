@@ -76,9 +76,16 @@ def serve(owner: Owner) -> Any:
     threading.Thread(target=_accept, args=(listener, key, owner), name="servekit-control", daemon=True).start()
 
     def close() -> None:
+        global _owner
         owner.stop()
         listener.close()
         shutil.rmtree(folder, ignore_errors=True)
+        # no longer the owner: a server this process starts later makes its own
+        if _owner is owner:
+            _owner = None
+        if os.environ.get(ENV_ADDRESS) == path:
+            for name in (ENV_ADDRESS, ENV_KEY, ENV_OWNER):
+                os.environ.pop(name, None)
 
     return close
 

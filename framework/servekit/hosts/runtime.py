@@ -103,7 +103,8 @@ def cleanup(grace: float = 5.0) -> None:
         _signal(pid, signal.SIGKILL)
     channel.sweep(shm_prefix())
     shutil.rmtree(folder, ignore_errors=True)
-    for key in (ENV_DIR, ENV_OWNER, ENV_ID):
+    # the server is gone: nothing of it stays for a server this process starts later
+    for key in (ENV_DIR, ENV_OWNER, ENV_ID, ENV_CALL_TIMEOUT, ENV_PLACEMENT):
         os.environ.pop(key, None)
 
 
