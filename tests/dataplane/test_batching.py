@@ -357,7 +357,7 @@ def test_data_plane_batches_and_skips_streaming_models(servekit_app, recorder_di
 
 
 def test_batcher_for_honours_config_and_flags(servekit_app, tmp_path):
-    from tests.conftest import fit_iris
+    from sklearn_models import fit_iris
 
     fit_iris(tmp_path / "iris")
     off = servekit_app(tmp_path / "iris").application.extensions["servekit"]
@@ -368,7 +368,7 @@ def test_batcher_for_honours_config_and_flags(servekit_app, tmp_path):
 
 
 def test_a_wrapper_around_predict_does_not_count_as_streaming(servekit_app, tmp_path):
-    from tests.conftest import fit_iris
+    from sklearn_models import fit_iris
 
     fit_iris(tmp_path / "iris")
     wrapper = tmp_path / "timing_plugin.py"

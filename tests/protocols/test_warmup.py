@@ -113,7 +113,7 @@ def test_tf_serving_warmup_requests_of_a_savedmodel_run_before_it_serves(tmp_pat
     TFRecordWriter and TF Serving's PredictionLog: good records warm the model up, a record
     that fails makes the version END with the record named."""
     tf = pytest.importorskip("tensorflow")
-    from sklearn_models import TF_DATA
+    from repo_paths import TF_DATA
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     def with_warmup(name: str, x, input_name: str = "x") -> None:

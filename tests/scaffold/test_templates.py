@@ -609,7 +609,7 @@ def test_wheel_ships_the_templates(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("servekit-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {
-        "servekit/" + str(p.relative_to(scaffold.TEMPLATES_ROOT.parent))
+        str(p.relative_to(scaffold.TEMPLATES_ROOT.parents[2]))  # servekit/scaffold/templates/...
         for p in scaffold.TEMPLATES_ROOT.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }

@@ -204,7 +204,7 @@ def installed_from() -> tuple[str, Path | None]:
     ``direct_url.json``) tells a local wheel file or a URL; an install from a
     package index has none.
     """
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]  # servekit/scaffold/project.py -> the source tree
     pyproject = root / "pyproject.toml"
     if pyproject.is_file() and re.search(r'^name\s*=\s*"servekit"', pyproject.read_text(), re.MULTILINE):
         return "source", root

@@ -20,7 +20,7 @@ TIMEOUT = 600.0
 
 def measure(folder: Path, model_name: str, timeout: float = TIMEOUT) -> tuple[float | None, str]:
     """Seconds a server takes to make ``folder``'s models ready, or ``None`` and why not."""
-    command = [sys.executable, "-m", "servekit.startup_time", str(folder), model_name]
+    command = [sys.executable, "-m", "servekit.scaffold.startup_time", str(folder), model_name]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
