@@ -18,6 +18,28 @@ from repo_paths import TF_DATA
 from sklearn_models import ECHO_MODEL, fit_iris, fit_regressor
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--alone",
+        action="store_true",
+        help="run only the tests marked alone, which a parallel run leaves out (scripts/test.sh runs them after it)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A parallel run (an xdist worker) leaves out the tests that need the machine alone; ``--alone`` runs only them."""
+    if config.getoption("alone"):
+        keep = [item for item in items if item.get_closest_marker("alone")]
+    elif hasattr(config, "workerinput"):
+        keep = [item for item in items if not item.get_closest_marker("alone")]
+    else:
+        return
+    if len(keep) != len(items):
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = keep
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """The quick lane leaves out the modules whose tests are all slow, without importing them."""
     module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")

@@ -55,4 +55,14 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             || echo "could not install$missing; the real-image test will skip"
     fi
 fi
-exec python -m pytest "$@"
+# The suite in parallel, one worker per CPU (SERVEKIT_TEST_WORKERS to choose), a module's tests in
+# one worker since they share its servers; then the tests that need the machine alone (marked
+# `alone`), one at a time.
+set +e
+python -m pytest -n "${SERVEKIT_TEST_WORKERS:-auto}" --dist loadfile "$@"
+status=$?
+python -m pytest --alone "$@"
+alone=$?
+[ "$alone" -eq 5 ] && alone=0  # exit status 5: no test of this selection needs the machine alone
+[ "$status" -ne 0 ] && exit "$status"
+exit "$alone"
