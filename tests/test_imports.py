@@ -394,3 +394,53 @@ def test_the_heavy_import_check_sees_helpers_and_importorskip(tmp_path):
     assert heavy_imports(tmp_path / "test_a.py") == {"torch"}
     assert heavy_imports(tmp_path / "test_b.py", support=tmp_path) == {"torch"}  # through a helper
     assert heavy_imports(tmp_path / "test_c.py") == set()
+
+
+# -- docs/architecture.md draws the folders --------------------------------------------------------
+
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+KERNEL = {"servekit.errors", "servekit.types", "servekit.streams", "servekit.routes", "servekit.version"}
+
+
+def layer_of(module: str) -> str:
+    """The box a module is drawn in on docs/architecture.md."""
+    if not module.startswith("servekit.") and module != "servekit":
+        return "plugins"
+    if module == "servekit":
+        return "public-face"
+    if module in KERNEL:
+        return "kernel"
+    return module.split(".")[1]
+
+
+def drawn_arrows(graph: dict[str, set[str]]) -> str:
+    """The arrows block of docs/architecture.md, as the source has it."""
+    arrows: dict[str, set[str]] = {}
+    for module, edges in graph.items():
+        arrows.setdefault(layer_of(module), set()).update(layer_of(e) for e in edges)
+    lines = []
+    for layer in sorted(arrows):
+        targets = sorted(arrows[layer] - {layer})
+        if targets:
+            lines.append(f"{layer:<14} -> {' '.join(targets)}")
+    return "\n".join(lines)
+
+
+def test_the_architecture_page_draws_every_folder_and_its_arrows():
+    page = ARCHITECTURE.read_text()
+    folders = sorted(
+        p.name for p in (REPO / "framework" / "servekit").iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    )
+    picture = page.split("```")[1]
+    missing = [f for f in folders if f"{f}/" not in picture]
+    assert not missing, f"docs/architecture.md's picture lacks the folders {missing}"
+    drawn = page.split("<!-- arrows: start -->")[1].split("<!-- arrows: end -->")[0].strip().strip("`").strip()
+    actual = drawn_arrows(import_graph(PACKAGES))
+    assert drawn == actual, f"docs/architecture.md's arrows drifted; the source has:\n{actual}"
+
+
+def test_the_arrows_follow_a_new_folder(tmp_path):
+    package = _write(tmp_path, {"servekit/__init__.py": "", "servekit/errors.py": "", "servekit/new/__init__.py": ""})
+    (package.parent / "servekit" / "new" / "a.py").write_text("from servekit import errors\n")
+    graph = import_graph([package.parent / "servekit"])
+    assert drawn_arrows(graph) == "new            -> kernel"
