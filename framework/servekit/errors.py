@@ -153,7 +153,20 @@ def served_models(names: list[str], limit: int = 20) -> str:
 
 def openai_error(exc: ServekitError) -> dict[str, Any]:
     """OpenAI's error object for ``exc``."""
-    return {"error": {"message": exc.message, "type": exc.openai_type, "param": exc.param, "code": exc.status}}
+    return openai_error_object(exc.message, exc.status, kind=exc.openai_type, param=exc.param)
+
+
+def openai_error_object(
+    message: str, status: int, *, kind: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``, the one place it is built.
+
+    ``code`` is the HTTP status (a stream reports it after its 200 went out); ``type``,
+    when not given, is OpenAI's for the status: a client's error below 500, the server's from it.
+    """
+    if kind is None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def render(exc: ServekitError, path: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from werkzeug.exceptions import HTTPException
 from servekit.codecs import tf_json
 from servekit.dataplane import generation as gen
 from servekit.dataplane.repository import ModelVersion
-from servekit.errors import BadRequest, ModelFailure, ServekitError, openai_error
+from servekit.errors import BadRequest, ModelFailure, ServekitError, openai_error, openai_error_object
 from servekit.observability.request_log import REQUEST_LOG_HEADER, predictions
 from servekit.protocols import openai_requests as req
 from servekit.protocols.http import dataplane, json_object, json_response
@@ -65,10 +65,8 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ServekitError):
         return openai_error(exc)
     if isinstance(exc, HTTPException):
-        status = exc.code or 500
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        return {"error": {"message": exc.description or exc.name, "type": kind, "param": None, "code": status}}
-    return {"error": {"message": error_message(exc), "type": "server_error", "param": None, "code": 500}}
+        return openai_error_object(exc.description or exc.name, exc.code or 500)
+    return openai_error_object(error_message(exc), 500)
 
 
 @bp.errorhandler(ServekitError)
@@ -84,15 +82,7 @@ def http_error(exc: HTTPException):
 @bp.errorhandler(Exception)
 def unexpected(exc: Exception):
     log.exception("unhandled error on %s %s", request.method, request.path)
-    body = {
-        "error": {
-            "message": f"internal server error ({type(exc).__name__})",
-            "type": "server_error",
-            "param": None,
-            "code": 500,
-        }
-    }
-    return json_response(body, 500)
+    return json_response(openai_error(ServekitError(f"internal server error ({type(exc).__name__})")), 500)
 
 
 # -- models -------------------------------------------------------------------------------
