@@ -16,25 +16,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from servekit.codecs.infer_request import InferRequest
-from servekit.dataplane import batching, call_gate, classification, sequences
+from servekit.dataplane import batching, call_gate, classification, generation, sequences
 from servekit.dataplane.repository import ModelRepository, ModelVersion
 from servekit.errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, ServekitError, UnknownModel
 from servekit.folders import pipeline
 from servekit.folders import triton_config as triton_model_config
 from servekit.observability import labels, load, statistics, tracing
 from servekit.streams import close, is_stream
-from servekit.types import Executor, ModelMetadata, Tensors
+from servekit.types import Executor, GenerationChunk, GenerationRequest, GenerationResult, ModelMetadata, Tensors
 
 log = logging.getLogger("servekit.dataplane")
 
 #: The name given to a single unnamed output when the metadata names none.
 DEFAULT_OUTPUT = "output_0"
+#: ``tokenizer=`` left out of a generation: the data plane asks the model's ``tokenizer`` hook.
+OWN_TOKENIZER: Any = object()
 
 
 class LocalExecutor:
@@ -387,8 +389,50 @@ class DataPlane:
             raise ModelFailure(f"regress returned {len(result)} results for {len(examples)} examples")
         return result
 
-    def complete(self, mv: ModelVersion, request: Any, parameters: dict[str, Any] | None = None) -> Any:
+    # -- generation: the ``complete`` hook's answers, assembled here for every protocol ----------
+
+    def complete(
+        self, mv: ModelVersion, request: GenerationRequest, parameters: dict[str, Any] | None = None
+    ) -> GenerationResult | str | Iterator[str | GenerationChunk]:
+        """Run ``complete`` once, for one choice: what the hook answered, a stream not yet read."""
         return self._call(mv, "complete", request=request, parameters=parameters or {})
+
+    def generate(
+        self,
+        mv: ModelVersion,
+        requests: Iterable[GenerationRequest],
+        parameters: dict[str, Any] | None = None,
+        *,
+        tokenizer: Any = OWN_TOKENIZER,
+    ) -> generation.Generated:
+        """Every choice of a generation request, whole: ``complete`` once per (prompt, choice),
+        stop sequences cut, the tokens the model did not report counted, the usage summed.
+
+        ``tokenizer``: the model's, when the protocol already has it (a chat prompt is
+        formatted with it); left out, the data plane asks the ``tokenizer`` hook.
+        """
+        tokenizer = self.tokenizer(mv) if tokenizer is OWN_TOKENIZER else tokenizer
+        return generation.generate_whole(requests, self._completer(mv, parameters), tokenizer)
+
+    def generate_stream(
+        self,
+        mv: ModelVersion,
+        requests: Iterable[GenerationRequest],
+        parameters: dict[str, Any] | None = None,
+        *,
+        tokenizer: Any = OWN_TOKENIZER,
+    ) -> Generator[generation.StreamEvent, None, None]:
+        """Every choice of a generation request, streamed in turn (:func:`generation.stream_choices`).
+
+        A choice's ``complete`` call is made when the stream reaches it, so the first
+        event the consumer pulls makes the first call (a refusal raises there).  Closing
+        the stream (client gone) closes the model's generator.
+        """
+        tokenizer = self.tokenizer(mv) if tokenizer is OWN_TOKENIZER else tokenizer
+        return generation.stream_choices(requests, self._completer(mv, parameters), tokenizer)
+
+    def _completer(self, mv: ModelVersion, parameters: dict[str, Any] | None) -> generation.Start:
+        return lambda request: self.complete(mv, request, parameters)
 
     def embed(self, mv: ModelVersion, texts: list[str], parameters: dict[str, Any] | None = None) -> Any:
         """Run ``embed``; with the version's batching on, concurrent requests share one call.

@@ -9,13 +9,21 @@ pieces (``str`` or :class:`GenerationChunk`) to stream.  The framework applies
 stop sequences to the generated text (streams included: it holds back text that
 could be the start of a stop sequence, and closes the generator once one
 appears), counts tokens where the model did not, and decides the finish reason.
+
+Every protocol gets its answer assembled here, through the data plane
+(``DataPlane.generate`` and ``DataPlane.generate_stream``), so OpenAI's
+completions and chat and Triton's generate, over HTTP and gRPC, cut, count and
+finish a text the same way: a whole answer is a :class:`Generated` (each
+choice, the usage), a stream a sequence of :data:`StreamEvent`.  A protocol
+only renders them in its wire's shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, TypeAlias
 
 from servekit.errors import BadRequest, ModelFailure
 from servekit.streams import close, is_stream
@@ -347,6 +355,181 @@ def _as_chunk(item: Any) -> GenerationChunk:
     if not isinstance(item, GenerationChunk):
         raise ModelFailure(f"complete yielded {type(item).__name__}; expected str or GenerationChunk")
     return item
+
+
+def model_failure(name: str, exc: Exception) -> ModelFailure:
+    """A model's failure while its answer was read (a streaming ``complete``'s generator raised),
+    in the words the data plane gives a hook's failure."""
+    return ModelFailure(f"model {name!r} failed in complete: {type(exc).__name__}: {exc}")
+
+
+# -- a whole answer -------------------------------------------------------------------
+
+
+@dataclass
+class Usage:
+    """A whole answer's token counts: each prompt's tokens once (its choices share the prompt),
+    every choice's completion tokens."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def usage_of(finished: Iterable[tuple[GenerationRequest, Choice]]) -> Usage:
+    prompt_tokens: dict[int, int] = {}
+    completion_tokens = 0
+    for request, choice in finished:
+        prompt_tokens[request.prompt_index] = choice.prompt_tokens
+        completion_tokens += choice.completion_tokens
+    return Usage(sum(prompt_tokens.values()), completion_tokens)
+
+
+@dataclass
+class Generated:
+    """The whole answer to a generation request: each choice with the request it answers, in order."""
+
+    choices: list[tuple[GenerationRequest, Choice]]
+    usage: Usage
+
+
+#: The model's call for one request: ``complete`` through the data plane, as the hook answered.
+Start: TypeAlias = Callable[[GenerationRequest], Any]
+
+
+def generate_whole(requests: Iterable[GenerationRequest], start: Start, tokenizer: Any | None) -> Generated:
+    """Every request's choice, one after another (each call starts once the one before it is done)."""
+    choices = [(request, collect(request, start(request), tokenizer)) for request in requests]
+    return Generated(choices, usage_of(choices))
+
+
+# -- a stream -------------------------------------------------------------------------
+
+
+class StreamedChoice:
+    """One choice of a stream, as its pieces go out: the text so far, the model's last running
+    counts, and what a wire reports with each piece or at the end."""
+
+    def __init__(self, request: GenerationRequest, tokenizer: Any | None):
+        self.request = request
+        self.tokenizer = tokenizer
+        self.texts: list[str] = []
+        self.last = GenerationChunk()
+        self.offset = 0  # where the next token's text starts (completions' text_offset)
+        self.sent_tokens = 0  # the tokens the per-piece counts reported so far
+
+    def add(self, chunk: GenerationChunk) -> StreamPiece:
+        piece = StreamPiece(self, chunk, self.offset)
+        self.texts.append(chunk.text)
+        self.last = chunk
+        if chunk.logprobs:
+            self.offset += sum(token_length(entry) for entry in chunk.logprobs)
+        return piece
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def closing(self) -> GenerationChunk:
+        """The end as a piece without text: the model's last finish reason and running counts."""
+        last = self.last
+        return GenerationChunk("", last.finish_reason, last.prompt_tokens, last.completion_tokens)
+
+    @cached_property
+    def finished(self) -> Choice:
+        """The choice as a whole answer has it (finish reason, token counts); counted when first asked."""
+        last = self.last
+        result = GenerationResult(self.text, last.finish_reason, last.prompt_tokens, last.completion_tokens)
+        return make_choice(self.request, result, self.tokenizer, already_cut=True)
+
+    # Per-piece counts (vLLM's additional outputs report them on every response): asked
+    # piece by piece, in order, since each piece's output tokens are those it adds.
+
+    def prompt_tokens(self, chunk: GenerationChunk) -> int:
+        """The prompt's tokens: the model's count, else the tokenizer's (a word estimate without one)."""
+        if chunk.prompt_tokens is not None:
+            return chunk.prompt_tokens
+        return count_tokens(self.request.prompt, self.tokenizer)
+
+    def added_tokens(self, chunk: GenerationChunk) -> int:
+        """The tokens ``chunk`` adds to those reported before it."""
+        if chunk.completion_tokens is not None:  # the model's running total
+            added = max(chunk.completion_tokens - self.sent_tokens, 0)
+        else:  # the model does not count: the tokenizer does (or a word estimate without one)
+            added = count_tokens(chunk.text, self.tokenizer)
+        self.sent_tokens += added
+        return added
+
+    def reported_finish_reason(self, chunk: GenerationChunk) -> str:
+        """The finish reason of the piece ending the stream, from the tokens the pieces reported."""
+        done = chunk.completion_tokens if chunk.completion_tokens is not None else self.sent_tokens
+        return finish_reason(chunk.finish_reason, done, self.request.max_tokens)
+
+
+@dataclass
+class ChoiceStarted:
+    """A choice's model call was made (``complete`` answered); its pieces follow."""
+
+    choice: StreamedChoice
+
+
+@dataclass(slots=True)  # one per piece streamed: built in the stream's hot loop
+class StreamPiece:
+    """One piece of a choice, stop sequences applied (the model's own chunk, or its string)."""
+
+    choice: StreamedChoice
+    chunk: GenerationChunk
+    #: where the piece's first token's text starts in the choice's text
+    offset: int
+
+
+@dataclass
+class ChoiceEnded:
+    """A choice's last piece went out: its finish reason and counts are known."""
+
+    choice: StreamedChoice
+
+
+@dataclass
+class StreamEnded:
+    """Every choice ended."""
+
+    choices: list[StreamedChoice]
+
+    @property
+    def usage(self) -> Usage:
+        return usage_of((choice.request, choice.finished) for choice in self.choices)
+
+
+StreamEvent: TypeAlias = ChoiceStarted | StreamPiece | ChoiceEnded | StreamEnded
+
+
+def stream_choices(
+    requests: Iterable[GenerationRequest], start: Start, tokenizer: Any | None
+) -> Generator[StreamEvent, None, None]:
+    """Every request's choice streamed in turn: its start, its pieces, its end; then the end of all.
+
+    A choice's call is made when the one before it ended and the consumer asks
+    for more.  Closing this generator (client gone) closes the model's.
+    """
+    ended: list[StreamedChoice] = []
+    pieces: Generator[GenerationChunk, None, None] | None = None
+    try:
+        for request in requests:
+            choice = StreamedChoice(request, tokenizer)
+            pieces = stream_pieces(request, start(request))
+            yield ChoiceStarted(choice)
+            for chunk in pieces:
+                yield choice.add(chunk)
+            yield ChoiceEnded(choice)
+            ended.append(choice)
+        yield StreamEnded(ended)
+    finally:
+        close(pieces)
 
 
 __all__ = [

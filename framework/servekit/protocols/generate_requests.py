@@ -16,9 +16,10 @@ carries (``max_tokens`` defaults to 16, as vLLM's and OpenAI completions'), plus
 TensorRT-LLM's spellings of the same (``stop_words``, ``random_seed``) and its
 switches at their defaults (``bad_words`` empty, ``beam_width`` 1).  Anything
 else is refused with a 400 naming it: a setting silently dropped would answer
-something the client did not ask for.  The text then runs through the model's
-``complete`` hook like an OpenAI completion (:mod:`servekit.dataplane.generation` cuts stop
-sequences and counts tokens), so the same prompt and settings answer the same text.
+something the client did not ask for.  The text then runs through the data
+plane like an OpenAI completion (``DataPlane.generate`` and ``generate_stream``
+call the model's ``complete`` hook, cut stop sequences and count tokens), so the
+same prompt and settings answer the same text.
 """
 
 from __future__ import annotations
@@ -182,14 +183,6 @@ def tensor_fields(inputs: dict[str, np.ndarray]) -> tuple[Any, dict[str, Any]]:
 # -- running ----------------------------------------------------------------------------
 
 
-def start(dp: DataPlane, mv: ModelVersion, spec: GenerateSpec, stream: bool, parameters: dict[str, Any]) -> Any:
-    """Call the model's ``complete`` hook; a model without one is a 400 naming it."""
-    try:
-        return dp.complete(mv, spec.request(stream), parameters)
-    except NotImplementedByModel:
-        raise NotGenerative(mv.name) from None
-
-
 class NotGenerative(BadRequest):
     """The model has no ``complete`` hook: it cannot answer a generate request."""
 
@@ -202,49 +195,44 @@ class NotGenerative(BadRequest):
 
 
 def whole(dp: DataPlane, mv: ModelVersion, spec: GenerateSpec, parameters: dict[str, Any]) -> gen.Choice:
-    """The whole generated text, as OpenAI completions would answer it."""
-    request = spec.request(stream=False)
-    output = start(dp, mv, spec, False, parameters)
-    return gen.collect(request, output, dp.tokenizer(mv))
+    """The whole generated text, as OpenAI completions would answer it; a model without
+    ``complete`` is a 400 naming it."""
+    try:
+        generated = dp.generate(mv, [spec.request(stream=False)], parameters)
+    except NotImplementedByModel:
+        raise NotGenerative(mv.name) from None
+    _, choice = generated.choices[0]  # one request: one choice
+    return choice
 
 
-def pieces(
+def stream(
     dp: DataPlane, mv: ModelVersion, spec: GenerateSpec, parameters: dict[str, Any]
-) -> Generator[gen.GenerationChunk, None, None]:
-    """The produced pieces, stop sequences applied; closing it stops the model (the
-    scheduler drops the sequence at its next step)."""
-    request = spec.request(stream=True)
-    return gen.stream_pieces(request, start(dp, mv, spec, True, parameters))
+) -> Generator[gen.StreamEvent, None, None]:
+    """The data plane's stream from its first piece on, the model's call made here (a model
+    without ``complete`` is a 400 naming it, before any response).  Closing the stream stops
+    the model: the scheduler drops the sequence at its next step."""
+    events = dp.generate_stream(mv, [spec.request(stream=True)], parameters)
+    try:
+        next(events)  # the choice started: the model took the request
+    except NotImplementedByModel:
+        raise NotGenerative(mv.name) from None
+    return events
 
 
-@dataclass
-class Tally:
-    """Running counts for the additional outputs of a stream: what each response reports."""
+def extras(spec: GenerateSpec, streamed: gen.StreamedChoice, chunk: gen.GenerationChunk, final: bool) -> dict[str, Any]:
+    """The additional outputs asked for, on the response carrying ``chunk`` (vLLM: on every response).
 
-    spec: GenerateSpec
-    tokenizer: Any | None
-    sent_tokens: int = 0
-
-    def extras(self, chunk: gen.GenerationChunk, final: bool) -> dict[str, Any]:
-        """The additional outputs of the response carrying ``chunk`` (vLLM: on every response)."""
-        out: dict[str, Any] = {}
-        if "finish_reason" in self.spec.extras:
-            out["finish_reason"] = self.finish_reason(chunk) if final else None
-        if "num_input_tokens" in self.spec.extras:
-            count = chunk.prompt_tokens
-            out["num_input_tokens"] = count if count is not None else gen.count_tokens(self.spec.prompt, self.tokenizer)
-        if "num_output_tokens" in self.spec.extras:  # vLLM's: the tokens this response adds
-            if chunk.completion_tokens is not None:  # the model's running total
-                added = max(chunk.completion_tokens - self.sent_tokens, 0)
-            else:  # the model does not count: the tokenizer does (or a word estimate without one)
-                added = gen.count_tokens(chunk.text, self.tokenizer)
-            self.sent_tokens += added
-            out["num_output_tokens"] = added
-        return out
-
-    def finish_reason(self, chunk: gen.GenerationChunk) -> str:
-        done = chunk.completion_tokens if chunk.completion_tokens is not None else self.sent_tokens
-        return gen.finish_reason(chunk.finish_reason, done, self.spec.sampling.max_tokens)
+    ``num_output_tokens`` is vLLM's: the tokens this response adds; ``finish_reason``
+    is set on the ``final`` response only.
+    """
+    out: dict[str, Any] = {}
+    if "finish_reason" in spec.extras:
+        out["finish_reason"] = streamed.reported_finish_reason(chunk) if final else None
+    if "num_input_tokens" in spec.extras:
+        out["num_input_tokens"] = streamed.prompt_tokens(chunk)
+    if "num_output_tokens" in spec.extras:
+        out["num_output_tokens"] = streamed.added_tokens(chunk)
+    return out
 
 
 def whole_extras(spec: GenerateSpec, choice: gen.Choice) -> dict[str, Any]:

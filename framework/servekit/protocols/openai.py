@@ -2,17 +2,20 @@
 
 Mounted under ``/v1``, ``/openai/v1`` and without prefix, so the official
 ``openai`` client works with ``base_url`` set to any of them.  The protocol is
-thin: it validates the body (:mod:`.openai_requests`), runs the model's
-``complete`` / ``embed`` hooks through the data plane once per prompt and
-choice (:mod:`servekit.dataplane.generation` cuts stop sequences and counts tokens), and
-writes OpenAI's response objects, or their SSE chunks when ``"stream": true``.
-Errors answer in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``
-(``code`` is the HTTP status, which matters once a stream has sent its 200).
+thin: it validates the body (:mod:`.openai_requests`), hands the data plane one
+generation request per prompt and choice, and writes what the data plane
+assembled (``DataPlane.generate``: the choices and the usage;
+``DataPlane.generate_stream``: each choice's pieces and end, see
+:mod:`servekit.dataplane.generation`) as OpenAI's response objects, or their SSE
+chunks when ``"stream": true``.  Errors answer in OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}`` (:func:`servekit.errors.openai_error`;
+``code`` is the HTTP status, which matters once a stream has sent its 200).
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import logging
 import time
 import uuid
@@ -126,7 +129,7 @@ def resolve_model(body: dict[str, Any]) -> ModelVersion:
 
 @dataclass
 class Job:
-    """One completions or chat request, expanded into one generation per (prompt, choice)."""
+    """One completions or chat request: what its answer is rendered with."""
 
     mv: ModelVersion
     body: dict[str, Any]
@@ -150,27 +153,8 @@ class Job:
         # streams call the model after the view returned, outside the app context
         self.dataplane = dataplane()
 
-    def requests(self) -> Iterator[gen.GenerationRequest]:
-        s = self.sampling
-        for p, prompt in enumerate(self.prompts):
-            for c in range(s.n):
-                yield gen.GenerationRequest(
-                    prompt=prompt,
-                    messages=self.messages,
-                    max_tokens=s.max_tokens,
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    stop=s.stop,
-                    seed=None if s.seed is None else s.seed + c,
-                    stream=s.stream,
-                    prompt_index=p,
-                    choice_index=c,
-                    options=dict(s.options),
-                    logprobs=s.logprobs,
-                )
-
-    def call(self, generation: gen.GenerationRequest) -> Any:
-        return self.dataplane.complete(self.mv, generation, self.body)
+    def requests(self) -> list[gen.GenerationRequest]:
+        return req.generation_requests(self.prompts, self.sampling, self.messages)
 
     def index(self, generation: gen.GenerationRequest) -> int:
         return generation.prompt_index * self.sampling.n + generation.choice_index
@@ -179,11 +163,11 @@ class Job:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.mv.name, **fields}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage_object(usage: gen.Usage) -> dict[str, int]:
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
     }
 
 
@@ -225,45 +209,34 @@ def chat_completions():
 
 
 def complete_job(job: Job) -> dict[str, Any]:
-    choices = []
-    prompt_tokens: dict[int, int] = {}
-    completion_tokens = 0
-    for generation in job.requests():
-        try:
-            choice = gen.collect(generation, job.call(generation), job.tokenizer)
-        except ServekitError:
-            raise
-        except Exception as exc:  # raised while iterating a streaming model's generator
-            raise ModelFailure(f"model {job.mv.name!r} failed in complete: {type(exc).__name__}: {exc}") from exc
-        prompt_tokens[generation.prompt_index] = choice.prompt_tokens
-        completion_tokens += choice.completion_tokens
-        if job.chat:
-            message = {
-                "role": "assistant",
-                "content": choice.text,
-                "refusal": None,
-                "reasoning_content": choice.reasoning,
-            }
-            choices.append(
-                {
-                    "index": job.index(generation),
-                    "message": message,
-                    "logprobs": logprobs_object(job, choice.logprobs),
-                    "finish_reason": choice.finish_reason,
-                }
-            )
-        else:
-            text = generation.prompt + choice.text if job.echo else choice.text
-            choices.append(
-                {
-                    "index": job.index(generation),
-                    "text": text,
-                    "logprobs": logprobs_object(job, choice.logprobs),
-                    "finish_reason": choice.finish_reason,
-                }
-            )
-        job.predictions.add(choices[-1])
-    return job.envelope(choices=choices, usage=usage(sum(prompt_tokens.values()), completion_tokens))
+    try:
+        generated = job.dataplane.generate(job.mv, job.requests(), job.body, tokenizer=job.tokenizer)
+    except ServekitError:
+        raise
+    except Exception as exc:  # raised while reading a streaming model's generator
+        raise gen.model_failure(job.mv.name, exc) from exc
+    choices = [whole_choice(job, generation, choice) for generation, choice in generated.choices]
+    for choice in choices:
+        job.predictions.add(choice)
+    return job.envelope(choices=choices, usage=usage_object(generated.usage))
+
+
+def whole_choice(job: Job, generation: gen.GenerationRequest, choice: gen.Choice) -> dict[str, Any]:
+    """One choice of a whole answer: chat's ``message`` or completions' ``text`` (the prompt first with ``echo``)."""
+    if job.chat:
+        message = {"role": "assistant", "content": choice.text, "refusal": None, "reasoning_content": choice.reasoning}
+        return {
+            "index": job.index(generation),
+            "message": message,
+            "logprobs": logprobs_object(job, choice.logprobs),
+            "finish_reason": choice.finish_reason,
+        }
+    return {
+        "index": job.index(generation),
+        "text": generation.prompt + choice.text if job.echo else choice.text,
+        "logprobs": logprobs_object(job, choice.logprobs),
+        "finish_reason": choice.finish_reason,
+    }
 
 
 # -- log-probabilities -----------------------------------------------------------------------
@@ -314,83 +287,83 @@ def _floor(value: float) -> float:
 
 def stream_job(job: Job) -> Any:
     """SSE chunks for every choice in turn; the first piece is produced before the headers."""
-    generations = job.requests()
-    first = next(generations)
-    pieces = gen.stream_pieces(first, job.call(first))
-    has_first, head = first_item(pieces, "complete")
-    started = iter([head]) if has_first else iter(())
-    return sse_response(
-        _job_events(job, first, _chain(started, pieces), generations),
-        {REQUEST_LOG_HEADER: job.predictions.request_log_id},
-    )
-
-
-def _chain(head: Iterator[Any], rest: Generator[Any, None, None]) -> Generator[Any, None, None]:
-    """``head`` then ``rest``, closing ``rest`` when closed early (client gone)."""
-    try:
-        yield from head
-        yield from rest
-    finally:
-        close(rest)
+    events = job.dataplane.generate_stream(job.mv, job.requests(), job.body, tokenizer=job.tokenizer)
+    started = next(events)  # the first choice's call: a model that refuses answers an ordinary error
+    has_first, piece = first_item(events, "complete")
+    head = [started, piece] if has_first else [started]
+    return sse_response(_job_events(job, head, events), {REQUEST_LOG_HEADER: job.predictions.request_log_id})
 
 
 def _job_events(
-    job: Job,
-    first: gen.GenerationRequest,
-    first_pieces: Generator[gen.GenerationChunk, None, None],
-    generations: Iterator[gen.GenerationRequest],
+    job: Job, head: list[gen.StreamEvent], events: Generator[gen.StreamEvent, None, None]
 ) -> Iterator[bytes]:
-    extra = {"usage": None} if job.sampling.include_usage else {}
-    prompt_tokens: dict[int, int] = {}
-    completion_tokens = 0
-    current: Generator[gen.GenerationChunk, None, None] | None = None
+    chunks = StreamChunks(job)
     try:
-        pending = [(first, first_pieces)]
-        while pending:
-            generation, current = pending.pop()
-            index = job.index(generation)
-            texts: list[str] = []
-            last = gen.GenerationChunk()
-            piece_event = PieceEvent(job, index, extra)
-            offset = 0  # where the next token's text starts (completions' text_offset, as a whole answer's)
-            if job.chat:
-                yield event(job.envelope(choices=[_chat_choice(index, {"role": "assistant", "content": ""})], **extra))
-            elif job.echo:
-                yield event(job.envelope(choices=[_text_choice(index, generation.prompt)], **extra))
-            for chunk in current:
-                texts.append(chunk.text)
-                last = chunk
-                if chunk.reasoning or (chunk.logprobs is not None and (chunk.text or chunk.logprobs)):
-                    piece = _piece(job, index, chunk)
-                    piece["logprobs"] = logprobs_object(job, chunk.logprobs, offset)
-                    yield event(job.envelope(choices=[piece], **extra))
-                elif chunk.text:
-                    yield piece_event(chunk.text)
-                offset += sum(gen.token_length(e) for e in chunk.logprobs or [])
-            result = gen.GenerationResult(
-                "".join(texts), last.finish_reason, last.prompt_tokens, last.completion_tokens
-            )
-            choice = gen.make_choice(generation, result, job.tokenizer, already_cut=True)
-            closing = _piece(job, index, gen.GenerationChunk())
-            closing["finish_reason"] = choice.finish_reason
-            job.predictions.add({"index": index, "text": choice.text, "finish_reason": choice.finish_reason})
-            yield event(job.envelope(choices=[closing], **extra))
-            prompt_tokens[generation.prompt_index] = choice.prompt_tokens
-            completion_tokens += choice.completion_tokens
-            upcoming = next(generations, None)
-            if upcoming is not None:
-                pending.append((upcoming, gen.stream_pieces(upcoming, job.call(upcoming))))
-        if job.sampling.include_usage:
-            yield event(job.envelope(choices=[], usage=usage(sum(prompt_tokens.values()), completion_tokens)))
+        for item in itertools.chain(head, events):
+            rendered = chunks.render(item)
+            if rendered is not None:
+                yield rendered
     except GeneratorExit:
         raise  # the client is gone; finally stops the model
     except Exception as exc:  # the 200 is sent: report in-band, in OpenAI's error shape
         log.warning("completion stream failed: %s", exc)
         yield event(error_body(exc), name="error")
     finally:
-        close(current)
+        close(events)
     yield DONE
     yield job.predictions.trailer()
+
+
+class StreamChunks:
+    """The events the data plane streams, as OpenAI's SSE chunks: each choice's opening (chat's
+    role, the echoed prompt), its pieces, its finish reason; the usage last when asked for."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.extra = {"usage": None} if job.sampling.include_usage else {}
+        self.plain: dict[int, PieceEvent] = {}  # by choice index
+
+    def render(self, item: gen.StreamEvent) -> bytes | None:
+        if isinstance(item, gen.StreamPiece):
+            return self.piece(item)
+        if isinstance(item, gen.ChoiceStarted):
+            return self.opening(item.choice.request)
+        if isinstance(item, gen.ChoiceEnded):
+            return self.closing(item.choice)
+        if self.job.sampling.include_usage:  # the stream ended
+            return event(self.job.envelope(choices=[], usage=usage_object(item.usage)))
+        return None
+
+    def opening(self, generation: gen.GenerationRequest) -> bytes | None:
+        job, index = self.job, self.job.index(generation)
+        self.plain[index] = PieceEvent(job, index, self.extra)
+        if job.chat:
+            return event(
+                job.envelope(choices=[_chat_choice(index, {"role": "assistant", "content": ""})], **self.extra)
+            )
+        if job.echo:
+            return event(job.envelope(choices=[_text_choice(index, generation.prompt)], **self.extra))
+        return None
+
+    def piece(self, piece: gen.StreamPiece) -> bytes | None:
+        """Text alone as prebuilt bytes; with reasoning or log-probabilities the whole object."""
+        job, chunk, index = self.job, piece.chunk, self.job.index(piece.choice.request)
+        if chunk.reasoning or (chunk.logprobs is not None and (chunk.text or chunk.logprobs)):
+            rendered = _piece(job, index, chunk)
+            rendered["logprobs"] = logprobs_object(job, chunk.logprobs, piece.offset)
+            return event(job.envelope(choices=[rendered], **self.extra))
+        if chunk.text:
+            return self.plain[index](chunk.text)
+        return None
+
+    def closing(self, streamed: gen.StreamedChoice) -> bytes:
+        """A choice's finish reason; the request log gets the choice's whole text."""
+        job, index = self.job, self.job.index(streamed.request)
+        choice = streamed.finished
+        closing = _piece(job, index, gen.GenerationChunk())
+        closing["finish_reason"] = choice.finish_reason
+        job.predictions.add({"index": index, "text": choice.text, "finish_reason": choice.finish_reason})
+        return event(job.envelope(choices=[closing], **self.extra))
 
 
 class PieceEvent:

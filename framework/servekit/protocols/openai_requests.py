@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servekit.errors import BadRequest
+from servekit.types import GenerationRequest
 
 #: OpenAI's default ``max_tokens`` for the legacy completions endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -242,6 +243,35 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(kwargs, dict):
         raise BadRequest("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
     return kwargs
+
+
+def generation_requests(
+    prompts: list[str], sampling: Sampling, messages: list[dict[str, Any]] | None = None
+) -> list[GenerationRequest]:
+    """One request per (prompt, choice), in answer order: the ``complete`` hook writes one text at a time.
+
+    Choice ``c`` samples with the request's seed plus ``c``, so ``n`` choices differ
+    and each is reproducible.
+    """
+    s = sampling
+    return [
+        GenerationRequest(
+            prompt=prompt,
+            messages=messages,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            stop=s.stop,
+            seed=None if s.seed is None else s.seed + c,
+            stream=s.stream,
+            prompt_index=p,
+            choice_index=c,
+            options=dict(s.options),
+            logprobs=s.logprobs,
+        )
+        for p, prompt in enumerate(prompts)
+        for c in range(s.n)
+    ]
 
 
 # -- embeddings -----------------------------------------------------------------------

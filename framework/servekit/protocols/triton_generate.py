@@ -18,6 +18,7 @@ scheduler's next step.  A model without a ``complete`` hook answers 400.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -81,10 +82,9 @@ def generate_stream(name: str, version: str | None = None) -> Response:
     if spec.stream is False:  # vLLM's switch: one response with the whole text
         document = _whole_document(dp, mv, spec, body)
         return sse_response(_single(document, handed), headers)
-    pieces = gr.pieces(dp, mv, spec, body)
-    has_first, head = first_item(pieces, "complete")
-    tally = gr.Tally(spec, dp.tokenizer(mv))
-    return sse_response(_events(mv, tally, [head] if has_first else [], pieces, handed), headers)
+    events = gr.stream(dp, mv, spec, body)
+    has_first, head = first_item(events, "complete")
+    return sse_response(_events(mv, spec, [head] if has_first else [], events, handed), headers)
 
 
 def _single(document: dict[str, Any], handed: Predictions) -> Iterator[bytes]:
@@ -95,25 +95,22 @@ def _single(document: dict[str, Any], handed: Predictions) -> Iterator[bytes]:
 
 def _events(
     mv: ModelVersion,
-    tally: gr.Tally,
-    head: list[gen.GenerationChunk],
-    rest: Generator[gen.GenerationChunk, None, None],
+    spec: gr.GenerateSpec,
+    head: list[gen.StreamEvent],
+    rest: Generator[gen.StreamEvent, None, None],
     handed: Predictions,
 ) -> Iterator[bytes]:
     """One event per piece with text; with additional outputs asked for, a last event that
     carries the finish reason.  The request log gets the whole text as one prediction."""
-    texts: list[str] = []
-    last = gen.GenerationChunk()
     try:
-        for chunk in _chain(head, rest):
-            last = chunk
-            if chunk.text:
-                texts.append(chunk.text)
-                yield event(_envelope(mv, chunk.text, tally.extras(chunk, final=False)))
-        if tally.spec.extras:
-            closing = gen.GenerationChunk("", last.finish_reason, last.prompt_tokens, last.completion_tokens)
-            yield event(_envelope(mv, "", tally.extras(closing, final=True)))
-        handed.add(_envelope(mv, "".join(texts), {}))
+        for item in itertools.chain(head, rest):
+            if isinstance(item, gen.StreamPiece) and item.chunk.text:
+                extras = gr.extras(spec, item.choice, item.chunk, final=False)
+                yield event(_envelope(mv, item.chunk.text, extras))
+            elif isinstance(item, gen.ChoiceEnded):
+                if spec.extras:
+                    yield event(_envelope(mv, "", gr.extras(spec, item.choice, item.choice.closing, final=True)))
+                handed.add(_envelope(mv, item.choice.text, {}))
     except GeneratorExit:
         raise  # the client is gone; finally stops the model
     except Exception as exc:  # the 200 is sent: report in-band, in Triton's error shape
@@ -122,10 +119,3 @@ def _events(
     finally:
         close(rest)
     yield handed.trailer()
-
-
-def _chain(
-    head: list[gen.GenerationChunk], rest: Generator[gen.GenerationChunk, None, None]
-) -> Iterator[gen.GenerationChunk]:
-    yield from head
-    yield from rest

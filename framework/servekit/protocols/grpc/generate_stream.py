@@ -36,7 +36,7 @@ from servekit.codecs.infer_request import InferRequest
 from servekit.dataplane import generation as gen
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
-from servekit.errors import ModelFailure, ServekitError
+from servekit.errors import ServekitError
 from servekit.protocols import generate_requests as gr
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as pb
 from servekit.streams import close
@@ -77,32 +77,28 @@ class Generation:
         choice = gr.whole(self.dp, self.mv, self.spec, self.parameters)
         return self.response(gr.answer_text(self.spec, choice), gr.whole_extras(self.spec, choice))
 
-    def pieces(self) -> Generator[gen.GenerationChunk, None, None]:
+    def pieces(self) -> Generator[gen.StreamEvent, None, None]:
         """Start generating; raises here (before any response) when the model refuses."""
-        return gr.pieces(self.dp, self.mv, self.spec, self.parameters)
+        return gr.stream(self.dp, self.mv, self.spec, self.parameters)
 
-    def stream(
-        self, pieces: Generator[gen.GenerationChunk, None, None], context: Any
-    ) -> Iterator[pb.ModelInferResponse]:
+    def stream(self, events: Generator[gen.StreamEvent, None, None], context: Any) -> Iterator[pb.ModelInferResponse]:
         """One response per piece with text; a last one with the finish reason when asked for."""
-        tally = gr.Tally(self.spec, self.dp.tokenizer(self.mv))
-        last = gen.GenerationChunk()
         try:
-            for chunk in pieces:
-                if not context.is_active():
-                    return  # cancelled: finally closes the model's generator
-                last = chunk
-                if chunk.text:
-                    yield self.response(chunk.text, tally.extras(chunk, final=False))
-            if self.spec.extras:
-                closing = gen.GenerationChunk("", last.finish_reason, last.prompt_tokens, last.completion_tokens)
-                yield self.response("", tally.extras(closing, final=True))
+            for item in events:
+                if isinstance(item, gen.StreamPiece):
+                    if not context.is_active():
+                        return  # cancelled: finally closes the model's generator
+                    if item.chunk.text:
+                        yield self.response(item.chunk.text, gr.extras(self.spec, item.choice, item.chunk, final=False))
+                elif isinstance(item, gen.ChoiceEnded) and self.spec.extras:
+                    closing = item.choice.closing
+                    yield self.response("", gr.extras(self.spec, item.choice, closing, final=True))
         except ServekitError:
             raise
-        except Exception as exc:  # raised while iterating the model's generator
-            raise ModelFailure(f"model {self.mv.name!r} failed in complete: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # raised while reading the model's generator
+            raise gen.model_failure(self.mv.name, exc) from exc
         finally:
-            close(pieces)
+            close(events)
 
     def response(self, text: str, extras: dict[str, Any]) -> pb.ModelInferResponse:
         response = pb.ModelInferResponse(
