@@ -36,9 +36,19 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from flask import Flask
 
-    from servekit.types import ModelConfig, ModelMetadata, RequestLog, Tensors
+    from servekit.types import (
+        GenerationChunk,
+        GenerationRequest,
+        GenerationResult,
+        ModelConfig,
+        ModelMetadata,
+        RequestLog,
+        Tensors,
+    )
 
 hookspec = pluggy.HookspecMarker("servekit")
 hookimpl = pluggy.HookimplMarker("servekit")
@@ -194,20 +204,24 @@ def regress(
 
 
 @hookspec(firstresult=True)
-def complete(request: Any, parameters: dict[str, Any], model: Any, name: str, version: int) -> Any | None:
-    """Generate one text for a completions or chat request (OpenAI API).
+def complete(
+    request: GenerationRequest, parameters: dict[str, Any], model: Any, name: str, version: int
+) -> GenerationResult | str | Iterator[str | GenerationChunk] | None:
+    """Generate one text for a completions or chat request (OpenAI API) or a Triton generate request.
 
-    The framework validates the OpenAI request, formats chat messages (through
-    the :func:`tokenizer`'s chat template) and calls this once per prompt and
-    choice (``n``); afterwards it cuts the text at stop sequences, counts the
-    tokens the model did not report, and builds the OpenAI response.
+    The framework validates the request, formats chat messages (through the
+    :func:`tokenizer`'s chat template) and calls this once per prompt and
+    choice (``n``); afterwards the data plane cuts the text at stop sequences,
+    counts the tokens the model did not report and decides the finish reason,
+    and the protocol writes its response.
 
-    :param request: a :class:`servekit.dataplane.generation.GenerationRequest` (``prompt``,
+    :param request: a :class:`servekit.types.GenerationRequest` (``prompt``,
         ``messages`` for chat, ``max_tokens``, ``temperature``, ``top_p``,
-        ``stop``, ``seed``, ``stream``, further ``options``).
-    :param parameters: the request's JSON body as the client sent it.
-    :returns: a :class:`servekit.dataplane.generation.GenerationResult` or a ``str``, or a
-        generator of ``str`` / :class:`servekit.dataplane.generation.GenerationChunk` pieces,
+        ``stop``, ``seed``, ``stream``, ``logprobs``, further ``options``).
+    :param parameters: the request's JSON body as the client sent it (over gRPC,
+        the generate request's parameters).
+    :returns: a :class:`servekit.types.GenerationResult` or a ``str``, or a
+        generator of ``str`` / :class:`servekit.types.GenerationChunk` pieces,
         which streams; the framework closes the generator when the client
         disconnects or a stop sequence appears.  ``None`` lets the next plugin try.
     """
