@@ -530,14 +530,3 @@ def stream_choices(
         yield StreamEnded(ended)
     finally:
         close(pieces)
-
-
-__all__ = [
-    "GenerationChunk",
-    "GenerationRequest",
-    "GenerationResult",
-    "TokenLogprob",
-    "Tokenizer",
-    "count_tokens",
-    "format_chat",
-]
