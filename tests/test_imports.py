@@ -444,3 +444,17 @@ def test_the_arrows_follow_a_new_folder(tmp_path):
     (package.parent / "servekit" / "new" / "a.py").write_text("from servekit import errors\n")
     graph = import_graph([package.parent / "servekit"])
     assert drawn_arrows(graph) == "new            -> kernel"
+
+
+def test_a_module_that_became_a_package_keeps_its_names_and_its_submodules_do_not_warn():
+    import warnings
+
+    from servekit.dataplane.data_plane import DataPlane
+
+    with pytest.warns(DeprecationWarning, match="servekit.dataplane.DataPlane moved to servekit.dataplane.data_plane"):
+        from servekit.dataplane import DataPlane as old
+    assert old is DataPlane
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from servekit.cli import tfserving  # noqa: F401  (a submodule, not an old name)
+        from servekit.dataplane import batching  # noqa: F401

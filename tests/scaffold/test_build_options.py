@@ -24,9 +24,10 @@ from servekit.scaffold import build_settings as scaffold_settings
 from servekit.scaffold import project as scaffold
 from servekit.server.gunicorn_app import ServekitApplication
 from servekit.server.settings import resolve
+from servekit.version import __version__
 
 HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
-WHEEL = "servekit-0.1.0-py3-none-any.whl"
+WHEEL = f"servekit-{__version__}-py3-none-any.whl"
 
 
 @pytest.fixture
@@ -247,7 +248,7 @@ def test_an_untrained_project_is_refused_before_docker_and_warned_about_without(
     project.mkdir()
     (project / "train.py").write_text("")
     (project / "model.py").write_text("")
-    (project / "requirements.txt").write_text("servekit[sklearn,grpc]==0.1.0\n")
+    (project / "requirements.txt").write_text(f"servekit[sklearn,grpc]=={__version__}\n")
     assert cli(["build", str(project), "--no-wheel"]) == 1
     err = capsys.readouterr().err
     assert err == (
@@ -284,10 +285,10 @@ def test_requirements_without_the_grpc_extra_are_warned_about(folder, capsys):
     assert context_only(folder) == 0
     assert "grpc" in (folder / "requirements.txt").read_text()  # written with the extra
     assert "without the grpc extra" not in capsys.readouterr().out
-    (folder / "requirements.txt").write_text("servekit[sklearn]==0.1.0\n")
+    (folder / "requirements.txt").write_text(f"servekit[sklearn]=={__version__}\n")
     assert context_only(folder) == 0
     assert "warning: requirements.txt installs servekit without the grpc extra" in capsys.readouterr().out
-    assert not scaffold.lacks_grpc("servekit[all]==0.1.0\n") and not scaffold.lacks_grpc("servekit[ grpc ]\n")
+    assert not scaffold.lacks_grpc(f"servekit[all]=={__version__}\n") and not scaffold.lacks_grpc("servekit[ grpc ]\n")
 
 
 # -- serving a project folder -------------------------------------------------------------

@@ -345,7 +345,7 @@ def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_fol
         "gunicorn.conf.py",
         "requirements.txt",
     ]
-    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn,grpc]==0.1.0"
+    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == f"servekit[sklearn,grpc]=={servekit.__version__}"
     dockerfile = (model_folder / "Dockerfile").read_text()
     assert "nvidia/cuda" in dockerfile and "SERVEKIT_MODEL_NAME=iris" in dockerfile
     assert "image: iris:2" in (model_folder / "deploy" / "kubernetes.yaml").read_text()
@@ -372,7 +372,7 @@ def test_build_keeps_an_edited_dockerfile(model_folder, capsys):
 
 @pytest.mark.slow
 def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsys):
-    """servekit 0.1.0 from this checkout is on no index: the image must install the wheel in the context."""
+    """servekit from this checkout is on no index: the image must install the wheel in the context."""
     assert scaffold.installed_from() == ("source", ROOT)  # the editable install the tests run from
     result = subprocess.run(
         [sys.executable, "-m", "servekit", "build", str(model_folder), "--context-only"],
@@ -388,7 +388,7 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsy
     dockerfile = (model_folder / "Dockerfile").read_text()
     assert f"COPY wheels/{wheel.name} /build/wheels/{wheel.name}" in dockerfile
     assert f"RUN pip install --no-cache-dir /build/wheels/{wheel.name} -r requirements.txt" in dockerfile
-    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == "servekit[sklearn,grpc]==0.1.0"
+    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == f"servekit[sklearn,grpc]=={servekit.__version__}"
     lint = subprocess.run([HADOLINT, "--no-color", str(model_folder / "Dockerfile")], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
 
@@ -398,7 +398,7 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsy
     assert cli(["build", str(model_folder), "--context-only", "--wheel", str(mine)]) == 0
     assert [p.name for p in (model_folder / "wheels").iterdir()] == [mine.name]
     assert f"/build/wheels/{mine.name} -r requirements.txt" in (model_folder / "Dockerfile").read_text()
-    assert "warning: requirements.txt pins servekit==0.1.0" in capsys.readouterr().out  # pip would refuse
+    assert f"warning: requirements.txt pins servekit=={servekit.__version__}" in capsys.readouterr().out  # pip would refuse
     assert cli(["build", str(model_folder), "--context-only", "--no-wheel"]) == 0
     assert "RUN pip install --no-cache-dir -r requirements.txt" in (model_folder / "Dockerfile").read_text()
     assert list((model_folder / "wheels").iterdir()) == []
@@ -423,7 +423,7 @@ def test_detect_extras(tmp_path):
     (tmp_path / "7" / "saved_model.pb").write_bytes(b"")
     (tmp_path / "model.py").write_text("")
     assert scaffold.detect_extras(tmp_path) == ["tensorflow"]
-    assert scaffold.needs_torch("servekit[huggingface]==0.1.0\n")
+    assert scaffold.needs_torch(f"servekit[huggingface]=={servekit.__version__}\n")
     assert scaffold.needs_torch("torch==2.5.1  # pinned\n")
     assert not scaffold.needs_torch("servekit[sklearn]\n# torch later\n")
 

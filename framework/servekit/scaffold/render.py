@@ -85,7 +85,7 @@ class BuildOptions:
     torch: bool = False
     shutdown_delay: int = K8S_SHUTDOWN_DELAY
     drain_seconds: int = DEFAULT_DRAIN_SECONDS
-    servekit_version: str = "0.1.0"
+    servekit_version: str = "0.2.0"
     #: File name of a servekit wheel in ``wheels/`` that the image installs (unpublished servekit).
     servekit_wheel: str | None = None
     #: Kubernetes Secret with ``tls.crt`` and ``tls.key`` (a ``kubernetes.io/tls`` Secret, as
@@ -253,7 +253,7 @@ def options_from_answers(answers: dict[str, Any]) -> BuildOptions:
         gpu=str(answers["gpu"]).strip().lower() in _TRUE,
         python_version=str(answers["python_version"]),
         torch=answers["framework"] in ("torch", "huggingface"),
-        servekit_version=str(answers.get("_servekit_version", "0.1.0")),
+        servekit_version=str(answers.get("_servekit_version", "0.2.0")),
     )
 
 
