@@ -105,6 +105,17 @@ def test_both_wires_refuse_a_signature_name_that_is_not_a_string_and_an_output_n
         v2_grpc.decode_infer_request(twice)
 
 
+def test_the_grpc_decode_keeps_how_the_tensors_came_so_the_answer_never_rereads_the_message():
+    typed = grpc_request()
+    raw = pb.ModelInferRequest(model_name="linear", id="r1")
+    raw.inputs.add(name="x", datatype="FP64", shape=[3, 2])
+    raw.raw_input_contents.append(np.array(ROWS).tobytes())
+    for request, expected in ((typed, True), (raw, False)):
+        assert v2_grpc.decode_infer_request(request).typed_contents is expected
+        assert v2_grpc.used_typed_contents(request) is expected
+    assert v2_json.decode_infer_request(http_request()).typed_contents is False
+
+
 def test_the_data_plane_checks_shapes_for_v2_and_not_for_tf_serving(servekit_app, repo):
     dp = servekit_app(repo / "linear").application.extensions["servekit"]
     mv = dp.resolve("linear")

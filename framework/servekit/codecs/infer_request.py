@@ -56,6 +56,9 @@ class InferRequest:
     #: hold inputs to the shapes the model declares (V2, as Triton does); TF Serving's
     #: Predict does not, and a model there may take what its signature does not say
     check_shapes: bool = True
+    #: gRPC: the client sent typed ``contents``, so the answer carries them too (KServe's
+    #: client reads only those); the decoder reads it from the message, the encoder obeys it
+    typed_contents: bool = False
 
     @property
     def output_names(self) -> list[str] | None:

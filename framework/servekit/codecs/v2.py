@@ -10,6 +10,12 @@ Two layers:
   followed by binary tensor data, as Triton's binary tensor data extension
   defines) and :func:`encode_infer_response`.
 
+A protocol calls :func:`decode_infer_request` once and gets the whole
+:class:`~servekit.codecs.infer_request.InferRequest` back.  It reads a request
+in one pass: each tensor's header (name, shape, datatype, parameters) is
+checked once and its data decoded with the checked values
+(:func:`tensor_from_checked_bytes`), the hottest path of the server.
+
 The binary layout: little-endian, row-major, no padding; ``BOOL`` one byte per
 element (0 or 1); ``BYTES`` each element as a 4-byte little-endian length
 followed by its bytes.  Fixed-size tensors are converted with ``numpy.frombuffer``
@@ -111,9 +117,18 @@ def tensor_from_bytes(
         the array is a writable copy, so a model may change its inputs in place.
     :raises BadRequest: unknown datatype, or a size that does not match the shape.
     """
+    datatype = check_datatype(datatype, "binary tensor data")
+    return tensor_from_checked_bytes(datatype, tuple(int(d) for d in shape), raw)
+
+
+def tensor_from_checked_bytes(datatype: str, shape: tuple[int, ...], raw: bytes | bytearray | memoryview) -> np.ndarray:
+    """:func:`tensor_from_bytes` for a request decoder that checked ``datatype`` and ``shape`` already.
+
+    The request decoders (HTTP's and gRPC's) check a tensor's datatype and shape
+    once, as they read its header, and hand them here as they are: the hottest
+    path of the server does each check once.
+    """
     where = "binary tensor data"
-    datatype = check_datatype(datatype, where)
-    shape = tuple(int(d) for d in shape)
     count = element_count(shape)
     view = memoryview(raw).cast("B")
     if datatype == "BYTES":
@@ -201,7 +216,11 @@ def tensor_from_json(datatype: str, shape: list[int] | tuple[int, ...], data: An
     :class:`BadRequest`.  Numbers go through ``numpy.asarray`` in one call.
     """
     datatype = check_datatype(datatype, where)
-    shape = tuple(int(d) for d in shape)
+    return _tensor_from_checked_json(datatype, tuple(int(d) for d in shape), data, where)
+
+
+def _tensor_from_checked_json(datatype: str, shape: tuple[int, ...], data: Any, where: str) -> np.ndarray:
+    """:func:`tensor_from_json` once the request decoder checked ``datatype`` and ``shape``."""
     count = element_count(shape)
     if not isinstance(data, list):
         if count == 1 and isinstance(data, (int, float, str, bool)):
@@ -262,7 +281,8 @@ def _cast_checked(arr: np.ndarray, datatype: str, where: str) -> np.ndarray:
         return arr.astype(target, copy=False)
     with np.errstate(over="ignore"):  # overflow is reported below, as a client error
         cast = arr.astype(target, copy=False)
-    if cast.dtype.itemsize < arr.dtype.itemsize and np.isfinite(arr).all() and not np.isfinite(cast).all():
+    # the cast's own check first: it settles the common case (every value fits) in one pass
+    if cast.dtype.itemsize < arr.dtype.itemsize and not np.isfinite(cast).all() and np.isfinite(arr).all():
         raise BadRequest(f"{where}: value out of the {datatype} range (it would become infinite)")
     return cast
 
@@ -429,7 +449,7 @@ def _decode_input(
         return name, _binary_input(where, datatype, shape, size, binary, offset), size
     if "data" not in spec:
         raise BadRequest(f"{where} has neither 'data' nor a 'binary_data_size' parameter")
-    return name, tensor_from_json(datatype, shape, spec["data"], where), 0
+    return name, _tensor_from_checked_json(datatype, shape, spec["data"], where), 0
 
 
 def _binary_input(
@@ -443,7 +463,7 @@ def _binary_input(
             f"(is the {HEADER_LENGTH} header right?)"
         )
     try:
-        return tensor_from_bytes(datatype, shape, binary[offset : offset + size])
+        return tensor_from_checked_bytes(datatype, shape, binary[offset : offset + size])
     except BadRequest as exc:
         raise BadRequest(f"{where}: {exc.message}") from None
 

@@ -5,7 +5,9 @@ as an HTTP body (:func:`servekit.codecs.v2.decode_infer_request`), through the
 same checks: tensors arrive as typed ``contents`` or as ``raw_input_contents``
 (the binary layout of :mod:`.v2`); outputs go back as ``raw_output_contents``,
 as Triton answers, and also as typed ``contents`` when the request used those
-(:func:`encode_outputs`).  Like :mod:`.tensor_proto`, this
+(:func:`encode_outputs`).  :func:`decode_infer_request` reads everything the
+protocol needs from the message in one call, so the protocol never goes back to
+the message between decoding and answering.  Like :mod:`.tensor_proto`, this
 module reads the messages by their field names and imports no generated code.
 """
 
@@ -43,6 +45,8 @@ CONTENTS_FIELD = {
 
 def parameters_of(params: Any) -> dict[str, Any]:
     """A ``map<string, InferParameter>`` as plain values (``None`` where no choice is set)."""
+    if not params:  # most maps are empty, and a protobuf map's items() is dear to start
+        return {}
     out = {}
     for key, value in params.items():
         choice = value.WhichOneof("parameter_choice")
@@ -66,40 +70,44 @@ def set_parameter(params: Any, key: str, value: Any) -> None:
 
 def decode_infer_request(request: Any, regions: Regions | None = None) -> InferRequest:
     """A ``ModelInferRequest`` as the request every V2 wire decodes into (``regions``: the
-    registered shared-memory regions inputs may name)."""
+    registered shared-memory regions inputs may name).
+
+    Everything the protocol needs from the message is read here, once: the inputs, the
+    requested outputs, the parameters, and whether the answer carries typed contents.
+    """
     parameters = parameters_of(request.parameters)
     outputs: list[RequestedOutput] = []
     for output in request.outputs:
         params = parameters_of(output.parameters)
         refuse_unsupported(params, f"output {output.name!r}")
         add_output(outputs, output.name, params=params)
+    inputs, typed = _read_inputs(request, regions)
     return InferRequest(
-        decode_inputs(request, regions), request.id or None, parameters, outputs or None, signature_of(parameters)
+        inputs, request.id or None, parameters, outputs or None, signature_of(parameters), typed_contents=typed
     )
 
 
 def decode_inputs(request: Any, regions: Regions | None = None) -> dict[str, np.ndarray]:
-    bounds.check_input_count(len(request.inputs))
-    if not request.inputs:
+    """A ``ModelInferRequest``'s inputs by name, from raw or typed contents or shared memory."""
+    return _read_inputs(request, regions)[0]
+
+
+def _read_inputs(request: Any, regions: Regions | None) -> tuple[dict[str, np.ndarray], bool]:
+    """The inputs, and whether they came as typed contents (as :func:`used_typed_contents` says)."""
+    tensors = request.inputs
+    bounds.check_input_count(len(tensors))
+    if not tensors:
         raise BadRequest("ModelInferRequest has no inputs")
     raw = request.raw_input_contents
-    placements = [placement_of(parameters_of(t.parameters), f"input {t.name!r}") for t in request.inputs]
-    # tritonclient sends raw contents for the inputs not in shared memory only
-    carried = [t for t, p in zip(request.inputs, placements) if p is None]
-    for tensor in carried if raw else ():
-        if tensor.HasField("contents"):
-            raise BadRequest(
-                f"contents field must not be specified when using raw_input_contents for "
-                f"{tensor.name!r} for model {request.model_name!r}"
-            )
-    if raw and len(raw) != len(carried):
-        raise BadRequest(
-            f"raw_input_contents has {len(raw)} entries for {len(carried)} inputs; "
-            "send one per input, or typed contents for all"
-        )
+    # each input's parameters are read once, for its placement and its refusals alike
+    params = [parameters_of(t.parameters) for t in tensors]
+    placements = [placement_of(p, f"input {t.name!r}") for t, p in zip(tensors, params)]
+    if raw:
+        _check_raw_contents(request, [t for t, p in zip(tensors, placements) if p is None])
     inputs: dict[str, np.ndarray] = {}
+    typed = False  # an input in shared memory carries no contents (refused below), so the carried ones tell
     carried_index = 0
-    for i, (tensor, placement) in enumerate(zip(request.inputs, placements)):
+    for i, (tensor, placement) in enumerate(zip(tensors, placements)):
         where = f"input {tensor.name!r}"
         if not tensor.name:
             raise BadRequest(f"input {i} has no name")
@@ -109,26 +117,50 @@ def decode_inputs(request: Any, regions: Regions | None = None) -> dict[str, np.
             if tensor.HasField("contents"):
                 raise BadRequest(f"{where} names a shared memory region and carries contents too; send one")
             codec.check_datatype(tensor.datatype, where)
-            shape = tuple(int(d) for d in tensor.shape)
-            if any(d < 0 for d in shape):
-                raise BadRequest(f"{where}: shape {list(shape)} has a negative dimension")
+            shape = tuple(_shape_of(tensor, where))
             inputs[tensor.name] = codec.shared_input(regions, where, tensor.datatype, shape, placement)
             continue
-        inputs[tensor.name] = _decode_input(tensor, raw[carried_index] if raw else None, where)
-        carried_index += 1
-    return inputs
+        refuse_unsupported(params[i], where)
+        if raw:
+            inputs[tensor.name] = _decode_input(tensor, raw[carried_index], where)
+            carried_index += 1
+        else:
+            typed = typed or tensor.HasField("contents")
+            inputs[tensor.name] = _decode_input(tensor, None, where)
+    return inputs, typed
 
 
-def _decode_input(tensor: Any, raw: bytes | None, where: str) -> np.ndarray:
-    refuse_unsupported(parameters_of(tensor.parameters), where)
-    codec.check_datatype(tensor.datatype, where)
+def _check_raw_contents(request: Any, carried: list[Any]) -> None:
+    """``raw_input_contents``: one entry for each input not in shared memory, and no typed contents beside."""
+    raw = request.raw_input_contents
+    for tensor in carried:
+        if tensor.HasField("contents"):
+            raise BadRequest(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"{tensor.name!r} for model {request.model_name!r}"
+            )
+    # tritonclient sends raw contents for the inputs not in shared memory only
+    if len(raw) != len(carried):
+        raise BadRequest(
+            f"raw_input_contents has {len(raw)} entries for {len(carried)} inputs; "
+            "send one per input, or typed contents for all"
+        )
+
+
+def _shape_of(tensor: Any, where: str) -> list[int]:
     shape = [int(d) for d in tensor.shape]
     if any(d < 0 for d in shape):
         raise BadRequest(f"{where}: shape {shape} has a negative dimension")
+    return shape
+
+
+def _decode_input(tensor: Any, raw: bytes | None, where: str) -> np.ndarray:
+    codec.check_datatype(tensor.datatype, where)
+    shape = _shape_of(tensor, where)
     if raw is None:
         return typed_to_numpy(tensor, shape, where)
     try:
-        return codec.tensor_from_bytes(tensor.datatype, shape, raw)
+        return codec.tensor_from_checked_bytes(tensor.datatype, tuple(shape), raw)
     except BadRequest as exc:
         raise BadRequest(f"{where}: {exc.message}") from None
 
@@ -194,7 +226,8 @@ def encode_outputs(
 
 
 def used_typed_contents(request: Any) -> bool:
-    """Whether a ``ModelInferRequest`` sent its tensors as typed ``contents``."""
+    """Whether a ``ModelInferRequest`` sent its tensors as typed ``contents``
+    (:func:`decode_infer_request` keeps it as :attr:`InferRequest.typed_contents`)."""
     return not request.raw_input_contents and any(t.HasField("contents") for t in request.inputs)
 
 

@@ -27,6 +27,7 @@ import grpc
 from google.protobuf import json_format
 
 from servekit.codecs import v2_grpc as codec
+from servekit.codecs.infer_request import InferRequest
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
 from servekit.errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
@@ -95,13 +96,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelInfer(self, request: pb.ModelInferRequest, context):
-        generation = self._generation(request)
+        decoded, generation = self._generation(request)
         if isinstance(generation, generate_stream.Generation):
             try:
                 return generation.whole()
             except NotGenerative:
                 pass  # a model without ``complete`` takes ``text_input`` as an ordinary input
-        return next(self._ordinary(request, generation, stream=False))
+        return next(self._ordinary(request, decoded, generation, stream=False))
 
     @streaming_rpc
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[pb.ModelStreamInferResponse]:
@@ -138,7 +139,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _stream(self, request: pb.ModelInferRequest, context: Any) -> Iterator[pb.ModelInferResponse]:
         """A generate request's pieces (:mod:`.generate_stream`), else the ordinary streamed inference."""
-        generation = self._generation(request)
+        decoded, generation = self._generation(request)
         if isinstance(generation, generate_stream.Generation):
             try:
                 if generation.spec.stream is False:  # vLLM's ``stream`` input: one whole response
@@ -150,44 +151,53 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             else:
                 yield from generation.stream(pieces, context)
                 return
-        yield from self._ordinary(request, generation, stream=True)
+        yield from self._ordinary(request, decoded, generation, stream=True)
 
-    def _generation(self, request: pb.ModelInferRequest) -> generate_stream.Generation | BadRequest | None:
-        """A generate request to a model that may generate; ``None`` for an ordinary inference.
+    def _generation(
+        self, request: pb.ModelInferRequest
+    ) -> tuple[InferRequest | None, generate_stream.Generation | BadRequest | None]:
+        """The request as decoded (``None`` if it was not), and the generate request it makes
+        to a model that may generate (``None`` for an ordinary inference).
 
         A model in a model host may or may not generate (its hooks run there): a request
         it cannot take as a generate request is tried as an ordinary one, and the
         generate error (returned here) is the answer if that fails for want of a hook.
+        The ordinary inference then runs the request decoded here: it is decoded once.
         """
         if not generate_stream.is_generate(request):
-            return None
+            return None, None
         mv = self.dp.resolve(request.model_name, version_of(request.model_version))
         if not generate_stream.may_generate(mv):
-            return None
-        with tracing.span("servekit.decode"):
-            decoded = codec.decode_infer_request(request, self.dp.shared_memory)
+            return None, None
+        decoded = self._decode(request)
         try:
-            return generate_stream.Generation(self.dp, mv, request, decoded)
+            return decoded, generate_stream.Generation(self.dp, mv, request, decoded)
         except BadRequest as exc:
             if generate_stream.surely_generates(mv):
                 raise
-            return exc
+            return decoded, exc
 
     def _ordinary(
-        self, request: pb.ModelInferRequest, refused: Any, *, stream: bool
+        self, request: pb.ModelInferRequest, decoded: InferRequest | None, refused: Any, *, stream: bool
     ) -> Iterator[pb.ModelInferResponse]:
         try:
-            yield from self._infer(request, stream=stream)
+            yield from self._infer(request, decoded, stream=stream)
         except NotImplementedByModel:
             if isinstance(refused, BadRequest):
                 raise refused from None
             raise
 
-    def _infer(self, request: pb.ModelInferRequest, *, stream: bool) -> Iterator[pb.ModelInferResponse]:
+    def _decode(self, request: pb.ModelInferRequest) -> InferRequest:
+        """The request's one decode: everything the answer needs is read from the message here."""
+        with tracing.span("servekit.decode"):
+            return codec.decode_infer_request(request, self.dp.shared_memory)
+
+    def _infer(
+        self, request: pb.ModelInferRequest, decoded: InferRequest | None, *, stream: bool
+    ) -> Iterator[pb.ModelInferResponse]:
         """Run one request; a streaming model gives one response per item when ``stream``."""
         mv = self.dp.resolve(request.model_name, version_of(request.model_version))
-        with tracing.span("servekit.decode"):
-            req = codec.decode_infer_request(request, self.dp.shared_memory)
+        req = decoded if decoded is not None else self._decode(request)
         req.parameters.pop(_EMPTY_FINAL, None)
         if not stream:
             yield self._response(request, req, mv, self.dp.infer(mv, req))
@@ -195,14 +205,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         for outputs in self.dp.infer_stream(mv, req):
             yield self._response(request, req, mv, outputs)
 
-    def _response(self, request: Any, req: Any, mv: ModelVersion, outputs: dict[str, Any]) -> pb.ModelInferResponse:
+    def _response(
+        self, request: Any, req: InferRequest, mv: ModelVersion, outputs: dict[str, Any]
+    ) -> pb.ModelInferResponse:
         with tracing.span("servekit.encode"):
             response = pb.ModelInferResponse(
                 model_name=request.model_name, model_version=str(mv.version), id=request.id
             )
-            typed = codec.used_typed_contents(request)
             codec.encode_outputs(
-                response, outputs, typed=typed, regions=self.dp.shared_memory, placements=req.placements
+                response, outputs, typed=req.typed_contents, regions=self.dp.shared_memory, placements=req.placements
             )
         return response
 
