@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from servekit.control import ControlPlane
+from servekit.control.owner import Owner
 from servekit.control.plan import Planner
 from servekit.control.triton_config import settings_for
 from servekit.control.uploads import Uploads
@@ -29,6 +30,26 @@ def test_a_plan_changes_generation_only_when_the_folders_or_the_operator_change(
     assert planner.plan["models"]["late"]["enabled"]
     with pytest.raises(NotFound):
         planner.enable("missing")
+
+
+def test_a_config_reload_serves_the_folders_the_owner_was_given(tmp_path, monkeypatch):
+    """Where a TF Serving config reload's models are served from is an argument of the owner
+    (the tfserving front door passes its generated folders), by default their base paths."""
+    replaced: list[dict] = []
+    models = [{"name": "iris", "base_path": str(tmp_path / "iris"), "overrides": {"versions": [1]}}]
+    owner = Owner(Planner({}, roots=[tmp_path], explicit=True))
+    monkeypatch.setattr(owner, "replace", replaced.append)
+    owner.reload_config(models)
+    generated = Owner(
+        Planner({}, roots=[tmp_path], explicit=True),
+        config_folders=lambda ms: {m["name"]: (str(tmp_path / "generated" / m["name"]), {}) for m in ms},
+    )
+    monkeypatch.setattr(generated, "replace", replaced.append)
+    generated.reload_config(models)
+    assert replaced == [
+        {"iris": (str(tmp_path / "iris"), {"versions": [1]})},
+        {"iris": (str(tmp_path / "generated" / "iris"), {})},
+    ]
 
 
 def test_triton_config_maps_onto_servekit_settings():

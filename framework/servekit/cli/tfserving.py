@@ -264,13 +264,11 @@ def serve(settings: settings_mod.Settings, mirror: ConfigFileFolders | None, fla
         prepare_paths(settings.paths)  # --model_base_path=s3://...: mirrored into the cache now
         discover(settings.model_paths, settings.model_name)  # fail fast, before forking workers
         if mirror is not None:
-            from servekit.control import owner
-
-            owner.config_folders = mirror.adopt_documents  # a reload over gRPC serves the mirror's folders
             mirror.watch(settings.poll_interval, float(flags.get("model_config_file_poll_wait_seconds", 0)))
         from servekit.server.engines import run
 
-        run(settings)
+        # a reload over gRPC (HandleReloadConfigRequest) serves the mirror's folders too
+        run(settings, mirror.adopt_documents if mirror is not None else None)
     except ConfigError as exc:
         print(f"tensorflow_model_server: {exc}", file=sys.stderr)
         return 2

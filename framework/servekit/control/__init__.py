@@ -26,10 +26,10 @@ from typing import Any
 
 from servekit import errors
 from servekit.control import long_lived, transport
-from servekit.control.owner import APPLY_TIMEOUT, LocalLink, Owner
+from servekit.control.owner import APPLY_TIMEOUT, ConfigFolders, LocalLink, Owner
 from servekit.control.plan import Planner
 
-__all__ = ["ControlPlane", "Owner", "Planner", "start_owner"]
+__all__ = ["ConfigFolders", "ControlPlane", "Owner", "Planner", "start_owner"]
 
 log = logging.getLogger("servekit.control")
 
@@ -42,10 +42,15 @@ def start_owner(
     explicit: bool,
     poll_interval: float,
     memory_budget: int = 0,
+    config_folders: ConfigFolders | None = None,
 ) -> Any:
-    """Make this process (the engine's top process, before it forks) the server's owner; returns a closer."""
+    """Make this process (the engine's top process, before it forks) the server's owner; returns a closer.
+
+    ``config_folders``: where a TF Serving config reload's models are served from (``None``:
+    their base paths; a front door that serves generated folders passes its own).
+    """
     planner = Planner(folders, roots=roots, batching=batching, explicit=explicit)
-    owner = Owner(planner, poll_interval=poll_interval, memory_budget=memory_budget)
+    owner = Owner(planner, poll_interval=poll_interval, memory_budget=memory_budget, config_folders=config_folders)
     owner.start()
     return transport.serve(owner)
 

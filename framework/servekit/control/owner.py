@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,12 +36,17 @@ log = logging.getLogger("servekit.control")
 #: The longest a control call waits for every follower to apply it (a large model loads slowly).
 APPLY_TIMEOUT = 600.0
 
-#: Where the models of a TF Serving config are served from, when a front door says so:
-#: ``servekit tfserving`` serves a generated folder per model (servekit.cli.tfserving_files.ConfigFileFolders);
-#: by default each model is served from its ``base_path`` with its policy and labels laid over.
-config_folders: Any = None
-
 States = dict[str, dict[int, tuple[str, str]]]
+
+#: Where the models of a TF Serving config reload are served from: the models (as
+#: :func:`servekit.folders.tf_serving_config.served_model` gives them) in, what
+#: :meth:`Owner.replace` takes out (name -> (folder, settings over its servekit.yaml)).
+ConfigFolders = Callable[[list[dict[str, Any]]], dict[str, tuple[str, dict[str, Any]]]]
+
+
+def base_path_folders(models: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each model served from its ``base_path``, with its version policy and labels laid over."""
+    return {m["name"]: (m["base_path"], m["overrides"]) for m in models}
 
 
 class Link(Protocol):
@@ -83,12 +89,17 @@ class Owner:
         poll_interval: float = 0.0,
         apply_timeout: float = APPLY_TIMEOUT,
         memory_budget: int = 0,
+        config_folders: ConfigFolders | None = None,
     ):
         self.planner = planner
         self.poll_interval = poll_interval
         self.apply_timeout = apply_timeout
         #: ``--model-memory-budget``: bytes of models resident at once (0: no budget)
         self.memory_budget = memory_budget
+        #: where a TF Serving config reload's models are served from: their base paths, unless
+        #: the front door that built the server says otherwise (``tensorflow_model_server
+        #: --model_config_file`` serves a generated folder per model: ConfigFileFolders)
+        self.config_folders: ConfigFolders = config_folders or base_path_folders
         self._asked: dict[str, float] = {}  # models loaded on demand, when (a use not yet reported)
         self.links: list[Link] = []
         self.uploads = uploads.Uploads()
@@ -292,10 +303,7 @@ class Owner:
 
     def reload_config(self, models: list[dict[str, Any]]) -> None:
         """TF Serving's config reload: ``models`` as :func:`servekit.folders.tf_serving_config.served_model` gives them."""
-        if config_folders is not None:
-            self.replace(config_folders(models))
-        else:
-            self.replace({m["name"]: (m["base_path"], m["overrides"]) for m in models})
+        self.replace(self.config_folders(models))
 
     # -- Triton's system shared memory ------------------------------------------------
 

@@ -9,26 +9,32 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servekit.server.cpus import WORKERS_ENV
 from servekit.server.settings import Settings, worker_count
+
+if TYPE_CHECKING:
+    from servekit.control import ConfigFolders
 
 #: Artifacts whose loading starts no threads and no device context: safe to load before fork.
 FORK_SAFE_ARTIFACTS = frozenset({"model.joblib", "model.pkl", "model.skops"})
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, config_folders: ConfigFolders | None = None) -> None:
+    """Serve under the ``--server`` engine; ``config_folders`` goes to the control plane's owner
+    (where a TF Serving config reload's models are served from: :func:`servekit.control.start_owner`)."""
     settings.preload = resolve_preload(settings)
     # framework plugins size their thread pools by it (servekit.server.cpus.cpus_per_worker)
     os.environ[WORKERS_ENV] = str(worker_count(settings))
     if settings.server == "granian":
         from servekit.server.granian_app import run as run_granian
 
-        run_granian(settings)
+        run_granian(settings, config_folders)
     else:
         from servekit.server.gunicorn_app import run as run_gunicorn
 
-        run_gunicorn(settings)
+        run_gunicorn(settings, config_folders)
 
 
 def resolve_preload(settings: Settings) -> bool:

@@ -26,13 +26,16 @@ import signal
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servekit.observability import logging as log_setup
 from servekit.observability import metrics
 from servekit.server import tls
 from servekit.server.gunicorn_app import prepare_server
 from servekit.server.settings import Settings, worker_count
+
+if TYPE_CHECKING:
+    from servekit.control import ConfigFolders
 
 log = logging.getLogger("servekit.server")
 
@@ -43,14 +46,14 @@ CONNECTIONS_PER_WORKER = 1024
 DRAIN_SIGNAL = signal.SIGUSR1
 
 
-def run(settings: Settings) -> None:
-    """Serve until SIGTERM under granian."""
+def run(settings: Settings, config_folders: ConfigFolders | None = None) -> None:
+    """Serve until SIGTERM under granian (``config_folders``: see :func:`servekit.control.start_owner`)."""
     try:
         from granian.constants import Interfaces
         from granian.server import MPServer
     except ImportError:
         raise SystemExit("servekit: --server granian needs granian: pip install 'servekit[granian]'") from None
-    cleanup = prepare_server(settings)
+    cleanup = prepare_server(settings, config_folders)
     try:
         server = _server_class(MPServer)(
             "servekit.server.wsgi:app",  # a label only: the app comes from the loader below

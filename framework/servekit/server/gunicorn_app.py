@@ -23,7 +23,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.errors import HaltServer
@@ -33,6 +33,9 @@ from servekit.observability import logging as log_setup
 from servekit.observability import metrics
 from servekit.server import gunicorn_errors
 from servekit.server.settings import Settings, worker_count
+
+if TYPE_CHECKING:
+    from servekit.control import ConfigFolders
 
 log = logging.getLogger("servekit.server")
 
@@ -166,21 +169,22 @@ def install_drain(worker: Any, settings: Settings) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def prepare_server(settings: Settings) -> Callable[[], None]:
+def prepare_server(settings: Settings, config_folders: ConfigFolders | None = None) -> Callable[[], None]:
     """Set up what every worker shares, in the master before it forks; returns the cleanup.
 
     The Prometheus multiprocess folder (before anything imports
-    prometheus_client) and, for ``--request-log-url sqlite``, a SQLite request
-    log in a temporary folder shared by the workers.  A gunicorn config file of a container
-    calls this at its top too (``SERVEKIT_REQUEST_LOG_URL`` carries the choice to
-    ``servekit.server.wsgi``).
+    prometheus_client), the control plane's owner and, for ``--request-log-url sqlite``,
+    a SQLite request log in a temporary folder shared by the workers.  A gunicorn config
+    file of a container calls this at its top too (``SERVEKIT_REQUEST_LOG_URL`` carries
+    the choice to ``servekit.server.wsgi``).  ``config_folders`` goes to the owner (see
+    :func:`servekit.control.start_owner`).
     """
     metrics.prepare_multiprocess_dir()
     log_setup.configure(settings.log_format, settings.log_level)  # this process's own lines: the control plane's
     # model hosts (servekit.hosts): one runtime folder for every worker; stopped after them
     hosts.prepare_server(settings.request_timeout, settings.placement)
     # the control plane's owner: one model set for every worker (servekit.control)
-    close_control = start_control(settings)
+    close_control = start_control(settings, config_folders)
     own_logs = None
     if (settings.request_log_url or "").lower() == "sqlite":
         own_logs = tempfile.mkdtemp(prefix="servekit-logs-")
@@ -197,7 +201,7 @@ def prepare_server(settings: Settings) -> Callable[[], None]:
     return cleanup
 
 
-def start_control(settings: Settings) -> Callable[[], None]:
+def start_control(settings: Settings, config_folders: ConfigFolders | None = None) -> Callable[[], None]:
     """The owner of the model set, in this process (it forks the workers and outlives them)."""
     from servekit.control import start_owner
     from servekit.folders.layout import discover, repository_roots
@@ -212,12 +216,13 @@ def start_control(settings: Settings) -> Callable[[], None]:
         explicit=settings.model_control_mode == "explicit",
         poll_interval=settings.poll_interval,
         memory_budget=settings.model_memory_budget,
+        config_folders=config_folders,
     )
 
 
-def run(settings: Settings) -> None:
+def run(settings: Settings, config_folders: ConfigFolders | None = None) -> None:
     """Serve until SIGTERM; the shared folders live as long as the server."""
-    cleanup = prepare_server(settings)
+    cleanup = prepare_server(settings, config_folders)
     try:
         ServekitApplication(settings).run()
     except HaltServer as exc:
