@@ -113,12 +113,20 @@ class ModelConfig:
 
 
 class Executor(Protocol):
-    """Runs a loaded version's calls: in this process (``servekit.dataplane.data_plane.LocalExecutor``) or in
+    """Runs a loaded version's calls: in this process (``servekit.dataplane.executor.LocalExecutor``) or in
     its model hosts (``servekit.hosts.client.HostClient``)."""
 
-    def predict(self, mv: Any, inputs: Any, **kwargs: Any) -> Any: ...
+    def predict(
+        self,
+        mv: Any,
+        inputs: Any,
+        *,
+        parameters: dict[str, Any],
+        signature_name: str | None,
+        output_names: list[str] | None,
+    ) -> Any: ...
 
-    def explain(self, mv: Any, inputs: Any, **kwargs: Any) -> Any: ...
+    def explain(self, mv: Any, inputs: Any, *, parameters: dict[str, Any], signature_name: str | None) -> Any: ...
 
     def hook(self, mv: Any, name: str, **kwargs: Any) -> Any: ...
 

@@ -1,9 +1,13 @@
 """The one inference path every protocol calls.
 
 Protocols decode their wire format into numpy tensors, call the data plane,
-and encode what comes back.  The data plane resolves the model version, runs
-the hooks (preprocess, predict/explain/..., postprocess), turns a hook's failure
-into :class:`ModelFailure` and a missing hook into :class:`NotImplementedByModel`.
+and encode what comes back.  The data plane resolves the model version and
+hands each call to the version's executor (``ModelVersion.executor``:
+:class:`~servekit.dataplane.executor.LocalExecutor` in this process, a model
+host's client otherwise), which runs the hooks (preprocess, predict/explain/...,
+postprocess), turns a hook's failure into :class:`ModelFailure` and a missing
+hook into :class:`NotImplementedByModel`.  The call goes one way: the executor
+never calls back into the data plane.
 
 What checks a request against its model lives here, not in a protocol:
 :func:`check_inputs` (shapes against the metadata), naming a model's outputs
@@ -15,21 +19,22 @@ V2 :class:`~servekit.codecs.infer_request.InferRequest` whichever wire it came o
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from servekit.codecs.infer_request import InferRequest
-from servekit.dataplane import batching, call_gate, classification, generation, sequences
+from servekit.dataplane import batching, classification, generation
+from servekit.dataplane.executor import LOCAL
+from servekit.dataplane.executor import LocalExecutor as LocalExecutor  # still importable from here, as before
 from servekit.dataplane.repository import ModelRepository, ModelVersion
-from servekit.errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, ServekitError, UnknownModel
+from servekit.errors import BadRequest, ModelFailure, NotFound, ServekitError, UnknownModel
 from servekit.folders import pipeline
 from servekit.folders import triton_config as triton_model_config
-from servekit.observability import labels, load, statistics, tracing
+from servekit.observability import labels, load, statistics
 from servekit.streams import close, is_stream
-from servekit.types import Executor, GenerationChunk, GenerationRequest, GenerationResult, ModelMetadata, Tensors
+from servekit.types import GenerationChunk, GenerationRequest, GenerationResult, ModelMetadata, Tensors
 
 log = logging.getLogger("servekit.dataplane")
 
@@ -37,26 +42,6 @@ log = logging.getLogger("servekit.dataplane")
 DEFAULT_OUTPUT = "output_0"
 #: ``tokenizer=`` left out of a generation: the data plane asks the model's ``tokenizer`` hook.
 OWN_TOKENIZER: Any = object()
-
-
-class LocalExecutor:
-    """A version loaded in this process: its hooks run here (the other :class:`Executor` is
-    :class:`servekit.hosts.client.HostClient`, for a version in model hosts)."""
-
-    def __init__(self, dataplane: DataPlane):
-        self.dataplane = dataplane
-
-    def predict(self, mv: Any, inputs: Tensors, **kwargs: Any) -> Any:
-        return self.dataplane._predict_here(mv, inputs, **kwargs)
-
-    def explain(self, mv: Any, inputs: Tensors, **kwargs: Any) -> Any:
-        return self.dataplane._explain_here(mv, inputs, **kwargs)
-
-    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
-        return self.dataplane._hook_here(mv, name, **kwargs)
-
-    def close(self) -> None:
-        return None
 
 
 class DataPlane:
@@ -72,7 +57,6 @@ class DataPlane:
         #: parts of this worker that must be up before it is ready: each says why not, or None
         #: (a requested gRPC port, servekit.server.grpc_engine)
         self.readiness_gates: list[Callable[[], str | None]] = []
-        self._here = LocalExecutor(self)
 
     # -- health ---------------------------------------------------------------
 
@@ -174,57 +158,17 @@ class DataPlane:
         if counted:
             load.arrived(mv.name)
         try:
-            return self._executor(mv).predict(
-                mv,
-                single_tensor(mv, inputs),
-                parameters=parameters or {},
-                signature_name=signature_name,
-                output_names=output_names,
+            inputs = single_tensor(mv, inputs)
+            if isinstance(mv.model, pipeline.Pipeline):  # its steps run on their own versions' executors
+                return self._run_pipeline(mv, inputs, parameters or {})
+            return mv.executor.predict(
+                mv, inputs, parameters=parameters or {}, signature_name=signature_name, output_names=output_names
             )
         finally:
             if counted:
                 load.left(mv.name)
 
-    def _executor(self, mv: ModelVersion) -> Executor:
-        """Where ``mv`` runs: in this process, or in its model hosts (which record their own statistics)."""
-        return mv.host if mv.host is not None else self._here
-
-    @statistics.recorded  # Triton's statistics extension (statistics.py)
-    def _predict_here(
-        self,
-        mv: ModelVersion,
-        inputs: Tensors,
-        *,
-        parameters: dict[str, Any] | None,
-        signature_name: str | None,
-        output_names: list[str] | None,
-    ) -> Any:
-        arrival = load.arrival()
-        parameters = parameters or {}
-        inputs = single_tensor(mv, inputs)
-        if isinstance(mv.model, pipeline.Pipeline):
-            return self._run_pipeline(mv, inputs, parameters)
-        stat = statistics.current()
-        live = sequences.sequences_of(mv)
-        sequence = live.open(parameters) if live is not None else None
-        if sequence is not None:  # a sequence's requests run alone, one at a time, on its state
-            assert live is not None
-            try:
-                inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names, sequence)
-                return self._outputs(mv, stat, run(inputs), parameters)
-            finally:
-                live.close(sequence)
-        inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names)
-        batcher = batching.batcher_for(mv)
-        options = batching.options_key(parameters, signature_name, output_names) if batcher else None
-        if batcher is None or options is None:
-            with call_gate.turn(mv), load.running(mv.name, [arrival]):  # the wait for a place is queueing
-                outputs = run(inputs)
-        else:
-            with tracing.span("servekit.queue"):
-                outputs = batcher.submit(inputs, run, options, arrival=arrival)  # waits for batch-mates, then the call
-        return self._outputs(mv, stat, outputs, parameters)
-
+    @statistics.recorded  # a pipeline request counts like any predict (Triton's ensembles do)
     def _run_pipeline(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> dict[str, Any]:
         """A pipeline's steps, each an ordinary request to its own model (checked, batched, counted)."""
 
@@ -243,86 +187,11 @@ class DataPlane:
         return stat.execution(statistics.rows_of(inputs), lambda: pipeline.run(mv.model, inputs, call))
 
     def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
-        """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).
+        """Several ``predict`` requests of a batching version loaded here, run together in this thread.
 
-        ``calls`` holds each request's inputs and keyword arguments (those of
-        :meth:`predict`, and ``arrival``: when it arrived in its worker); they share calls as the batcher's rules allow
-        (:meth:`Batcher.run_together`).  Returns ``(result, None)`` or
-        ``(None, exception)`` per request, in order; each is counted in the
-        statistics like a :meth:`predict`.
+        See :meth:`LocalExecutor.predict_together`; a model host's loop calls its executor's directly.
         """
-        batcher = batching.batcher_for(mv)
-        if batcher is None:
-            raise RuntimeError(f"model {mv.name!r} does not batch")
-        outcomes: list[tuple[Any, Any]] = [(None, None)] * len(calls)
-        prepared = []
-        for i, (raw, kwargs) in enumerate(calls):
-            stat = statistics.Request(mv.name, str(mv.version))
-            parameters = kwargs.get("parameters") or {}
-            signature_name, output_names = kwargs.get("signature_name"), kwargs.get("output_names")
-            try:
-                inputs, run = self._prepared(mv, stat, single_tensor(mv, raw), parameters, signature_name, output_names)
-            except BaseException as exc:
-                stat.finish(False, 0)
-                outcomes[i] = (None, exc)
-                continue
-            options = batching.options_key(parameters, signature_name, output_names)
-            arrival = kwargs.get("arrival") or time.monotonic()
-            prepared.append((i, stat, raw, parameters, (inputs, run, options, arrival)))
-        members = batcher.run_together([entry[-1] for entry in prepared])
-        for (i, stat, raw, parameters, _), member in zip(prepared, members):
-            try:
-                if member.error is not None:
-                    raise member.error
-                outcomes[i] = (self._outputs(mv, stat, member.result, parameters), None)
-            except BaseException as exc:
-                stat.finish(False, 0)
-                outcomes[i] = (None, exc)
-                continue
-            stat.finish(True, statistics.rows_of(raw))
-        return outcomes
-
-    def _prepared(
-        self,
-        mv: ModelVersion,
-        stat: statistics.Request,
-        inputs: Tensors,
-        parameters: dict[str, Any],
-        signature_name: str | None,
-        output_names: list[str] | None,
-        sequence: sequences.Sequence | None = None,
-    ) -> tuple[Tensors, batching.Runner]:
-        """A request's preprocessed inputs and the call of the ``predict`` hook that serves it (or its batch)."""
-        inputs = stat.time("compute_input", self._preprocess, mv, inputs, parameters)
-
-        def run(batch: Tensors) -> Any:
-            if tracing.ON:
-                attributes = _model_call(mv, statistics.rows_of(inputs), statistics.rows_of(batch))
-                with tracing.span("servekit.predict", attributes):
-                    return call(batch)
-            return call(batch)
-
-        def call(batch: Tensors) -> Any:
-            return stat.execution(
-                statistics.rows_of(batch),
-                lambda: self._call(
-                    mv,
-                    "predict",
-                    inputs=batch,
-                    parameters=parameters,
-                    signature_name=signature_name,
-                    output_names=output_names,
-                    sequence=sequence,
-                ),
-            )
-
-        stat.submitted()
-        return inputs, run
-
-    def _outputs(self, mv: ModelVersion, stat: statistics.Request, outputs: Any, parameters: dict[str, Any]) -> Any:
-        if is_stream(outputs):
-            return _guarded(mv, outputs)
-        return stat.time("compute_output", self._postprocess, mv, outputs, parameters)
+        return LOCAL.predict_together(mv, [(single_tensor(mv, raw), kwargs) for raw, kwargs in calls])
 
     def infer(self, mv: ModelVersion, request: InferRequest) -> dict[str, np.ndarray]:
         """A V2 request's named outputs; a streaming model's items joined into one answer."""
@@ -365,13 +234,7 @@ class DataPlane:
         signature_name: str | None = None,
     ) -> Any:
         inputs = single_tensor(mv, inputs)
-        return self._executor(mv).explain(mv, inputs, parameters=parameters or {}, signature_name=signature_name)
-
-    def _explain_here(
-        self, mv: ModelVersion, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None
-    ) -> Any:
-        inputs = self._preprocess(mv, inputs, parameters)
-        return self._call(mv, "explain", inputs=inputs, parameters=parameters, signature_name=signature_name)
+        return mv.executor.explain(mv, inputs, parameters=parameters or {}, signature_name=signature_name)
 
     def classify(self, mv: ModelVersion, examples: list[dict], *, parameters=None, signature_name=None):
         result = self._call(
@@ -477,53 +340,7 @@ class DataPlane:
 
     def _call(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
         with mv.in_use():  # raises NotReady when it is not serving
-            return self._executor(mv).hook(mv, hook, **kwargs)
-
-    def _hook_here(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
-        caller = getattr(mv.hooks, hook)
-        if not caller.get_hookimpls():
-            raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")
-        try:
-            result = caller(model=mv.model, name=mv.name, version=mv.version, **kwargs)
-        except ServekitError:
-            raise
-        except Exception as exc:
-            log.warning("model %s raised in %s: %s", mv.name, hook, exc, exc_info=log.isEnabledFor(logging.DEBUG))
-            raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
-        if result is None:
-            raise NotImplementedByModel(f"model {mv.name!r} does not implement {hook!r}")
-        return result
-
-    def _preprocess(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> Tensors:
-        if not mv.hooks.preprocess.get_hookimpls():
-            return inputs
-        mapped = self._optional(mv, "preprocess", inputs=inputs, parameters=parameters)
-        return inputs if mapped is None else mapped
-
-    def _postprocess(self, mv: ModelVersion, outputs: Any, parameters: dict[str, Any]) -> Any:
-        if not mv.hooks.postprocess.get_hookimpls():
-            return outputs
-        mapped = self._optional(mv, "postprocess", outputs=outputs, parameters=parameters)
-        return outputs if mapped is None else mapped
-
-    def _optional(self, mv: ModelVersion, hook: str, **kwargs: Any) -> Any:
-        try:
-            return getattr(mv.hooks, hook)(model=mv.model, name=mv.name, version=mv.version, **kwargs)
-        except ServekitError:
-            raise
-        except Exception as exc:
-            raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
-
-
-def _model_call(mv: ModelVersion, rows: int, batch_rows: int) -> dict[str, Any]:
-    """The model call span's attributes: the request's rows within the batch the model was given."""
-    return {
-        tracing.MODEL: mv.name,
-        tracing.VERSION: str(mv.version),
-        tracing.ROWS: rows,
-        tracing.BATCH_SIZE: batch_rows,
-        tracing.DEVICE: str(getattr(mv.config, "device", "") or "auto"),
-    }
+            return mv.executor.hook(mv, hook, **kwargs)
 
 
 def check_inputs(mv: ModelVersion, inputs: Tensors, signature_name: str | None) -> None:
@@ -562,17 +379,6 @@ def single_tensor(mv: ModelVersion, inputs: Tensors) -> Tensors:
         return inputs
     (array,) = inputs.values()
     return array
-
-
-def _guarded(mv: ModelVersion, items: Iterator[Any]) -> Iterator[Any]:
-    """A streaming model's generator, its failures reported like any hook's (closing is passed on)."""
-    try:
-        yield from items
-    except ServekitError:
-        raise
-    except Exception as exc:
-        log.warning("model %s raised while streaming: %s", mv.name, exc)
-        raise ModelFailure(f"model {mv.name!r} failed in predict: {type(exc).__name__}: {exc}") from exc
 
 
 def named_outputs(mv: ModelVersion, outputs: Any, signature_name: str | None = None) -> dict[str, np.ndarray]:

@@ -25,6 +25,7 @@ import pluggy
 
 from servekit.codecs.shared_memory import Regions
 from servekit.control.plan import UNLOADED, Planner, config_key
+from servekit.dataplane.executor import LOCAL
 from servekit.errors import BadRequest, NotFound, NotReady, ServekitError, UnknownModel, malformed_version
 from servekit.folders import pipeline
 from servekit.folders import triton_config as triton_model_config
@@ -69,7 +70,8 @@ class ModelVersion:
     metadata: ModelMetadata = field(default_factory=ModelMetadata)
     load_seconds: float = 0.0
     fingerprint: float = 0.0  # newest mtime in the folder when the load was tried
-    host: Executor | None = None  # its model hosts, when it runs in host processes (servekit.hosts)
+    #: where its calls run: this process, or its model hosts' client (servekit.hosts.attach sets it)
+    executor: Executor = LOCAL
     batcher: Any = None  # servekit.dataplane.batching: made on the first predict (batching.batcher_for)
     gate: Any = None  # servekit.dataplane.call_gate: made on the first unbatched predict (call_gate.turn)
     raw_config: dict[str, Any] = field(default_factory=dict)  # the settings it was loaded with
@@ -489,8 +491,7 @@ class ModelRepository:
         if mv.model is not None and mv.hooks is not None:
             mv.state = State.UNLOADING
             try:
-                if mv.host is not None:
-                    mv.host.close()
+                mv.executor.close()  # a model host's client tells its hosts
                 mv.hooks.unload(model=mv.model)
             except Exception:
                 log.exception("unload hook failed for %s version %d", mv.name, mv.version)

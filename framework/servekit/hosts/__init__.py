@@ -76,7 +76,7 @@ def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
     host = client.HostClient(spec, replicas)
     host.start()
     client.clients.add(host)
-    mv.host = host
+    mv.executor = host  # the data plane hands this version's calls to its hosts
     mv.model = host
     local = plugins.new_manager()  # nothing of the model runs in this process...
     tokenizer = host.tokenizer()

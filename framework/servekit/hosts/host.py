@@ -3,8 +3,10 @@
 Started by :mod:`servekit.hosts.client` as ``python -m servekit.hosts.host SPEC``.
 It loads the version exactly as a worker would (plugins, ``model.py``, the
 version's ``servekit.yaml``), then serves every HTTP worker and gRPC server of
-the server through one :class:`~servekit.dataplane.data_plane.DataPlane`, so the
-adaptive batcher sees the requests of all of them and the hooks run here.
+the server through a :class:`~servekit.dataplane.executor.LocalExecutor`, as a
+worker runs a version loaded in it (this is the other side of the workers'
+:class:`~servekit.hosts.client.HostClient`), so the adaptive batcher sees the
+requests of all of them and the hooks run here.
 
 A worker holds a connection for one call at a time.  A version that batches
 is served by one event loop (:mod:`.loop`): it reads every connection's
@@ -27,12 +29,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servekit.control import long_lived
 from servekit.hooks.specs import hookimpl
 from servekit.hosts import channel, runtime
 from servekit.observability import tracing
+
+if TYPE_CHECKING:  # imported when the host loads its version, after its watcher started
+    from servekit.dataplane.executor import LocalExecutor
 
 log = logging.getLogger("servekit.hosts")
 
@@ -41,6 +46,9 @@ TERM_LIMIT = 120.0
 
 
 class Host:
+    #: runs the workers' calls on the version (set by :meth:`load`)
+    executor: LocalExecutor
+
     def __init__(self, spec: dict[str, Any]):
         self.spec = spec
         self.label = f"{spec['name']} version {spec['version']} (replica {spec['replica']})"
@@ -52,14 +60,13 @@ class Host:
         self.terminating_since: float | None = None
         self.lock = threading.Lock()
         self.slab_prefix = runtime.shm_prefix(os.getpid()) + "h"
-        self.dataplane: Any = None
         self.mv: Any = None
         self.gauges: Any = None
 
     # -- start ---------------------------------------------------------------
 
     def load(self) -> None:
-        from servekit.dataplane.data_plane import DataPlane
+        from servekit.dataplane.executor import LocalExecutor
         from servekit.dataplane.repository import ModelRepository
         from servekit.hooks import manager as plugins
         from servekit.observability import host_metrics, load, metrics
@@ -81,7 +88,7 @@ class Host:
         )
         if not self.mv.ready:
             raise RuntimeError(self.mv.error or "the model did not load")
-        self.dataplane = DataPlane(repo)
+        self.executor = LocalExecutor()  # the calls go to it directly: no data plane in between
         tracing.configure()  # the OTEL_* variables the server was started with
         self.gauges = host_metrics.host_metrics(spec["name"], str(spec["version"]), str(spec["replica"]))
         long_lived.settle()  # the host holds this one model for its whole life
@@ -200,11 +207,11 @@ class Host:
         if op not in ("predict", "explain", "call"):
             raise BadRequest(f"model host: unknown operation {op!r}")
         if op == "call":
-            return self.dataplane.call_hook(self.mv, *args, **kwargs)
+            return self.executor.call_hook(self.mv, *args, **kwargs)
         from servekit.observability import load
 
         with load.arrived_at(kwargs.pop("arrival", None)):
-            return getattr(self.dataplane, op)(self.mv, *args, **kwargs)
+            return getattr(self.executor, op)(self.mv, *args, **kwargs)
 
     @staticmethod
     def _stream(conn: socket.socket, items: Any) -> None:

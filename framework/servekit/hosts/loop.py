@@ -5,7 +5,7 @@ request, and the batcher's leader another; for a model whose ``predict`` takes
 tens of microseconds that is most of the host's time.  Here one thread waits on
 every worker connection at once (``epoll``), reads each request that has
 arrived, runs the ``predict`` requests among them together
-(:meth:`~servekit.dataplane.data_plane.DataPlane.predict_together`: the batcher's rules,
+(:meth:`~servekit.dataplane.executor.LocalExecutor.predict_together`: the batcher's rules,
 in this thread) and writes the answers.  Requests that arrive while a call runs
 wait in their sockets and make the next batch: adaptive batching with no timer
 and no batching thread, and a lone request never waits.
@@ -183,7 +183,7 @@ class Loop:
         try:
             if spans:  # the shared call shows under the first request's trace
                 spans[0].enter()
-            outcomes = host.dataplane.predict_together(host.mv, calls)
+            outcomes = host.executor.predict_together(host.mv, calls)
         except BaseException as exc:  # a fault of the loop itself: every waiting request hears of it
             outcomes = [(None, exc)] * len(calls)
         finally:
