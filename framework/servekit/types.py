@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pluggy
 
 #: Decoded request tensors: named (``dict``) or one unnamed array.
 Tensors = dict[str, np.ndarray] | np.ndarray
@@ -112,33 +114,79 @@ class ModelConfig:
 # -- where a version runs ------------------------------------------------------------------------
 
 
+#: What ``predict`` and ``explain`` answer: the model's outputs as its hooks return them (an array,
+#: named arrays, a list, a ``GenerationResult``...), or an iterator of them when it streams.
+ModelOutputs = Any
+
+
+class LoadedVersion(Protocol):
+    """A loaded model version as its executor and its placement see it.
+
+    ``servekit.dataplane.repository.ModelVersion`` is the one there is; this
+    names what the seam reads and sets of it without importing the repository.
+    """
+
+    name: str
+    version: int
+    path: Path
+    config: ModelConfig
+    #: the settings it was loaded with (a model host loads exactly these)
+    raw_config: dict[str, Any]
+    fingerprint: float
+    #: what the plugin's ``load`` returned (in a worker whose version runs in model hosts: their client)
+    model: Any
+    #: the version's hook relay (``pluggy.HookRelay``): ``hooks.predict(model=..., ...)``
+    hooks: Any
+    metadata: ModelMetadata
+    executor: Executor
+
+    def in_use(self) -> AbstractContextManager[Any]:
+        """Held around a hook call: the version is not unloaded under it (``NotReady`` when not serving)."""
+        ...
+
+
 class Executor(Protocol):
     """Runs a loaded version's calls: in this process (``servekit.dataplane.executor.LocalExecutor``) or in
-    its model hosts (``servekit.hosts.client.HostClient``)."""
+    its model hosts (``servekit.hosts.client.HostClient``).
+
+    The data plane hands it a request's tensors as the version takes them
+    (``single_tensor`` applied) and its parameters (``{}`` when none), and gets
+    the answer after postprocess; the executor never calls back into the data plane.
+    """
 
     def predict(
         self,
-        mv: Any,
-        inputs: Any,
+        mv: LoadedVersion,
+        inputs: Tensors,
         *,
         parameters: dict[str, Any],
         signature_name: str | None,
         output_names: list[str] | None,
-    ) -> Any: ...
+    ) -> ModelOutputs: ...
 
-    def explain(self, mv: Any, inputs: Any, *, parameters: dict[str, Any], signature_name: str | None) -> Any: ...
+    def explain(
+        self, mv: LoadedVersion, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None
+    ) -> ModelOutputs: ...
 
-    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any: ...
+    def hook(self, mv: LoadedVersion, name: str, **kwargs: Any) -> Any:
+        """Any other hook by name (``classify``, ``complete``, ``embed``...); the caller holds the version."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """The version is unloaded: let go of what runs it (a model host's client tells its hosts)."""
+        ...
 
 
 class Placement(Protocol):
     """Decides where a version runs and starts its model hosts (the module ``servekit.hosts``)."""
 
-    def placement_of(self, config: Any) -> tuple[str, int]: ...
+    def placement_of(self, config: ModelConfig) -> tuple[str, int]:
+        """``("worker", 1)``, or ``("process", N)``: in N model hosts."""
+        ...
 
-    def attach(self, mv: Any, pm: Any, batching: Any, replicas: int) -> None: ...
+    def attach(self, mv: LoadedVersion, pm: pluggy.PluginManager, batching: BatchingConfig, replicas: int) -> None:
+        """Serve ``mv`` from model hosts: start them, set its executor, hooks and metadata."""
+        ...
 
 
 # -- the request log's records (the ``log_request`` hook's argument) ----------------------------

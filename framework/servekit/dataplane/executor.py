@@ -27,7 +27,7 @@ import servekit.dataplane.sequences as sequences
 from servekit.errors import ModelFailure, NotImplementedByModel, ServekitError
 from servekit.observability import load, statistics, tracing
 from servekit.streams import is_stream
-from servekit.types import Tensors
+from servekit.types import LoadedVersion, ModelOutputs, Tensors
 
 log = logging.getLogger("servekit.dataplane")
 
@@ -42,13 +42,13 @@ class LocalExecutor:
     @statistics.recorded  # Triton's statistics extension (statistics.py)
     def predict(
         self,
-        mv: Any,
+        mv: LoadedVersion,
         inputs: Tensors,
         *,
         parameters: dict[str, Any],
         signature_name: str | None,
         output_names: list[str] | None,
-    ) -> Any:
+    ) -> ModelOutputs:
         """``predict`` for one request; a generator result is returned as is, for streaming."""
         arrival = load.arrival()
         stat = statistics.current()
@@ -72,7 +72,7 @@ class LocalExecutor:
                 outputs = batcher.submit(inputs, run, options, arrival=arrival)  # waits for batch-mates, then the call
         return _outputs(mv, stat, outputs, parameters)
 
-    def predict_together(self, mv: Any, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
+    def predict_together(self, mv: LoadedVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
         """Several ``predict`` requests of a batching version at once, in this thread (a model host's loop).
 
         ``calls`` holds each request's inputs and keyword arguments (those of
@@ -112,16 +112,18 @@ class LocalExecutor:
             stat.finish(True, statistics.rows_of(raw))
         return outcomes
 
-    def explain(self, mv: Any, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None) -> Any:
+    def explain(
+        self, mv: LoadedVersion, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None
+    ) -> ModelOutputs:
         inputs = _preprocess(mv, inputs, parameters)
         return self.call_hook(mv, "explain", inputs=inputs, parameters=parameters, signature_name=signature_name)
 
-    def call_hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
+    def call_hook(self, mv: LoadedVersion, name: str, **kwargs: Any) -> Any:
         """:meth:`hook`, holding the version for the call (it is not unloaded under it)."""
         with mv.in_use():  # raises NotReady when it is not serving
             return self.hook(mv, name, **kwargs)
 
-    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
+    def hook(self, mv: LoadedVersion, name: str, **kwargs: Any) -> Any:
         """One of the model's hooks, by name; the data plane holds the version around it."""
         caller = getattr(mv.hooks, name)
         if not caller.get_hookimpls():
@@ -142,7 +144,7 @@ class LocalExecutor:
 
     def _prepared(
         self,
-        mv: Any,
+        mv: LoadedVersion,
         stat: statistics.Request,
         inputs: Tensors,
         parameters: dict[str, Any],
@@ -182,27 +184,27 @@ class LocalExecutor:
 LOCAL = LocalExecutor()
 
 
-def _outputs(mv: Any, stat: statistics.Request, outputs: Any, parameters: dict[str, Any]) -> Any:
+def _outputs(mv: LoadedVersion, stat: statistics.Request, outputs: Any, parameters: dict[str, Any]) -> Any:
     if is_stream(outputs):
         return _guarded(mv, outputs)
     return stat.time("compute_output", _postprocess, mv, outputs, parameters)
 
 
-def _preprocess(mv: Any, inputs: Tensors, parameters: dict[str, Any]) -> Tensors:
+def _preprocess(mv: LoadedVersion, inputs: Tensors, parameters: dict[str, Any]) -> Tensors:
     if not mv.hooks.preprocess.get_hookimpls():
         return inputs
     mapped = _optional(mv, "preprocess", inputs=inputs, parameters=parameters)
     return inputs if mapped is None else mapped
 
 
-def _postprocess(mv: Any, outputs: Any, parameters: dict[str, Any]) -> Any:
+def _postprocess(mv: LoadedVersion, outputs: Any, parameters: dict[str, Any]) -> Any:
     if not mv.hooks.postprocess.get_hookimpls():
         return outputs
     mapped = _optional(mv, "postprocess", outputs=outputs, parameters=parameters)
     return outputs if mapped is None else mapped
 
 
-def _optional(mv: Any, hook: str, **kwargs: Any) -> Any:
+def _optional(mv: LoadedVersion, hook: str, **kwargs: Any) -> Any:
     """A hook a model need not implement (``None`` keeps what it was given)."""
     try:
         return getattr(mv.hooks, hook)(model=mv.model, name=mv.name, version=mv.version, **kwargs)
@@ -212,7 +214,7 @@ def _optional(mv: Any, hook: str, **kwargs: Any) -> Any:
         raise ModelFailure(f"model {mv.name!r} failed in {hook}: {type(exc).__name__}: {exc}") from exc
 
 
-def _guarded(mv: Any, items: Iterator[Any]) -> Iterator[Any]:
+def _guarded(mv: LoadedVersion, items: Iterator[Any]) -> Iterator[Any]:
     """A streaming model's generator, its failures reported like any hook's (closing is passed on)."""
     try:
         yield from items
@@ -223,7 +225,7 @@ def _guarded(mv: Any, items: Iterator[Any]) -> Iterator[Any]:
         raise ModelFailure(f"model {mv.name!r} failed in predict: {type(exc).__name__}: {exc}") from exc
 
 
-def _model_call(mv: Any, rows: int, batch_rows: int) -> dict[str, Any]:
+def _model_call(mv: LoadedVersion, rows: int, batch_rows: int) -> dict[str, Any]:
     """The model call span's attributes: the request's rows within the batch the model was given."""
     return {
         tracing.MODEL: mv.name,

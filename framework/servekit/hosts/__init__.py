@@ -20,15 +20,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import pluggy
+
 from servekit.hooks.specs import hookimpl
 from servekit.hosts.runtime import cleanup, default_placement, in_host, prepare_server
+from servekit.types import BatchingConfig, LoadedVersion, ModelConfig
 
 __all__ = ["attach", "cleanup", "placement_of", "prepare_server"]
 
 log = logging.getLogger("servekit.hosts")
 
 
-def placement_of(config: Any) -> tuple[str, int]:
+def placement_of(config: ModelConfig) -> tuple[str, int]:
     """Where a version runs and in how many hosts: ``("worker", 1)`` or ``("process", N)``."""
     if in_host():
         return "worker", 1
@@ -49,7 +52,7 @@ def placement_of(config: Any) -> tuple[str, int]:
     return (placement, replicas) if placement == "process" else ("worker", 1)
 
 
-def attach(mv: Any, pm: Any, batching: Any, replicas: int) -> None:
+def attach(mv: LoadedVersion, pm: pluggy.PluginManager, batching: BatchingConfig, replicas: int) -> None:
     """Serve ``mv`` from host processes: start them if this server has none yet, read the metadata."""
     from servekit.hooks import manager as plugins
     from servekit.hosts import client, runtime
@@ -97,7 +100,7 @@ class _Tokenizer:
         return self.value
 
 
-def plugin_specs(pm: Any) -> list[str]:
+def plugin_specs(pm: pluggy.PluginManager) -> list[str]:
     """The ``--plugin`` entries a manager was built from; installed plugins load by themselves."""
     sources: dict[str, str] = getattr(pm, "_servekit_sources", {})
     specs = []

@@ -32,6 +32,7 @@ from typing import Any
 from servekit import errors
 from servekit.hosts import channel, runtime
 from servekit.observability import tracing
+from servekit.types import LoadedVersion, ModelMetadata, ModelOutputs, Tensors
 
 log = logging.getLogger("servekit.hosts")
 
@@ -198,7 +199,7 @@ class Replica:
 
 
 class HostClient:
-    """What a worker keeps for one model version placed in host processes."""
+    """What a worker keeps for one model version placed in host processes: its :class:`servekit.types.Executor`."""
 
     def __init__(self, spec: dict[str, Any], replicas: int):
         self.spec = spec
@@ -207,7 +208,7 @@ class HostClient:
         self.key = spec["key"]
         self.replicas = [Replica(self, i) for i in range(max(1, replicas))]
         self._turn = 0
-        self.metadata: Any = None
+        self.metadata = ModelMetadata()  # the host's, once start() has greeted it
         self.timeout = runtime.call_timeout()
 
     def start(self) -> None:
@@ -250,13 +251,30 @@ class HostClient:
 
     # -- servekit.types.Executor: what the data plane asks of a version that runs here --------
 
-    def predict(self, mv: Any, inputs: Any, **kwargs: Any) -> Any:
-        return self.call("predict", inputs, arrival=time.monotonic(), **kwargs)  # for the host's queue time
+    def predict(
+        self,
+        mv: LoadedVersion,
+        inputs: Tensors,
+        *,
+        parameters: dict[str, Any],
+        signature_name: str | None,
+        output_names: list[str] | None,
+    ) -> ModelOutputs:
+        return self.call(
+            "predict",
+            inputs,
+            arrival=time.monotonic(),  # for the host's queue time
+            parameters=parameters,
+            signature_name=signature_name,
+            output_names=output_names,
+        )
 
-    def explain(self, mv: Any, inputs: Any, **kwargs: Any) -> Any:
-        return self.call("explain", inputs, **kwargs)
+    def explain(
+        self, mv: LoadedVersion, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None
+    ) -> ModelOutputs:
+        return self.call("explain", inputs, parameters=parameters, signature_name=signature_name)
 
-    def hook(self, mv: Any, name: str, **kwargs: Any) -> Any:
+    def hook(self, mv: LoadedVersion, name: str, **kwargs: Any) -> Any:
         return self.call("call", name, **kwargs)
 
     def tokenizer(self) -> Any:
