@@ -11,7 +11,8 @@ exactly one host: one CUDA context per device, batching in one place.
 Linux only: the hand-off uses Unix sockets and ``/dev/shm``
 (:mod:`.channel`); :mod:`.runtime` keeps the server's hosts together and
 cleans up after them; :mod:`.host` is the host process; :mod:`.client` the
-worker side.  See docs/model-processes.md.
+worker side; :mod:`.calls` names the kinds of message between them.  See
+docs/model-processes.md.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import Any
 
 from servekit import errors
 from servekit.hosts import channel, runtime
+from servekit.hosts.calls import Op
 from servekit.observability import tracing
 from servekit.types import LoadedVersion, ModelMetadata, ModelOutputs, Tensors
 
@@ -55,9 +56,8 @@ class Connection:
         self.slab_in = channel.Slab.create(self.prefix, channel.SLAB_MIN)
         self.slab_out = channel.Slab.create(self.prefix, channel.SLAB_MIN)
         try:
-            channel.send(
-                self.sock, {"op": "hello", "pid": os.getpid(), "in": self.slab_in.name, "out": self.slab_out.name}
-            )
+            hello = {**Op.HELLO.header(), "pid": os.getpid(), "in": self.slab_in.name, "out": self.slab_out.name}
+            channel.send(self.sock, hello)
             self.hello = self.framer.read()
         except BaseException:
             self.close()  # removes the names the host did not get to map
@@ -218,12 +218,15 @@ class HostClient:
             self.metadata = conn.hello["metadata"]
             replica.give(conn)
 
-    def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, op: Op, *args: Any, **kwargs: Any) -> Any:
+        """One call of kind ``op`` (its arguments as :class:`~servekit.hosts.calls.Op` lists them), answered."""
         replica = self._pick()
+        message = op.header()
         if tracing.ON:  # the trace crosses into the host: its spans continue this one
-            with tracing.client_span("servekit.host", {tracing.HOST_REPLICA: replica.index, "servekit.op": op}):
-                return self._call(replica, {"op": op, "trace": tracing.inject()}, list(args), kwargs)
-        return self._call(replica, {"op": op}, list(args), kwargs)
+            with tracing.client_span("servekit.host", {tracing.HOST_REPLICA: replica.index, "servekit.op": op.value}):
+                message["trace"] = tracing.inject()
+                return self._call(replica, message, list(args), kwargs)
+        return self._call(replica, message, list(args), kwargs)
 
     def _call(self, replica: Replica, header: dict[str, Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
         conn = self._send(replica, header, args, kwargs)
@@ -261,7 +264,7 @@ class HostClient:
         output_names: list[str] | None,
     ) -> ModelOutputs:
         return self.call(
-            "predict",
+            Op.PREDICT,
             inputs,
             arrival=time.monotonic(),  # for the host's queue time
             parameters=parameters,
@@ -272,10 +275,10 @@ class HostClient:
     def explain(
         self, mv: LoadedVersion, inputs: Tensors, *, parameters: dict[str, Any], signature_name: str | None
     ) -> ModelOutputs:
-        return self.call("explain", inputs, parameters=parameters, signature_name=signature_name)
+        return self.call(Op.EXPLAIN, inputs, parameters=parameters, signature_name=signature_name)
 
     def hook(self, mv: LoadedVersion, name: str, **kwargs: Any) -> Any:
-        return self.call("call", name, **kwargs)
+        return self.call(Op.CALL, name, **kwargs)
 
     def tokenizer(self) -> Any:
         """A copy of the model's tokenizer (the ``tokenizer`` hook), ``None`` when it has none.
@@ -284,7 +287,7 @@ class HostClient:
         defines) is ``None`` too, with a warning: chat then uses the plain format.
         """
         try:
-            return self.call("call", "tokenizer")
+            return self.call(Op.CALL, "tokenizer")
         except errors.NotImplementedByModel:
             return None
         except Exception as exc:
@@ -351,7 +354,7 @@ class HostClient:
             with contextlib.suppress(Exception):
                 # a connection of its own: never start a host only to say goodbye
                 conn = Connection(replica.socket_path, replica.pid(), 5.0)
-                channel.send(conn.sock, {"op": "detach"})
+                channel.send(conn.sock, Op.DETACH.header())
                 conn.reply()
                 conn.close()
             replica.drop_idle()

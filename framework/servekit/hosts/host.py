@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from servekit.control import long_lived
 from servekit.hooks.specs import hookimpl
 from servekit.hosts import channel, runtime
+from servekit.hosts.calls import Op
 from servekit.observability import tracing
 
 if TYPE_CHECKING:  # imported when the host loads its version, after its watcher started
@@ -126,12 +127,12 @@ class Host:
         try:
             framer = channel.Framer(conn)
             hello = framer.read()
-            if hello.get("op") != "hello":
+            if Op.of(hello) is not Op.HELLO:
                 return
             pid, slabs = self.greet(conn, hello)
             while True:
                 request = framer.read()
-                if request.get("op") == "detach":
+                if Op.of(request) is Op.DETACH:
                     self.detach(pid)
                     channel.send(conn, {"ok": True})
                     continue
@@ -200,18 +201,21 @@ class Host:
         channel.send(conn, reply)
 
     def _run(self, request: dict[str, Any], slab: channel.Slab) -> Any:
+        """One call on the version, by its kind (:class:`~servekit.hosts.calls.Op`)."""
+        op = Op.of(request)
+        args, kwargs = channel.arguments(request, slab)
+        if op is Op.PREDICT:
+            from servekit.observability import load
+
+            with load.arrived_at(kwargs.pop("arrival", None)):  # its queue time counts from its worker
+                return self.executor.predict(self.mv, *args, **kwargs)
+        if op is Op.EXPLAIN:
+            return self.executor.explain(self.mv, *args, **kwargs)
+        if op is Op.CALL:
+            return self.executor.call_hook(self.mv, *args, **kwargs)
         from servekit.errors import BadRequest
 
-        op = request["op"]
-        args, kwargs = channel.arguments(request, slab)
-        if op not in ("predict", "explain", "call"):
-            raise BadRequest(f"model host: unknown operation {op!r}")
-        if op == "call":
-            return self.executor.call_hook(self.mv, *args, **kwargs)
-        from servekit.observability import load
-
-        with load.arrived_at(kwargs.pop("arrival", None)):
-            return getattr(self.executor, op)(self.mv, *args, **kwargs)
+        raise BadRequest(f"model host: unknown operation {request.get('op')!r}")
 
     @staticmethod
     def _stream(conn: socket.socket, items: Any) -> None:

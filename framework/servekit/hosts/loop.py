@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from servekit.hosts import channel
+from servekit.hosts.calls import Op
 from servekit.hosts.channel import arguments, error_of
 from servekit.observability import tracing
 from servekit.streams import is_stream
@@ -104,7 +105,7 @@ class Loop:
             try:
                 sock.settimeout(GREETING_SECONDS)
                 hello = peer.framer.read()
-                if hello.get("op") != "hello":
+                if Op.of(hello) is not Op.HELLO:
                     raise channel.PeerGone("the first message was not a greeting")
                 peer.pid, peer.slabs = self.host.greet(sock, hello)
                 sock.settimeout(None)  # answers are sent whole; reads never wait (MSG_DONTWAIT)
@@ -116,11 +117,11 @@ class Loop:
     def _read(self, peer: Peer, waiting: list[tuple[Peer, dict[str, Any]]]) -> None:
         try:
             for message in peer.framer.ready():
-                op = message.get("op")
-                if op == "predict":
+                op = Op.of(message)
+                if op is Op.PREDICT:
                     self.host.take_slab(message, peer.slabs)
                     waiting.append((peer, message))
-                elif op == "detach":
+                elif op is Op.DETACH:
                     self.host.detach(peer.pid)
                     channel.send(peer.sock, {"ok": True})
                 else:
