@@ -10,6 +10,7 @@ helpers they build with live in ``tests/support/`` (on ``sys.path`` through
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,23 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if module and quick_lane(config.option.markexpr) and wholly_slow(collection_path):
         return True
     return None
+
+
+#: What the quick lane never imports: seconds each, and absent where the quick lane runs on other Pythons.
+HEAVY = ("torch", "tensorflow")
+
+
+@pytest.fixture(autouse=True)
+def quick_lane_stays_light(request: pytest.FixtureRequest):
+    """In the quick lane, a test that imports torch or TensorFlow fails, naming what it imported."""
+    if not quick_lane(request.config.option.markexpr):
+        yield
+        return
+    before = {name for name in HEAVY if name in sys.modules}
+    yield
+    imported = sorted(name for name in HEAVY if name in sys.modules and name not in before)
+    if imported:
+        pytest.fail(f"the quick lane imported {', '.join(imported)}: mark this test slow", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,6 @@ for version in "${versions[@]}"; do
             && "${pip[@]}" --no-deps "tensorflow-serving-api>=2.15"
         touch "$stamp"
     fi
-    "$venv/bin/python" -m pytest -m "not slow" -q -rfEs || status=1
+    "$venv/bin/python" -m pytest -m "not slow" -n auto -q -rfEs || status=1
 done
 exit $status

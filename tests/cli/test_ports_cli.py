@@ -17,6 +17,9 @@ import pytest
 from servekit.testing import ServerProcess, free_port
 from sklearn_models import fit_regressor
 
+# every test runs `servekit serve` as a user does, in a process of its own
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
@@ -99,7 +102,6 @@ def test_http_and_grpc_on_one_port_is_refused(repo):
 # -- a second server on a port the first one holds --------------------------------------------
 
 
-@pytest.mark.slow
 def test_a_second_server_never_shares_a_port_with_the_first(repo):
     pytest.importorskip("grpc")
     tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
@@ -115,7 +117,6 @@ def test_a_second_server_never_shares_a_port_with_the_first(repo):
         assert first.output().count("gRPC listening") == 2
 
 
-@pytest.mark.slow
 def test_the_start_up_log_says_where_each_protocol_is_served(repo):
     pytest.importorskip("grpc")
     with ServerProcess(repo, grpc_port="auto", workers=1, threads=2) as server:

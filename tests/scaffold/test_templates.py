@@ -317,6 +317,7 @@ def model_folder(tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # a servekit or cookiecutter subprocess: out of the quick lane
 def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_folder, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -345,7 +346,9 @@ def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_fol
         "gunicorn.conf.py",
         "requirements.txt",
     ]
-    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == f"servekit[sklearn,grpc]=={servekit.__version__}"
+    assert (model_folder / "requirements.txt").read_text().splitlines()[
+        -1
+    ] == f"servekit[sklearn,grpc]=={servekit.__version__}"
     dockerfile = (model_folder / "Dockerfile").read_text()
     assert "nvidia/cuda" in dockerfile and "SERVEKIT_MODEL_NAME=iris" in dockerfile
     assert "image: iris:2" in (model_folder / "deploy" / "kubernetes.yaml").read_text()
@@ -388,7 +391,9 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsy
     dockerfile = (model_folder / "Dockerfile").read_text()
     assert f"COPY wheels/{wheel.name} /build/wheels/{wheel.name}" in dockerfile
     assert f"RUN pip install --no-cache-dir /build/wheels/{wheel.name} -r requirements.txt" in dockerfile
-    assert (model_folder / "requirements.txt").read_text().splitlines()[-1] == f"servekit[sklearn,grpc]=={servekit.__version__}"
+    assert (model_folder / "requirements.txt").read_text().splitlines()[
+        -1
+    ] == f"servekit[sklearn,grpc]=={servekit.__version__}"
     lint = subprocess.run([HADOLINT, "--no-color", str(model_folder / "Dockerfile")], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
 
@@ -398,7 +403,9 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsy
     assert cli(["build", str(model_folder), "--context-only", "--wheel", str(mine)]) == 0
     assert [p.name for p in (model_folder / "wheels").iterdir()] == [mine.name]
     assert f"/build/wheels/{mine.name} -r requirements.txt" in (model_folder / "Dockerfile").read_text()
-    assert f"warning: requirements.txt pins servekit=={servekit.__version__}" in capsys.readouterr().out  # pip would refuse
+    assert (
+        f"warning: requirements.txt pins servekit=={servekit.__version__}" in capsys.readouterr().out
+    )  # pip would refuse
     assert cli(["build", str(model_folder), "--context-only", "--no-wheel"]) == 0
     assert "RUN pip install --no-cache-dir -r requirements.txt" in (model_folder / "Dockerfile").read_text()
     assert list((model_folder / "wheels").iterdir()) == []
@@ -431,6 +438,7 @@ def test_detect_extras(tmp_path):
 # -- servekit new: names ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a servekit or cookiecutter subprocess: out of the quick lane
 @pytest.mark.parametrize(
     "answers, message",
     [
@@ -451,6 +459,7 @@ def test_new_rejects_invalid_names(tmp_path, answers, message):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a servekit or cookiecutter subprocess: out of the quick lane
 def test_new_plugin_rejects_invalid_package_name(tmp_path):
     result = subprocess.run(
         [
@@ -475,6 +484,7 @@ def test_new_plugin_rejects_invalid_package_name(tmp_path):
     ]
 
 
+@pytest.mark.slow  # a servekit or cookiecutter subprocess: out of the quick lane
 @pytest.mark.parametrize(
     "answers, line",
     [
@@ -515,6 +525,7 @@ sys.meta_path.insert(0, _NoServekit())
 """
 
 
+@pytest.mark.slow  # a servekit or cookiecutter subprocess: out of the quick lane
 @pytest.mark.parametrize("framework, gpu", [("sklearn", "no"), ("huggingface", "yes")])
 def test_plain_cookiecutter_renders_the_build_files_without_servekit(tmp_path, framework, gpu):
     """``cookiecutter cookiecutter/container`` where servekit is not importable writes the same files."""

@@ -50,6 +50,7 @@ def test_lightgbm_flavor_booster_and_scikit_learn_estimator(tmp_path, servekit_a
     assert got == classifier.predict(ROWS).tolist()
 
 
+@pytest.mark.slow  # saving the model imports torch where it is installed: out of the quick lane
 def test_sklearn_flavor_is_the_mlflow_plugins_not_the_sklearn_plugins(tmp_path, servekit_app):
     import pandas as pd
     from mlflow.models import infer_signature

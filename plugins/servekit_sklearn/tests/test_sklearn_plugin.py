@@ -16,7 +16,8 @@ from sklearn_models import fit_iris
 ROW = [[5.1, 3.5, 1.4, 0.2]]
 
 
-@pytest.mark.parametrize("fmt", ["joblib", "pkl", "skops"])
+# skops imports torch where torch is installed: out of the quick lane
+@pytest.mark.parametrize("fmt", ["joblib", "pkl", pytest.param("skops", marks=pytest.mark.slow)])
 def test_every_artifact_format_loads_and_predicts(tmp_path, servekit_app, fmt):
     fit_iris(tmp_path / "iris", 1, fmt=fmt)
     client = servekit_app(tmp_path)
@@ -24,6 +25,7 @@ def test_every_artifact_format_loads_and_predicts(tmp_path, servekit_app, fmt):
     assert r.get_json() == {"predictions": ["setosa"]}
 
 
+@pytest.mark.slow  # skops imports torch where torch is installed: out of the quick lane
 def test_skops_refuses_untrusted_types(tmp_path):
     import skops.io
 

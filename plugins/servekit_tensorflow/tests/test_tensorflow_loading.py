@@ -20,11 +20,13 @@ from servekit.hooks import manager as plugins
 from servekit.types import ModelConfig
 from sklearn_models import fit_regressor
 
+# every test here loads TensorFlow: out of the quick lane
+pytestmark = pytest.mark.slow
+
 THREE = TF_DATA / "saved_model_half_plus_three" / "00000123"
 TWO = TF_DATA / "saved_model_half_plus_two_2_versions" / "00000123"
 
 
-@pytest.mark.slow
 def test_sklearn_only_server_imports_no_tensorflow(tmp_path):
     """A server over a sklearn model, with this plugin installed, never imports TensorFlow or torch."""
     fit_regressor(tmp_path / "linear")
