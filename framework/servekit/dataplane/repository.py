@@ -86,6 +86,11 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.state is State.AVAILABLE
 
+    @property
+    def in_model_hosts(self) -> bool:
+        """Whether its hooks run in model hosts (``placement: process``), not in this process."""
+        return self.executor is not LOCAL
+
     def in_use(self) -> ModelVersion:
         """Hold the version for one hook call (``with mv.in_use():``): it is not unloaded under the call."""
         return self

@@ -55,7 +55,7 @@ def may_generate(mv: ModelVersion) -> bool:
 
     A model in a model host has its hooks there: only trying tells.
     """
-    return getattr(mv, "host", None) is not None or surely_generates(mv)
+    return mv.in_model_hosts or surely_generates(mv)
 
 
 def surely_generates(mv: ModelVersion) -> bool:
