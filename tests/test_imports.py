@@ -192,7 +192,7 @@ PROTOCOL_HELPERS = {
 GRPC_ASSEMBLY = {
     "servekit.protocols.grpc",
     "servekit.protocols.grpc.dispatch",
-    "servekit.protocols.grpc.generate",
+    "servekit.protocols.grpc.compile_protos",
 }
 
 

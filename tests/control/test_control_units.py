@@ -6,7 +6,7 @@ import pytest
 from servekit.control import ControlPlane
 from servekit.control.owner import Owner
 from servekit.control.plan import Planner
-from servekit.control.triton_config import settings_for
+from servekit.control.triton_load_config import settings_for
 from servekit.control.uploads import Uploads
 from servekit.errors import BadRequest, NotFound
 from sklearn_models import fit_iris

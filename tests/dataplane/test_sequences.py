@@ -90,14 +90,14 @@ def test_two_sequences_interleaved_in_process(servekit_app, sequence_repo):
 
 
 def test_sequence_config_is_checked(servekit_app, sequence_repo):
-    from servekit.control import triton_config
+    from servekit.control import triton_load_config
     from servekit.folders.servekit_yaml import ConfigError, parse_model_config
 
     assert parse_model_config({"sequence": True}).sequence is not None
     assert parse_model_config({}).sequence is None
     with pytest.raises(ConfigError, match="max_idle_ms"):
         parse_model_config({"sequence": {"max_idle_ms": 0}})
-    mapped = triton_config.settings_for("m", {"sequence_batching": {"max_sequence_idle_microseconds": 2500000}})
+    mapped = triton_load_config.settings_for("m", {"sequence_batching": {"max_sequence_idle_microseconds": 2500000}})
     assert mapped == {"sequence": {"max_idle_ms": 2500.0}}
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import requests
-from servekit.control.triton_config import settings_for
+from servekit.control.triton_load_config import settings_for
 from servekit.protocols.warmup import tf_records
 from servekit.testing import ServerProcess
 from sklearn_models import SLOW_WARMUP, fit_iris, write_config

@@ -10,7 +10,7 @@ whole server:
   and waits until every follower applied a change before it answers;
 - :mod:`.transport`: the owner's socket, over which each worker follows the
   plans and sends its control calls;
-- :mod:`.triton_config` and :mod:`.uploads`: what a Triton load may carry
+- :mod:`.triton_load_config` and :mod:`.uploads`: what a Triton load may carry
   (a JSON model configuration, model files).
 
 Protocols call :class:`ControlPlane` (``app.extensions["servekit.control"]``);

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from servekit import storage
 from servekit.codecs import shared_memory
-from servekit.control import triton_config, uploads
+from servekit.control import triton_load_config, uploads
 from servekit.control.plan import UNLOADED, Planner
 from servekit.errors import BadRequest, NotFound, NotReady, UnknownModel
 
@@ -273,11 +273,11 @@ class Owner:
         """
         with self._changes:
             # a load without a config goes back to the folder's own settings, as Triton's does
-            overrides = triton_config.settings_for(name, config) if config else {}
+            overrides = triton_load_config.settings_for(name, config) if config else {}
             base_path = self.uploads.write(name, files) if files else None
             if base_path is None:
                 self._known(name, "load")
-            triton_config.check(self.planner, name, overrides, base_path)
+            triton_load_config.check(self.planner, name, overrides, base_path)
             states = self._change(lambda: self._enable(name, overrides, base_path))
         failures = load_failures(name, states)
         if failures:

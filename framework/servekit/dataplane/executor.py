@@ -19,11 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-# Not ``from servekit.dataplane import ...``: for a submodule not yet imported, that asks the
-# package's old-name shim, which imports the data plane, which imports this module.
-import servekit.dataplane.batching as batching
-import servekit.dataplane.call_gate as call_gate
-import servekit.dataplane.sequences as sequences
+from servekit.dataplane import batching, call_gate, sequences
 from servekit.errors import ModelFailure, NotImplementedByModel, ServekitError
 from servekit.observability import load, statistics, tracing
 from servekit.streams import is_stream

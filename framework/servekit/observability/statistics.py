@@ -202,7 +202,7 @@ def current() -> Request:
 
 
 def recorded(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate the data plane's ``predict`` where it runs (``_predict_here(self, mv, inputs, ...)``): count and time each call by outcome."""
+    """Decorate the data plane's ``predict`` where it runs (``LocalExecutor.predict(self, mv, inputs, ...)``): count and time each call by outcome."""
 
     @functools.wraps(method)
     def wrapper(self: Any, mv: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:

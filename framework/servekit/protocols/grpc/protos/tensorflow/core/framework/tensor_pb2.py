@@ -8,7 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-# runtime-version guard removed by servekit.protocols.grpc.generate: protobuf>=5.26.1 reads this
+# runtime-version guard removed by servekit.protocols.grpc.compile_protos: protobuf>=5.26.1 reads this
 # @@protoc_insertion_point(imports)
 
 from servekit.protocols.grpc.protos.pool import POOL as _POOL

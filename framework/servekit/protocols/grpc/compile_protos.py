@@ -1,6 +1,6 @@
 """Regenerate the checked-in ``*_pb2.py`` / ``*_pb2.pyi`` / ``*_pb2_grpc.py`` from ``protos/**/*.proto``.
 
-Run ``python -m servekit.protocols.grpc.generate`` after editing a ``.proto``
+Run ``python -m servekit.protocols.grpc.compile_protos`` after editing a ``.proto``
 (needs ``grpcio-tools``; the server itself does not).  The generated modules are
 rewritten to register in :data:`servekit.protocols.grpc.protos.pool.POOL`
 instead of protobuf's default pool, so they coexist with TensorFlow's own
@@ -33,9 +33,7 @@ _POOL_IMPORT = "from servekit.protocols.grpc.protos.pool import POOL as _POOL\n"
 OLDEST_PROTOBUF = "5.26.1"
 _GUARD_IMPORT = "from google.protobuf import runtime_version as _runtime_version\n"
 _GUARD = re.compile(r"_runtime_version\.ValidateProtobufRuntimeVersion\(\n(?: {4}.*\n)*?\)\n")
-_NO_GUARD = (
-    f"# runtime-version guard removed by servekit.protocols.grpc.generate: protobuf>={OLDEST_PROTOBUF} reads this\n"
-)
+_NO_GUARD = f"# runtime-version guard removed by servekit.protocols.grpc.compile_protos: protobuf>={OLDEST_PROTOBUF} reads this\n"
 
 
 def proto_files() -> list[Path]:
