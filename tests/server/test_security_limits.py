@@ -168,6 +168,15 @@ def test_body_readers_read_raise_and_give_up_at_the_deadline():
 
 
 @pytest.fixture
+def default_bounds():
+    """The limits a process has before any app sets its own (an app built earlier in this process may have)."""
+    saved = bounds.max_elements, bounds.max_inputs
+    bounds.configure(max_tensor_elements=64 * 1024 * 1024, max_request_size=0, max_request_inputs=1024)
+    yield
+    bounds.max_elements, bounds.max_inputs = saved
+
+
+@pytest.fixture
 def small_bounds():
     saved = bounds.max_elements, bounds.max_inputs
     bounds.configure(max_tensor_elements=0, max_request_size=1000, max_request_inputs=3)
@@ -184,7 +193,7 @@ def test_v2_json_shape_past_the_limit_is_413_before_decoding(small_bounds):
         v2.decode_infer_request(json.dumps(doc).encode())
 
 
-def test_v2_binary_bytes_shape_without_data_does_not_allocate():
+def test_v2_binary_bytes_shape_without_data_does_not_allocate(default_bounds):
     # the default bounds (64 Mi elements) let [2**26] through the count; the data must then fail first
     with pytest.raises(Exception, match="ends after 0"):
         v2.tensor_from_bytes("BYTES", [1 << 26], b"")
