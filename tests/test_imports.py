@@ -458,3 +458,13 @@ def test_a_module_that_became_a_package_keeps_its_names_and_its_submodules_do_no
         warnings.simplefilter("error")
         from servekit.cli import tfserving  # noqa: F401  (a submodule, not an old name)
         from servekit.dataplane import batching  # noqa: F401
+
+
+def test_an_old_module_name_still_runs_with_python_m():
+    """``python -m servekit.tfserving_cli`` (a manifest written before 0.2.0) runs the module's new code."""
+    sys.modules.pop("servekit.tfserving_cli", None)
+    spec = importlib.util.find_spec("servekit.tfserving_cli")  # as runpy finds it, then asks for the code
+    assert spec is not None and spec.loader is not None
+    with pytest.warns(DeprecationWarning, match="servekit.tfserving_cli moved to servekit.cli.tfserving"):
+        code = spec.loader.get_code("servekit.tfserving_cli")
+    assert code.co_filename.endswith("cli/tfserving.py")

@@ -174,6 +174,18 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         # the import system returns what sys.modules holds once this returns
         sys.modules[module.__name__] = importlib.import_module(new)
 
+    def get_code(self, fullname: str) -> Any:
+        """The new module's code, for ``python -m OLD_NAME`` (runpy asks the loader for it)."""
+        new = MOVED[fullname]
+        moved_warning(fullname, new)
+        parent = importlib.import_module(new.rpartition(".")[0])
+        spec = importlib.machinery.PathFinder.find_spec(new, parent.__path__)  # the source file's own loader
+        assert spec is not None and spec.loader is not None
+        return spec.loader.get_code(new)  # type: ignore[attr-defined]
+
+    def is_package(self, fullname: str) -> bool:
+        return False
+
 
 if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
     sys.meta_path.append(_MovedModules())
