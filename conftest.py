@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lanes import quick_lane, wholly_slow
+from lanes import long_poles_first, quick_lane, wholly_slow
 from repo_paths import TF_DATA
 from sklearn_models import ECHO_MODEL, fit_iris, fit_regressor
 
@@ -33,12 +33,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         keep = [item for item in items if item.get_closest_marker("alone")]
     elif hasattr(config, "workerinput"):
         keep = [item for item in items if not item.get_closest_marker("alone")]
+        # the longest modules first, so that none of them is the parallel run's tail
+        order = long_poles_first([item.nodeid.split("::")[0] for item in keep])
+        keep = [keep[i] for i in order]
     else:
         return
     if len(keep) != len(items):
         kept = set(map(id, keep))
         config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
-        items[:] = keep
+    items[:] = keep
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

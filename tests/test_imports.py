@@ -468,3 +468,11 @@ def test_an_old_module_name_still_runs_with_python_m():
     with pytest.warns(DeprecationWarning, match="servekit.tfserving_cli moved to servekit.cli.tfserving"):
         code = spec.loader.get_code("servekit.tfserving_cli")
     assert code.co_filename.endswith("cli/tfserving.py")
+
+
+def test_the_long_poles_the_parallel_run_starts_first_exist():
+    from lanes import LONG_POLES, long_poles_first
+
+    assert all((REPO / path).is_file() for path in LONG_POLES), [p for p in LONG_POLES if not (REPO / p).is_file()]
+    paths = ["tests/a.py", LONG_POLES[1], "tests/b.py", LONG_POLES[0]]
+    assert [paths[i] for i in long_poles_first(paths)] == [LONG_POLES[0], LONG_POLES[1], "tests/a.py", "tests/b.py"]
