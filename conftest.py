@@ -4,7 +4,9 @@ Tiny real models fitted once per session, and shared servers.  The servekit
 pytest plugin (``servekit.testing``) supplies ``servekit_app`` and
 ``servekit_server``; these fixtures add the models the suite serves.  The
 helpers they build with live in ``tests/support/`` (on ``sys.path`` through
-``pythonpath`` in pyproject.toml).
+``pythonpath`` in pyproject.toml).  The hooks here keep the lanes
+(``tests/support/lanes.py``): the quick lane light, a parallel run without the
+tests that need the machine alone, and its longest modules first.
 """
 
 from __future__ import annotations
