@@ -77,9 +77,6 @@ class Family:
     #: and every path that starts with one of these
     prefixes: tuple[str, ...] = ()
 
-    def holds(self, path: str) -> bool:
-        return path in self.paths or path.startswith(self.prefixes)
-
 
 #: Which protocol a path belongs to: the first family that holds it.  The probes come
 #: before the rest of V2, and OpenAI's ``/v1/models`` (exact) before TF Serving's

@@ -26,7 +26,6 @@ import numpy as np
 
 from servekit.codecs.infer_request import InferRequest
 from servekit.dataplane import batching, classification, generation
-from servekit.dataplane.executor import LOCAL
 from servekit.dataplane.executor import LocalExecutor as LocalExecutor  # still importable from here, as before
 from servekit.dataplane.repository import ModelRepository, ModelVersion
 from servekit.errors import BadRequest, ModelFailure, NotFound, ServekitError, UnknownModel
@@ -185,13 +184,6 @@ class DataPlane:
 
         stat = statistics.current()
         return stat.execution(statistics.rows_of(inputs), lambda: pipeline.run(mv.model, inputs, call))
-
-    def predict_together(self, mv: ModelVersion, calls: list[tuple[Tensors, dict[str, Any]]]) -> list[tuple[Any, Any]]:
-        """Several ``predict`` requests of a batching version loaded here, run together in this thread.
-
-        See :meth:`LocalExecutor.predict_together`; a model host's loop calls its executor's directly.
-        """
-        return LOCAL.predict_together(mv, [(single_tensor(mv, raw), kwargs) for raw, kwargs in calls])
 
     def infer(self, mv: ModelVersion, request: InferRequest) -> dict[str, np.ndarray]:
         """A V2 request's named outputs; a streaming model's items joined into one answer."""
