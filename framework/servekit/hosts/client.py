@@ -32,7 +32,7 @@ from typing import Any
 from servekit import errors
 from servekit.hosts import channel, runtime
 from servekit.hosts.calls import Op
-from servekit.observability import tracing
+from servekit.observability import load, tracing
 from servekit.types import LoadedVersion, ModelMetadata, ModelOutputs, Tensors
 
 log = logging.getLogger("servekit.hosts")
@@ -263,6 +263,7 @@ class HostClient:
         signature_name: str | None,
         output_names: list[str] | None,
     ) -> ModelOutputs:
+        load.handing_over()  # the host counts it running at once: the worker's waiting must be written first
         return self.call(
             Op.PREDICT,
             inputs,

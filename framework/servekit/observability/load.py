@@ -24,7 +24,11 @@ concurrency back.  A model host's waiting is therefore negative while it runs a
 worker's request, and the sum over processes is right; if the host dies, its
 file is dropped and the worker's +1 stays until the worker hears of the loss.
 A host writes its counts as each call starts and ends (before the answers
-leave, so the worker's -1 never reaches the gauges first).
+leave, so the worker's -1 never reaches the gauges first), and a worker writes
+its own before it hands a request to a host (:func:`handing_over`, so the
+host's -1 never reaches the gauges first).  A process writes its waiting and
+running one after the other: the one that falls first, so that a scrape in
+between sees a request in neither, never in both.
 
 Each process keeps plain counts and writes them into its gauges every
 :data:`servekit.observability.tally.FLUSH_SECONDS` (and before it answers a scrape), so the
@@ -93,6 +97,7 @@ class _Load(Tally):
     thread_name = "servekit-load"
 
     def reset(self) -> None:
+        self._flush_lock = threading.Lock()
         self._counts: dict[str, list[int]] = {}  # model -> [waiting, running]
         self._published: dict[str, tuple[int, int]] = {}
         self._concurrency = 0
@@ -124,21 +129,27 @@ class _Load(Tally):
             return {model: (w, r) for model, (w, r) in self._counts.items()}
 
     def flush(self) -> None:
-        with self._lock:
-            counts = {model: (w, r) for model, (w, r) in self._counts.items()}
-            concurrency = self._concurrency
-            queue, self._queue = self._queue, {}
-        f = families()
-        for model, (waiting, running) in counts.items():
-            if self._published.get(model) != (waiting, running):
-                self.child(f.waiting, "waiting", (model,)).set(waiting)
-                self.child(f.running, "running", (model,)).set(running)
-                self._published[model] = (waiting, running)
-        if concurrency != self._published_concurrency:
-            f.concurrency.set(concurrency)
-            self._published_concurrency = concurrency
-        for model, (total, slots) in queue.items():
-            add_to_histogram(self.child(f.queue, "queue", (model,)), total, slots)
+        # one flush at a time, or an older snapshot could be written over a newer one
+        with self._flush_lock:
+            with self._lock:
+                counts = {model: (w, r) for model, (w, r) in self._counts.items()}
+                concurrency = self._concurrency
+                queue, self._queue = self._queue, {}
+            f = families()
+            for model, (waiting, running) in counts.items():
+                before = self._published.get(model)
+                if before != (waiting, running):
+                    writes = [(f.waiting, "waiting", waiting), (f.running, "running", running)]
+                    if before is not None and running < before[1]:
+                        writes.reverse()  # a call ended: its requests leave running before they count again
+                    for family, metric, value in writes:
+                        self.child(family, metric, (model,)).set(value)
+                    self._published[model] = (waiting, running)
+            if concurrency != self._published_concurrency:
+                f.concurrency.set(concurrency)
+                self._published_concurrency = concurrency
+            for model, (total, slots) in queue.items():
+                add_to_histogram(self.child(f.queue, "queue", (model,)), total, slots)
 
 
 _load = _Load()
@@ -182,6 +193,11 @@ def arrival() -> float:
 def left(model: str) -> None:
     """The request :func:`arrived` took is answered (or failed)."""
     _load.move(model, -1, 0, -1)
+
+
+def handing_over() -> None:
+    """This worker hands a request it :func:`arrived` to a model host: its +1 waiting is written first."""
+    _load.flush()
 
 
 def waiting_for_slot(delta: int) -> None:
