@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 from servekit.control import ControlPlane
 from servekit.control.owner import Owner
 from servekit.control.plan import Planner
 from servekit.control.triton_load_config import settings_for
-from servekit.control.uploads import Uploads
+from servekit.control.uploads import UploadRefused, Uploads
 from servekit.errors import BadRequest, NotFound
 from sklearn_models import fit_iris
 
@@ -102,6 +107,52 @@ def test_uploaded_files_stay_inside_their_folder(tmp_path):
     for bad in ("file:../x", "file:/etc/x", "file:"):
         with pytest.raises(BadRequest, match="relative path"):
             uploads.write("m", {bad: b"x"})
+
+
+@pytest.mark.parametrize(
+    "files, why",
+    [
+        ({"file:" + "A" * 256: b"a"}, "a name of 256 bytes"),
+        ({"file:" + "é" * 128: b"a"}, "a name of 256 bytes"),  # bytes, not characters
+        ({"file:" + "/".join(["d" * 250] * 5): b"a"}, "a path of 1254 bytes"),
+        ({"file:1//model.onnx": b"a"}, "without empty, '.' or '..' parts"),
+        ({"file:./model.onnx": b"a"}, "without empty, '.' or '..' parts"),
+        ({"file:1/model\x00.onnx": b"a"}, "NUL character"),
+        ({"file:1": b"a", "file:1/model.onnx": b"b"}, "'file:1' is a file, but other files are inside it"),
+        ({"file:1/model.onnx": "text"}, "must hold the file's bytes"),
+    ],
+    ids=["long-name", "long-multibyte-name", "long-path", "empty-part", "dot-part", "nul", "file-and-folder", "not-bytes"],
+)
+def test_uploads_are_checked_before_anything_is_written(tmp_path, monkeypatch, files, why):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own temporary folder
+    with pytest.raises(UploadRefused) as caught:
+        Uploads().write("m", files)
+    assert caught.value.message.startswith("failed to load 'm', failed to poll from model repository: ")
+    assert why in caught.value.message and str(tmp_path) not in caught.value.message
+    assert caught.value.status == 400 and caught.value.grpc_code == "INTERNAL"  # as Triton's gRPC answers it
+    assert list(tmp_path.iterdir()) == []  # nothing touched the disk
+
+
+def test_a_failed_write_names_no_server_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def full_disk(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)  # the one failure a check cannot foresee
+    with pytest.raises(UploadRefused) as caught:
+        Uploads().write("m", {"file:1/model.onnx": b"x"})
+    assert "could not write the model files" in caught.value.message
+    assert str(tmp_path) not in caught.value.message and "Errno" not in caught.value.message
+    assert not any(tmp_path.glob("*/*/m"))  # the half-written folder is gone
+
+
+def test_an_owner_error_keeps_its_grpc_code_across_the_socket():
+    from servekit.control import transport
+
+    error = transport._error("BadRequest", "failed to load 'm', failed to poll from model repository", 400, "INTERNAL")
+    assert isinstance(error, BadRequest) and error.status == 400 and error.grpc_code == "INTERNAL"
+    assert transport._error("BadRequest", "m", 400).grpc_code == "INVALID_ARGUMENT"
 
 
 def test_a_one_process_app_loads_and_unloads_through_its_own_owner(servekit_app, tmp_path):

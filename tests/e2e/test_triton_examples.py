@@ -389,6 +389,13 @@ def test_simple_grpc_model_control(control_server):
     as_json = client.get_model_repository_index(as_json=True)
     assert {m["name"]: m["state"] for m in as_json["models"]}["simple"] == "UNAVAILABLE"
     assert [m.name for m in client.get_model_repository_index().models if m.state == "READY"] == ["simple_string"]
+    # the example's file parameter whose name no file system takes: Triton's INTERNAL, the server lives on
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
+    assert info.value.status() == "StatusCode.INTERNAL"
+    assert "failed to poll from model repository" in info.value.message()
+    assert not any(leak in info.value.message() for leak in ("Errno", "/tmp", "servekit-uploads", "OSError"))
+    assert client.is_server_live()
     client.load_model("simple")
     assert client.is_model_ready("simple")
     with pytest.raises(InferenceServerException) as info:
@@ -410,3 +417,28 @@ def test_simple_http_model_control(control_server):
     assert client.is_model_ready("simple")
     with pytest.raises(InferenceServerException):
         client.load_model("wrong_model_name")
+
+
+@pytest.mark.parametrize(
+    "key, why",
+    [
+        ("file:" + "A" * 256, "a name of 256 bytes"),
+        ("file:" + "/".join(["d" * 200] * 6), "a path of 1205 bytes"),
+        ("file:1/../../escape", "relative path"),
+        ("file:/etc/passwd", "relative path"),
+        ("file:1//model.py", "relative path"),
+        ("file:1/mo\x00del.py", "NUL"),
+    ],
+    ids=["long-name", "long-path", "dot-dot", "absolute", "empty-part", "nul"],
+)
+def test_http_load_refuses_file_names_no_file_system_takes(control_server, key, why):
+    """Over HTTP the same refusal is a 400 (the client's parameter), with no server path in it."""
+    import requests
+
+    body = {"parameters": {"config": "{}", key: "YQ=="}}
+    answer = requests.post(f"{control_server.url}/v2/repository/models/simple/load", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error.startswith("failed to load 'simple', failed to poll from model repository") and why in error
+    assert "servekit-uploads" not in error and "Errno" not in error
+    assert http_client(control_server).is_model_ready("simple")  # the model it serves is untouched

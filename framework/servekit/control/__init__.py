@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from servekit import errors
-from servekit.control import long_lived, transport
+from servekit.control import long_lived, transport, uploads
 from servekit.control.owner import APPLY_TIMEOUT, ConfigFolders, LocalLink, Owner
 from servekit.control.plan import Planner
 
@@ -148,7 +148,13 @@ class ControlPlane:
         return owner.call(op, **kwargs)
 
     def load(self, name: str, config: Any = None, files: dict[str, bytes] | None = None) -> None:
-        """Triton's load; answers when every worker serves the model, else raises why not."""
+        """Triton's load; answers when every worker serves the model, else raises why not.
+
+        The files' names and sizes are checked here first (:func:`.uploads.check`): a refused
+        upload is answered without reaching the owner.
+        """
+        if files:
+            uploads.check(name, files)
         self.call("load", name=name, config=config, files=files)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:

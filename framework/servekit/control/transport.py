@@ -10,7 +10,7 @@ engine started it.  Two kinds of connection:
   receives ``("plan", plan)`` and answers ``("applied", generation, states)``
   after applying each;
 - a *call* sends ``("call", op, kwargs)`` and gets ``("ok", result)`` or
-  ``("error", kind, message)`` back.
+  ``("error", kind, message, status, grpc_code)`` back.
 """
 
 from __future__ import annotations
@@ -164,10 +164,12 @@ def _answer(owner: Owner, op: str, kwargs: dict[str, Any]) -> tuple[Any, ...]:
     try:
         return ("ok", owner.call(op, **kwargs))
     except errors.ServekitError as exc:
-        return ("error", type(exc).__name__, exc.message, exc.status)
-    except Exception as exc:
+        return ("error", type(exc).__name__, exc.message, exc.status, exc.grpc_code)
+    except Exception:
+        # the log gets the reason; the client no server path or error number
         log.exception("control call %s failed", op)
-        return ("error", "ServekitError", f"control call {op} failed: {type(exc).__name__}: {exc}", 500)
+        message = f"control call {op} failed in the server (its log says why)"
+        return ("error", "ServekitError", message, 500, errors.ServekitError.grpc_code)
 
 
 # -- a worker's side -------------------------------------------------------------------------
@@ -191,7 +193,8 @@ def call(op: str, timeout: float | None = None, **kwargs: Any) -> Any:
     raise _error(*reply[1:])
 
 
-def _error(kind: str, message: str, status: int) -> errors.ServekitError:
+def _error(kind: str, message: str, status: int, grpc_code: str | None = None) -> errors.ServekitError:
+    """The owner's error as it raised it: its class when :mod:`servekit.errors` has it, its status and gRPC code."""
     cls = getattr(errors, kind, None)
     try:
         error = cls(message) if isinstance(cls, type) and issubclass(cls, errors.ServekitError) else None
@@ -200,6 +203,8 @@ def _error(kind: str, message: str, status: int) -> errors.ServekitError:
     if error is None:
         error = errors.NotFound(message) if status == 404 else errors.ServekitError(message)
         error.status = status
+    if grpc_code and grpc_code != error.grpc_code:
+        error.grpc_code = grpc_code  # a subclass of the owner's, such as uploads.UploadRefused
     return error
 
 
