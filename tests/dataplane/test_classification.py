@@ -99,6 +99,44 @@ def test_labels_from_config_pbtxt_and_batch_rows(servekit_app, classifier_repo):
     assert infer(client, "classifier", doc)["outputs"][0]["data"] == ["50:4", "50:4"]
 
 
+ENSEMBLE = """
+name: "ranked"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [
+  { name: "P" data_type: TYPE_FP32 dims: [ 5 ] %s},
+  { name: "C" data_type: TYPE_INT32 dims: [ 5 ] }
+]
+ensemble_scheduling {
+  step [ {
+    model_name: "classifier"
+    model_version: -1
+    input_map { key: "INPUT" value: "X" }
+    output_map { key: "PROBS" value: "P" }
+    output_map { key: "COUNTS" value: "C" }
+  } ]
+}
+"""
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["step-labels", "own-labels"])
+def test_an_ensemble_output_takes_the_labels_of_the_step_that_makes_it(servekit_app, classifier_repo, own):
+    """As Triton: the ensemble's own label_filename when it declares one, else its producing step's."""
+    folder = classifier_repo / "ranked"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(ENSEMBLE % ('label_filename: "mine.txt" ' if own else ""))
+    (folder / "mine.txt").write_text("m0\nm1\nm2\nm3\nm4\n")
+    client = servekit_app(classifier_repo)
+    rows = {**ROWS, "name": "X"}
+    doc = {"inputs": [rows], "outputs": [{"name": n, "parameters": {"classification": 1}} for n in ("P", "C")]}
+    got = infer(client, "ranked", doc)
+    assert got["status"] == 200, got
+    probs, counts = got["outputs"]
+    assert probs["data"] == (["0.500000:4:m4"] * 2 if own else ["0.500000:4:total"] * 2)
+    assert counts["data"] == ["50:4", "50:4"]  # the step's COUNTS has no labels: nor has C
+
+
 def test_labels_txt_beside_a_model_and_sklearn_classes(servekit_app, classifier_repo):
     (classifier_repo / "classifier" / "config.pbtxt").unlink()
     (classifier_repo / "classifier" / "labels.txt").write_text("a\nb\nc\nd\ne\n")

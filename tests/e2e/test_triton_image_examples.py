@@ -230,7 +230,7 @@ def test_config_document_is_the_same_on_both_wires(server):
     steps = ensemble.ensemble_scheduling.step
     assert [s.model_name for s in steps] == ["image_preprocess_model", "inception_graphdef"]
     assert dict(steps[1].input_map) == {"input": "preprocessed_image"}
-    assert ensemble.output[0].label_filename == "colours.txt"
+    assert ensemble.output[0].label_filename == ""  # as Triton's: the classes come from its step
     inception = grpc_client.get_model_config("inception_graphdef").config
     assert inception.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
 
@@ -306,7 +306,8 @@ def test_ensemble_image_client(server, module):
     result = client.infer("preprocess_inception_ensemble", inputs, outputs=outputs)
     ranked = result.as_numpy("OUTPUT")
     assert len(ranked) == len(files)
-    got = classes(ranked)
+    got = classes(ranked)  # the program's postprocess: value (index) = label
+    # labelled as Triton labels an ensemble's output: by inception_graphdef's label_filename
     assert [row[0][2] for row in got] == [colour for colour, _ in files]
     assert got[0][0] == (1.0, 0, "red")
 

@@ -15,22 +15,30 @@ output is ranked as a whole, ``[min(N, elements)]``.
 Labels of an output, first found:
 
 1. ``label_filename`` of the output in the folder's Triton ``config.pbtxt``;
-2. the labels the model's metadata gives the output (``TensorSpec.labels``:
+2. for a pipeline (a Triton ensemble), the labels of the step output that
+   makes it, found the same way for that step's model, as Triton's ensembles
+   take their composing models' labels;
+3. the labels the model's metadata gives the output (``TensorSpec.labels``:
    scikit-learn's ``classes_`` for ``predict_proba``);
-3. ``labels.txt`` in the version folder, else in the model folder.
+4. ``labels.txt`` in the version folder, else in the model folder.
 
 A label file holds one label per line; line *i* names index *i*.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from servekit.errors import BadRequest
+from servekit.errors import BadRequest, ServekitError
 from servekit.folders import triton_config as triton_model_config
+from servekit.folders.pipeline import Pipeline, Step
+
+log = logging.getLogger("servekit.dataplane")
 
 #: Triton ranks these datatypes; any other is refused as it refuses it.
 RANKED_KINDS = "iuf"
@@ -87,12 +95,32 @@ def _find_labels(mv: Any, output: str, spec_labels: list[str] | None) -> list[st
     named = config_label_files(triton_model_config.of_version(mv)).get(output)
     if named is not None:
         return read_label_file(folder / named)
+    if isinstance(mv.model, Pipeline):
+        found = mv.model.output_labels(output)
+        if found is not None:
+            return found
     if spec_labels is not None:
         return [str(label) for label in spec_labels]
     for candidate in (Path(mv.path) / LABEL_FILE, folder / LABEL_FILE):
         if candidate.is_file():
             return read_label_file(candidate)
     return None
+
+
+def step_labels(resolve: Callable[[str, int | None], Any]) -> Callable[[Step, str], list[str] | None]:
+    """``labels_of`` for a pipeline whose steps ``resolve(model, version)`` finds (the repository's)."""
+
+    def labels_of(step: Step, output: str) -> list[str] | None:
+        try:
+            step_mv = resolve(step.model, step.version)
+            signature = step_mv.metadata.signature()
+            spec = next((s for s in signature.outputs if s.name == output), None) if signature else None
+            return labels_for(step_mv, output, spec.labels if spec is not None else None)
+        except ServekitError as exc:  # not loaded, or its label file unreadable: no labels, as Triton
+            log.warning("pipeline step %s: no labels for %s: %s", step.model, output, exc.message)
+            return None
+
+    return labels_of
 
 
 def config_label_files(config: dict[str, Any] | None) -> dict[str, str]:

@@ -25,6 +25,7 @@ import pluggy
 
 from servekit.codecs.shared_memory import Regions
 from servekit.control.plan import UNLOADED, Planner, config_key
+from servekit.dataplane import classification
 from servekit.dataplane.executor import LOCAL
 from servekit.errors import BadRequest, NotFound, NotReady, ServekitError, UnknownModel, malformed_version
 from servekit.folders import pipeline
@@ -443,7 +444,8 @@ class ModelRepository:
             except ServekitError:
                 return None
 
-        mv.model = pipeline.described(model.config.pipeline, metadata_of)
+        labels_of = classification.step_labels(self.resolve)  # an output's classes: its step's labels
+        mv.model = pipeline.described(model.config.pipeline, metadata_of, labels_of)
         mv.loaded_by = "pipeline"
         mv.hooks = plugins.new_manager().hook  # no hooks of its own
         mv.metadata = mv.model.metadata()

@@ -30,6 +30,7 @@ version folder) maps onto the same: ``input_map``/``output_map`` are a step's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +55,32 @@ class Step:
     outputs: dict[str, str] = field(default_factory=dict)
 
 
+#: ``labels_of(step, output)``: the class labels of a step model's output (``None``: it has none).
+LabelsOf = Callable[[Step, str], "list[str] | None"]
+
+
 @dataclass
 class Pipeline:
     steps: list[Step]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    #: where a step's labels come from (set by the repository that serves the steps)
+    labels_of: LabelsOf | None = field(default=None, repr=False, compare=False)
+
+    def producer(self, tensor: str) -> tuple[Step, str] | None:
+        """The step that makes the pipeline tensor ``tensor`` last, and its own name for it."""
+        for step in reversed(self.steps):
+            for name, target in step.outputs.items():
+                if target == tensor:
+                    return step, name
+        return None
+
+    def output_labels(self, tensor: str) -> list[str] | None:
+        """The labels of the step output that makes ``tensor``, as Triton labels an ensemble's output."""
+        made = self.producer(tensor)
+        if made is None or self.labels_of is None:
+            return None
+        return self.labels_of(*made)
 
     def metadata(self) -> ModelMetadata:
         return ModelMetadata(
@@ -162,9 +184,10 @@ def run(pipeline: Pipeline, inputs: Any, call: Any) -> dict[str, Any]:
     return {spec.name: tensors[spec.name] for spec in pipeline.outputs}
 
 
-def described(pipeline: Pipeline, metadata_of: Any) -> Pipeline:
+def described(pipeline: Pipeline, metadata_of: Any, labels_of: LabelsOf | None = None) -> Pipeline:
     """Fill a tensor's missing datatype and shape from the step models' metadata (``metadata_of(step)``,
-    ``None`` when that model is not loaded yet)."""
+    ``None`` when that model is not loaded yet); ``labels_of`` gives the steps' labels, asked when a
+    request wants an output's classes."""
     takes: dict[str, TensorSpec] = {}
     makes: dict[str, TensorSpec] = {}
     for step in pipeline.steps:
@@ -188,7 +211,10 @@ def described(pipeline: Pipeline, metadata_of: Any) -> Pipeline:
         return TensorSpec(spec.name, other.datatype, spec.shape if spec.shape is not None else other.shape)
 
     return Pipeline(
-        pipeline.steps, [fill(s, takes) for s in pipeline.inputs], [fill(s, makes) for s in pipeline.outputs]
+        pipeline.steps,
+        [fill(s, takes) for s in pipeline.inputs],
+        [fill(s, makes) for s in pipeline.outputs],
+        labels_of,
     )
 
 
