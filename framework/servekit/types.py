@@ -80,6 +80,11 @@ class SequenceConfig:
     """``sequence:`` of servekit.yaml: the model keeps a state per sequence (servekit.dataplane.sequences)."""
 
     max_idle_ms: float = 1000.0
+    #: a request outside any sequence (no ``sequence_id``) is refused, as Triton's sequence batcher does
+    require_sequence_id: bool = False
+    #: tensors the server feeds ``predict`` beside the request's (Triton's ``control_input``), each
+    #: ``{name, kind: start|end|ready|corrid, datatype, shape, values: [false, true]}``
+    controls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -152,7 +152,7 @@ def test_triton_model_control_example_semantics(two_workers):
         fresh = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
         assert fresh.get_model_config("iris")["max_batch_size"] == 16
     with pytest.raises(InferenceServerException, match="failed to load"):
-        client.load_model("iris", config='{"sequence_batching": {"control_input": []}}')
+        client.load_model("iris", config='{"sequence_batching": {"state": []}}')
     client.unload_model("iris")
     assert not client.is_model_ready("iris")
     with pytest.raises(InferenceServerException, match="failed to load"):

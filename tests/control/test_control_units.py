@@ -83,7 +83,7 @@ def test_triton_config_maps_onto_servekit_settings():
 @pytest.mark.parametrize(
     "config, named",
     [
-        ('{"sequence_batching": {"control_input": []}}', "sequence_batching.control_input"),
+        ('{"sequence_batching": {"state": []}}', "sequence_batching.state"),
         ('{"input": [{"name": "x"}]}', "input"),
         ('{"max_batch_size": "lots"}', "max_batch_size"),
         ('{"name": "other"}', "other"),
@@ -121,7 +121,16 @@ def test_uploaded_files_stay_inside_their_folder(tmp_path):
         ({"file:1": b"a", "file:1/model.onnx": b"b"}, "'file:1' is a file, but other files are inside it"),
         ({"file:1/model.onnx": "text"}, "must hold the file's bytes"),
     ],
-    ids=["long-name", "long-multibyte-name", "long-path", "empty-part", "dot-part", "nul", "file-and-folder", "not-bytes"],
+    ids=[
+        "long-name",
+        "long-multibyte-name",
+        "long-path",
+        "empty-part",
+        "dot-part",
+        "nul",
+        "file-and-folder",
+        "not-bytes",
+    ],
 )
 def test_uploads_are_checked_before_anything_is_written(tmp_path, monkeypatch, files, why):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's own temporary folder

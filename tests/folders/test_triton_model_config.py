@@ -187,20 +187,33 @@ def test_dynamic_batching_in_the_folder_turns_batching_on(image_repo, servekit_a
     assert config["dynamic_batching"] == {"preferred_batch_size": [4], "max_queue_delay_microseconds": 500}
 
 
-def test_sequence_batching_is_answered_for_a_sequence_model_only(image_repo, servekit_app):
+def test_sequence_batching_makes_a_sequence_model(image_repo, servekit_app):
     shutil.copytree(MODELS / "simple_sequence", image_repo / "simple_sequence")
     (image_repo / "simple_sequence" / "servekit.yaml").write_text("sequence: {max_idle_ms: 2500}\nplacement: worker\n")
     (image_repo / "simple_sequence" / "config.pbtxt").write_text(
         "sequence_batching { max_sequence_idle_microseconds: 1000 oldest { max_candidate_sequences: 4 } }\n"
     )
     (image_repo / "simple" / "config.pbtxt").write_text("sequence_batching { max_sequence_idle_microseconds: 1000 }\n")
+    (image_repo / "simple" / "servekit.yaml").write_text("placement: worker\n")  # no model host in a unit test
     client = servekit_app(image_repo)
     sequence = client.get("/v2/models/simple_sequence/config").get_json()
     assert sequence["sequence_batching"] == {
         "max_sequence_idle_microseconds": 2500000,
         "oldest": {"max_candidate_sequences": 4},
     }
-    assert "sequence_batching" not in client.get("/v2/models/simple/config").get_json()  # servekit keeps no state
+    # config.pbtxt's sequence_batching alone makes `simple` a sequence model, as Triton serves it
+    assert client.get("/v2/models/simple/config").get_json()["sequence_batching"] == {
+        "max_sequence_idle_microseconds": 1000
+    }
+    outside = {
+        "inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16} for n in ("INPUT0", "INPUT1")]
+    }
+    answer = client.post("/v2/models/simple/infer", json=outside)
+    assert (
+        answer.status_code == 400
+        and "must specify a non-zero or non-empty correlation ID" in answer.get_json()["error"]
+    )
+    assert "sequence_batching" not in client.get("/v2/models/densenet_onnx/config").get_json()
 
 
 def test_metadata_checks_requests_against_the_configuration(image_repo, servekit_app):

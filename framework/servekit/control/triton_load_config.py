@@ -14,7 +14,7 @@ Triton's ``load`` may carry a JSON ``ModelConfig`` that replaces the model's
 | ``backend`` / ``platform`` | ``plugin`` |
 | ``parameters`` (``string_value``) | ``options`` |
 | ``model_warmup`` (``zero_data`` / ``random_data`` inputs) | ``warmup`` (V2 requests) |
-| ``sequence_batching.max_sequence_idle_microseconds`` | ``sequence.max_idle_ms`` |
+| ``sequence_batching`` (idle time, ``control_input``) | ``sequence`` (``max_idle_ms``, ``controls``) |
 
 A field with no servekit meaning is refused (400) by name: nothing a client
 sent is dropped silently.  ``name`` must be the model's; ``input`` and
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from servekit.errors import BadRequest
+from servekit.folders import triton_config as triton_model_config
 from servekit.folders.servekit_yaml import ConfigError, parse_model_config, read_raw_config
 
 #: Triton backends and platforms, and the servekit plugin that serves their artifacts.
@@ -83,7 +84,7 @@ def _setting(fail: Any, key: str, value: Any, doc: dict[str, Any]) -> dict[str, 
     if key == "model_warmup":
         return {"warmup": _warmup(fail, value, doc.get("max_batch_size"))}
     if key == "sequence_batching":
-        return {"sequence": _sequence_batching(fail, value)}
+        return {"sequence": _sequence_batching(fail, value, doc.get("max_batch_size"))}
     fail(f"config field {key!r} has no servekit counterpart{_why(key)}")
     return {}
 
@@ -148,16 +149,16 @@ def _dynamic_batching(fail: Any, value: Any) -> dict[str, Any]:
     return out
 
 
-def _sequence_batching(fail: Any, value: Any) -> dict[str, Any]:
+def _sequence_batching(fail: Any, value: Any, max_batch_size: Any) -> dict[str, Any]:
+    """As a ``config.pbtxt``'s: :func:`servekit.folders.triton_config.sequence`."""
     if not isinstance(value, dict):
         fail("config field 'sequence_batching' must be an object")
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        if key == "max_sequence_idle_microseconds":
-            out["max_idle_ms"] = max(1, _integer(fail, f"sequence_batching.{key}", item)) / 1000.0
-        elif key not in ("direct", "oldest"):  # strategies: servekit runs each sequence's requests in order
-            fail(f"config field 'sequence_batching.{key}' has no servekit counterpart")
-    return out
+    try:
+        found = triton_model_config.sequence({"sequence_batching": value, "max_batch_size": max_batch_size or 0})
+    except triton_model_config.TritonConfigError as exc:
+        fail(str(exc).replace(f"{triton_model_config.CONFIG_FILE}: ", "config field "))
+        return {}
+    return found or {}
 
 
 def _version_policy(fail: Any, value: Any) -> Any:

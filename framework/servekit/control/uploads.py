@@ -126,7 +126,9 @@ class Uploads:
         size = sum(len(data) for data in paths.values())
         free = shutil.disk_usage(self._root).free
         if size + SPARE_BYTES > free:
-            log.warning("load of %s: %d bytes of files do not fit the %d bytes free in %s", name, size, free, self._root)
+            log.warning(
+                "load of %s: %d bytes of files do not fit the %d bytes free in %s", name, size, free, self._root
+            )
             raise refused(name, f"the server has no room for {size} bytes of model files")
         try:
             for path, data in paths.items():

@@ -53,6 +53,7 @@ class LocalExecutor:
         if sequence is not None:  # a sequence's requests run alone, one at a time, on its state
             assert live is not None
             try:
+                inputs = live.with_controls(sequence, inputs)  # Triton's control_input tensors, if declared
                 inputs, run = self._prepared(mv, stat, inputs, parameters, signature_name, output_names, sequence)
                 return _outputs(mv, stat, run(inputs), parameters)
             finally:

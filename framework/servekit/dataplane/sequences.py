@@ -22,6 +22,17 @@ never share a batch.  A sequence that sees no request for ``max_idle_ms``
 dropped: its next request without ``sequence_start`` is refused, as is any
 request of a sequence never started.
 
+A Triton folder whose ``config.pbtxt`` has ``sequence_batching`` is a sequence
+model too, as Triton's sequence batcher runs it
+(:func:`servekit.folders.triton_config.sequence`): every request must name its
+sequence (``require_sequence_id``; a request without is refused with Triton's
+400), and each ``control_input`` it declares is fed to ``predict`` as a tensor
+beside the request's (:meth:`Sequences.with_controls`): START is true on a
+sequence's first request, END on its last, READY on every request (each call
+carries one), CORRID holds the sequence id.  Triton's ``direct`` and ``oldest``
+strategies only choose how sequences share batches; servekit runs each
+sequence's requests alone, so the answers are the same.
+
 Where the state lives: a sequence model runs in one model host (``placement:
 process``, one replica) that every worker hands its requests to, so a
 sequence's requests find their state whichever worker they reach.
@@ -34,6 +45,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from servekit.errors import BadRequest
 
@@ -76,9 +89,18 @@ def sequence_parameters(parameters: dict[str, Any]) -> tuple[int | str, bool, bo
 class Sequences:
     """The live sequences of one model version."""
 
-    def __init__(self, model: str, max_idle_ms: float = DEFAULT_IDLE_MS):
+    def __init__(
+        self,
+        model: str,
+        max_idle_ms: float = DEFAULT_IDLE_MS,
+        *,
+        require_sequence_id: bool = False,
+        controls: list[dict[str, Any]] | None = None,
+    ):
         self.model = model
         self.max_idle = max_idle_ms / 1000.0
+        self.require_sequence_id = require_sequence_id
+        self.controls = list(controls or [])
         self._live: dict[int | str, Sequence] = {}
         self._lock = threading.Lock()
 
@@ -89,6 +111,10 @@ class Sequences:
         """The request's sequence (a fresh one on ``sequence_start``), or ``None`` outside one."""
         found = sequence_parameters(parameters)
         if found is None:
+            if self.require_sequence_id:  # Triton's sequence batcher runs no request outside a sequence
+                raise BadRequest(
+                    f"inference request to model '{self.model}' must specify a non-zero or non-empty correlation ID"
+                )
             return None
         seq_id, start, end = found
         now = time.monotonic()
@@ -116,10 +142,41 @@ class Sequences:
                 del self._live[sequence.id]
         sequence.lock.release()
 
+    def with_controls(self, sequence: Sequence, inputs: Any) -> Any:
+        """The request's inputs with the control tensors the model declares (Triton's ``control_input``)."""
+        if not self.controls:
+            return inputs
+        if not isinstance(inputs, dict):
+            raise BadRequest(f"model '{self.model}' takes named inputs (it is fed sequence control tensors)")
+        taken = sorted(c["name"] for c in self.controls if c["name"] in inputs)
+        if taken:
+            raise BadRequest(f"input {taken[0]!r} of model '{self.model}' is a sequence control the server sets")
+        return {**inputs, **{c["name"]: _control_tensor(c, sequence) for c in self.controls}}
+
     def _drop_idle(self, now: float) -> None:
         idle = [k for k, s in self._live.items() if now - s.last_used > self.max_idle and not s.lock.locked()]
         for key in idle:
             del self._live[key]
+
+
+_NUMPY_TYPES = {"INT32": np.int32, "FP32": np.float32, "BOOL": np.bool_, "UINT64": np.uint64, "INT64": np.int64}
+_NUMPY_TYPES["UINT32"] = np.uint32
+
+
+def _control_tensor(control: dict[str, Any], sequence: Sequence) -> np.ndarray:
+    """One control tensor for a request of ``sequence``: its false or true value, or the sequence id."""
+    shape = control["shape"]
+    if control["kind"] == "corrid":
+        if control["datatype"] == "BYTES":
+            return np.full(shape, str(sequence.id).encode("utf-8"), dtype=object)
+        if isinstance(sequence.id, str) and not sequence.id.isdigit():
+            raise BadRequest(
+                f"sequence id {sequence.id!r} is a string, but control input '{control['name']}' "
+                f"holds a {control['datatype']} correlation ID"
+            )
+        return np.full(shape, int(sequence.id), dtype=_NUMPY_TYPES[control["datatype"]])
+    on = {"start": sequence.start, "end": sequence.end, "ready": True}[control["kind"]]
+    return np.full(shape, control["values"][1 if on else 0], dtype=_NUMPY_TYPES[control["datatype"]])
 
 
 def sequences_of(mv: Any) -> Sequences | None:
@@ -129,5 +186,11 @@ def sequences_of(mv: Any) -> Sequences | None:
         return None
     found = mv.__dict__.get("_sequences")
     if found is None:
-        found = mv.__dict__.setdefault("_sequences", Sequences(mv.name, config.max_idle_ms))
+        live = Sequences(
+            mv.name,
+            config.max_idle_ms,
+            require_sequence_id=getattr(config, "require_sequence_id", False),
+            controls=getattr(config, "controls", None),
+        )
+        found = mv.__dict__.setdefault("_sequences", live)
     return found

@@ -53,14 +53,18 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
             raise ConfigError(f"{CONFIG_FILE}: cannot read it: {exc.strerror}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{CONFIG_FILE}: expected a mapping of settings")
-    try:  # a Triton folder: its config.pbtxt's dynamic_batching, or the pipeline of an ensemble
+    try:  # a Triton folder: its config.pbtxt's dynamic_batching, sequence_batching, or the pipeline of an ensemble
         triton = triton_model_config.read(model_dir)
         batching = triton_model_config.batching(triton)
+        sequence = triton_model_config.sequence(triton)
         ensemble = pipeline.from_triton_config(triton)
     except (triton_model_config.TritonConfigError, pipeline.PipelineError) as exc:
         raise ConfigError(str(exc)) from None
     if batching is not None and "batching" not in raw:
         raw = {**raw, "batching": batching}
+    if sequence is not None and raw.get("sequence", True) is not False:
+        own = raw.get("sequence")  # servekit.yaml's keys over config.pbtxt's
+        raw = {**raw, "sequence": {**sequence, **own} if isinstance(own, dict) else sequence}
     if ensemble is not None and "pipeline" not in raw:
         raw = {**raw, "pipeline": ensemble}
     return raw
@@ -139,18 +143,62 @@ def _pipeline(raw: Any) -> Any:
         raise ConfigError(f"{CONFIG_FILE}: {exc}") from None
 
 
+_SEQUENCE_KEYS = {"max_idle_ms", "require_sequence_id", "controls"}
+#: ``sequence.controls[].kind``: what the tensor says (Triton's CONTROL_SEQUENCE_START, ...)
+CONTROL_KINDS = ("start", "end", "ready", "corrid")
+_CONTROL_TYPES = {"INT32", "FP32", "BOOL"}
+_CORRID_TYPES = {"UINT64", "INT64", "UINT32", "INT32", "BYTES"}
+
+
 def _sequence(raw: Any) -> SequenceConfig | None:
-    """``sequence: true`` or ``sequence: {max_idle_ms: N}``; unset or false: stateless."""
+    """``sequence: true`` or ``sequence: {max_idle_ms, require_sequence_id, controls}``; unset or false: stateless."""
     if raw is None or raw is False:
         return None
     if raw is True:
         return SequenceConfig()
-    if not isinstance(raw, dict) or set(raw) - {"max_idle_ms"}:
-        raise ConfigError(f"{CONFIG_FILE}: 'sequence' must be true or {{max_idle_ms: N}}")
+    if not isinstance(raw, dict) or set(raw) - _SEQUENCE_KEYS:
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence' must be true or a mapping of {', '.join(sorted(_SEQUENCE_KEYS))}")
     idle = raw.get("max_idle_ms", SequenceConfig.max_idle_ms)
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or idle <= 0:
         raise ConfigError(f"{CONFIG_FILE}: 'sequence.max_idle_ms' must be a positive number, found {idle!r}")
-    return SequenceConfig(max_idle_ms=float(idle))
+    required = raw.get("require_sequence_id", False)
+    if not isinstance(required, bool):
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence.require_sequence_id' must be true or false, found {required!r}")
+    controls = raw.get("controls") or []
+    if not isinstance(controls, list):
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence.controls' must list the control tensors")
+    checked = [_control(i, c) for i, c in enumerate(controls)]
+    names = [c["name"] for c in checked]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{CONFIG_FILE}: 'sequence.controls' names a tensor twice")
+    return SequenceConfig(max_idle_ms=float(idle), require_sequence_id=required, controls=checked)
+
+
+def _control(i: int, raw: Any) -> dict[str, Any]:
+    """One control tensor: ``{name, kind, datatype, shape (default [1]), values: [false, true]}``."""
+    where = f"{CONFIG_FILE}: 'sequence.controls' item {i}"
+    if not isinstance(raw, dict) or set(raw) - {"name", "kind", "datatype", "shape", "values"}:
+        raise ConfigError(f"{where} takes name, kind, datatype, shape and values")
+    name, kind, datatype = raw.get("name"), raw.get("kind"), raw.get("datatype")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where} needs the tensor's name")
+    if kind not in CONTROL_KINDS:
+        raise ConfigError(f"{where}: 'kind' must be one of {', '.join(CONTROL_KINDS)}, found {kind!r}")
+    shape = raw.get("shape", [1])
+    if not isinstance(shape, list) or not shape or not all(type(d) is int and d == 1 for d in shape):
+        raise ConfigError(f"{where}: 'shape' must be a list of ones ([1] or [1, 1]), found {shape!r}")
+    out: dict[str, Any] = {"name": name, "kind": kind, "datatype": datatype, "shape": shape}
+    if kind == "corrid":
+        if datatype not in _CORRID_TYPES:
+            raise ConfigError(f"{where}: a corrid tensor's datatype is one of {', '.join(sorted(_CORRID_TYPES))}")
+        return out
+    if datatype not in _CONTROL_TYPES:
+        raise ConfigError(f"{where}: 'datatype' must be one of {', '.join(sorted(_CONTROL_TYPES))}, found {datatype!r}")
+    values = raw.get("values")
+    if not isinstance(values, list) or len(values) != 2 or not all(isinstance(v, (int, float)) for v in values):
+        raise ConfigError(f"{where}: 'values' must be the tensor's [false, true] values")
+    out["values"] = values
+    return out
 
 
 def _pin(raw: Any) -> bool:

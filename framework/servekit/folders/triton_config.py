@@ -12,7 +12,9 @@ A Triton model repository entry keeps its model configuration in
 - whether the model has a batch dimension (:func:`batch_size`), which Triton's
   classification extension ranks row by row;
 - the model's batching when ``servekit.yaml`` has no ``batching:``:
-  ``dynamic_batching`` turns servekit's adaptive batching on (:func:`batching`).
+  ``dynamic_batching`` turns servekit's adaptive batching on (:func:`batching`);
+- its sequences: ``sequence_batching`` makes it a sequence model, as
+  ``sequence:`` in ``servekit.yaml`` does (:func:`sequence`).
 
 The text format is read without the protobuf schema (:mod:`servekit.folders.pbtxt`), so
 the HTTP server needs no ``grpc`` extra; what the schema would say is restored
@@ -152,6 +154,71 @@ def batching(doc: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     delay_us = _int(doc["dynamic_batching"].get("max_queue_delay_microseconds", 0))
     return {"max_batch_size": size, "max_batch_time_ms": delay_us / 1000.0}
+
+
+# -- sequences ----------------------------------------------------------------------------
+
+#: Triton's control kinds and servekit's names for them (``sequence.controls[].kind``).
+CONTROL_KINDS = {
+    "CONTROL_SEQUENCE_START": "start",
+    "CONTROL_SEQUENCE_END": "end",
+    "CONTROL_SEQUENCE_READY": "ready",
+    "CONTROL_SEQUENCE_CORRID": "corrid",
+}
+_FALSE_TRUE = {"int32_false_true": "INT32", "fp32_false_true": "FP32", "bool_false_true": "BOOL"}
+#: ``sequence_batching`` fields that change only how Triton packs sequences into batches; servekit
+#: runs each sequence's requests alone and in order, so the answers are the same without them.
+_STRATEGIES = ("direct", "oldest")
+
+
+def sequence(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``sequence:`` of ``servekit.yaml`` a configuration's ``sequence_batching`` stands for (``None``: none).
+
+    As Triton's sequence batcher: every request must name its sequence
+    (``require_sequence_id``), a sequence idles out after
+    ``max_sequence_idle_microseconds`` (1 s by default), and each ``control_input``
+    is a tensor fed to the model with every request (:data:`CONTROL_KINDS`), shaped
+    ``[1]``, ``[1, 1]`` when the model has a batch dimension.
+
+    :raises TritonConfigError: a field servekit cannot honour (implicit ``state``,
+        ``iterative_sequence``), or a control it cannot read, named.
+    """
+    if not doc or "sequence_batching" not in doc:
+        return None
+    body = doc["sequence_batching"]
+    if not isinstance(body, dict):
+        raise TritonConfigError(f"{CONFIG_FILE}: sequence_batching must be a message")
+    out: dict[str, Any] = {"require_sequence_id": True}
+    shape = [1, 1] if _int(doc.get("max_batch_size", 0)) > 0 else [1]
+    for key, value in body.items():
+        if key == "max_sequence_idle_microseconds":
+            out["max_idle_ms"] = max(1, _int(value)) / 1000.0
+        elif key == "control_input":
+            out["controls"] = [_control(item, shape) for item in (value if isinstance(value, list) else [value])]
+        elif key not in _STRATEGIES:
+            raise TritonConfigError(f"{CONFIG_FILE}: sequence_batching.{key} is not supported by servekit")
+    return out
+
+
+def _control(item: Any, shape: list[int]) -> dict[str, Any]:
+    name = item.get("name") if isinstance(item, dict) else None
+    controls = item.get("control", []) if isinstance(item, dict) else []
+    if not isinstance(name, str) or not name or not isinstance(controls, list) or len(controls) != 1:
+        raise TritonConfigError(f"{CONFIG_FILE}: sequence_batching.control_input needs a name and one control each")
+    control = controls[0] if isinstance(controls[0], dict) else {}
+    kind = CONTROL_KINDS.get(str(control.get("kind", "CONTROL_SEQUENCE_START")))
+    if kind is None:
+        raise TritonConfigError(f"{CONFIG_FILE}: control input {name!r} has an unknown kind {control.get('kind')!r}")
+    if kind == "corrid":
+        return {"name": name, "kind": kind, "datatype": v2_datatype(control.get("data_type", "")), "shape": shape}
+    found = [key for key in _FALSE_TRUE if key in control]
+    values = control.get(found[0]) if len(found) == 1 else None
+    if not isinstance(values, list) or len(values) != 2:
+        raise TritonConfigError(
+            f"{CONFIG_FILE}: control input {name!r} needs its false and true values "
+            "(one of int32_false_true, fp32_false_true, bool_false_true)"
+        )
+    return {"name": name, "kind": kind, "datatype": _FALSE_TRUE[found[0]], "shape": shape, "values": values}
 
 
 # -- metadata -----------------------------------------------------------------------------

@@ -1,17 +1,18 @@
-"""Triton's `simple_sequence` example model: INPUT INT32 [1, 1] -> OUTPUT, as Triton's examples check it.
+"""Triton's `simple_sequence` example model, as a model.py: its tensors come from config.pbtxt.
 
-OUTPUT is the input, plus one on the first request of a sequence
-(``sequence_start``), which is what Triton's sequence example clients expect of
-their model.  COUNT is the state the sequence keeps: how many of its requests
-the model has seen, in order; PID says which process holds that state, so a
-test sees that every request of a sequence reached the same one.
+As Triton feeds its model, the server sets the control inputs that
+``sequence_batching`` declares: START is 1 on a sequence's first request, READY
+1 on every request.  OUTPUT is ``(INPUT + START) * READY``: the input, plus one
+on a sequence's first request, which is what Triton's sequence example clients
+expect of this model.  COUNT is the state the sequence keeps (how many of its
+requests the model has seen, in order); PID says which process holds that
+state, so a test sees that every request of a sequence reached the same one.
 """
 
 import os
 
 import numpy as np
 import servekit
-from servekit.types import ModelMetadata, Signature, TensorSpec
 
 
 @servekit.hookimpl
@@ -20,30 +21,14 @@ def load(path):
 
 
 @servekit.hookimpl
-def metadata():
-    signature = Signature(
-        inputs=[TensorSpec("INPUT", "INT32", [1, 1])],
-        outputs=[
-            TensorSpec("OUTPUT", "INT32", [1, 1]),
-            TensorSpec("COUNT", "INT32", [1]),
-            TensorSpec("PID", "INT64", [1]),
-        ],
-    )
-    return ModelMetadata(signatures={"serving_default": signature}, platform="python")
-
-
-@servekit.hookimpl
 def predict(inputs, sequence):
-    value = int(inputs["INPUT"].reshape(-1)[0])
-    if sequence is None:  # outside a sequence: the input itself
-        output, count = value, 0
-    else:
-        if sequence.start:
-            sequence.state["count"] = 0
-        sequence.state["count"] += 1
-        output, count = value + (1 if sequence.start else 0), sequence.state["count"]
+    start, ready = inputs["START"], inputs["READY"]  # [batch, 1] INT32, as Triton shapes them
+    if start.reshape(-1)[0]:
+        sequence.state["count"] = 0
+    sequence.state["count"] += 1
+    rows = inputs["INPUT"].shape[0]
     return {
-        "OUTPUT": np.array([[output]], dtype=np.int32),
-        "COUNT": np.array([count], dtype=np.int32),
-        "PID": np.array([os.getpid()], dtype=np.int64),
+        "OUTPUT": ((inputs["INPUT"] + start) * ready).astype(np.int32),
+        "COUNT": np.full((rows, 1), sequence.state["count"], dtype=np.int32),
+        "PID": np.full((rows, 1), os.getpid(), dtype=np.int64),
     }
