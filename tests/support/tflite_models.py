@@ -2,7 +2,8 @@
 
 ``half_plus_two`` (y = 0.5 * x + 2) in TF Serving's two TF Lite layouts: one
 written with the model's SignatureDef (``serving_default``: ``x`` -> ``y``) and
-one without any (served by tensor name), each as ``BASE/123/model.tflite``.
+one without any (served by tensor name), and ``sum_of_two`` (a matrix product over
+rows of two features), each as ``BASE/123/model.tflite``.
 Run as a script (``python tests/support/tflite_models.py OUT``) so that the test
 process need not import TensorFlow.
 """
@@ -41,6 +42,17 @@ def build(out: Path) -> None:
             without = tf.compat.v1.lite.TFLiteConverter.from_session(session, [x], [y]).convert()
     (out / "half_plus_two_tflite" / VERSION).mkdir(parents=True, exist_ok=True)
     (out / "half_plus_two_tflite" / VERSION / "model.tflite").write_bytes(without)
+
+    # a matrix product over two features: a row of any other width cannot run
+    class SumOfTwo(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")], autograph=False)
+        def __call__(self, x):
+            return {"y": tf.matmul(x, tf.constant([[1.0], [1.0]]))}
+
+    module = SumOfTwo()
+    dense = tf.lite.TFLiteConverter.from_concrete_functions([module.__call__.get_concrete_function()], module).convert()
+    (out / "sum_of_two_tflite" / VERSION).mkdir(parents=True, exist_ok=True)
+    (out / "sum_of_two_tflite" / VERSION / "model.tflite").write_bytes(dense)
 
 
 if __name__ == "__main__":

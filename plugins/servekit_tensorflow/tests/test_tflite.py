@@ -1,8 +1,11 @@
 """TF Lite models in the TensorFlow plugin: ``model.tflite`` through ``tf.lite.Interpreter``.
 
-The models are built at test time with TensorFlow's converter (tests/support/tflite_models.py).
-TF Serving's two TF Lite model-server tests (a model with its SignatureDef and one
-without, both under ``--prefer_tflite_model``) run against ``tensorflow_model_server``.
+Look-alike models are built at test time with TensorFlow's converter
+(tests/support/tflite_models.py).  TF Serving's two TF Lite model-server tests (a
+model with its SignatureDef in the ``signature_defs_metadata`` buffer and one without,
+both ``[1, 1]`` and sent ``x`` of shape ``[1]``, under ``--prefer_tflite_model``) run
+against ``tensorflow_model_server`` on TF Serving's own ``model.tflite`` files
+(tests/data/tf_serving/).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def client(tflite_models):
     from servekit.server.app import create_app
     from servekit.server.settings import Settings
 
-    paths = [str(tflite_models / n) for n in ("half_plus_two_tflite", "half_plus_two_tflite_with_sigdef", "both")]
+    names = ("half_plus_two_tflite", "half_plus_two_tflite_with_sigdef", "both", "sum_of_two_tflite")
+    paths = [str(tflite_models / n) for n in names]
     app = create_app(Settings(paths=paths, poll_interval=0), start=False)
     app.extensions["servekit"].repository.load_now()
     yield app.test_client()
@@ -72,8 +76,12 @@ def test_predict_over_v1_and_v2(client, name):
 def test_bad_input_is_a_client_error(client):
     strings = client.post("/v1/models/half_plus_two_tflite:predict", json={"instances": ["two"]})
     assert strings.status_code == 400 and "DT_FLOAT" in strings.get_json()["error"]
-    rank = client.post("/v1/models/half_plus_two_tflite_with_sigdef:predict", json={"instances": [[1.0, 2.0]]})
-    assert rank.status_code == 400, rank.get_json()
+    # TF Serving resizes an input to the shape sent; one the model's ops cannot take is the client's error
+    width = client.post("/v1/models/sum_of_two_tflite:predict", json={"instances": [[1.0, 2.0, 3.0]]})
+    assert width.status_code == 400, width.get_json()
+    assert "'x' of shape [1, 3] (the model declares [-1, 2]" in width.get_json()["error"]
+    fits = client.post("/v1/models/sum_of_two_tflite:predict", json={"instances": [[1.0, 2.0], [3.0, 4.0]]})
+    assert fits.get_json() == {"predictions": [[3.0], [7.0]]}  # the interpreter serves on after a refusal
     classify = client.post("/v1/models/half_plus_two_tflite:classify", json={"examples": [{"x": 1.0}]})
     assert classify.status_code == 501 and "predict only" in classify.get_json()["error"]
 
@@ -123,16 +131,44 @@ def test_interpreters_pool_answers_concurrent_requests(tflite_models, tmp_path):
 # -- TF Serving's own TF Lite model-server tests ---------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["half_plus_two_tflite", "half_plus_two_tflite_with_sigdef"])
-def test_tf_servings_tflite_model_server_tests(tflite_models, tmp_path, model):
-    """tensorflow_model_server_test's TF Lite cases: Predict x=[2.0] with and without output_filter."""
+def test_tf_servings_own_tflite_files_resize_and_carry_their_signature(tmp_path):
+    """TF Serving's files hold x: [1, 1]; the one with a SignatureDef keeps it in ``signature_defs_metadata``."""
+    from servekit.server.app import create_app
+    from servekit.server.settings import Settings
+
+    names = ("saved_model_half_plus_two_tflite", "saved_model_half_plus_two_tflite_with_sigdef")
+    app = create_app(Settings(paths=[str(TF_DATA / n) for n in names], poll_interval=0), start=False)
+    app.extensions["servekit"].repository.load_now()
+    client = app.test_client()
+    try:
+        for name in names:
+            answer = client.get(f"/v1/models/{name}/metadata").get_json()
+            signature = answer["metadata"]["signature_def"]["signature_def"]["serving_default"]
+            assert list(signature["inputs"]) == ["x"] and list(signature["outputs"]) == ["y"], signature
+            assert [d["size"] for d in signature["inputs"]["x"]["tensor_shape"]["dim"]] == ["1", "1"]
+            # the signature's tensor name without the ":0" the interpreter lacks, as TF Serving fixes it
+            expected = "tflite_input" if name.endswith("sigdef") else "x"
+            assert signature["inputs"]["x"]["name"] == expected
+            batch = client.post(f"/v1/models/{name}:predict", json={"instances": [2.0, 4.0, 6.0]})
+            assert batch.get_json() == {"predictions": [3.0, 4.0, 5.0]}
+    finally:
+        app.extensions["servekit"].repository.stop()
+
+
+@pytest.mark.parametrize("model", ["saved_model_half_plus_two_tflite", "saved_model_half_plus_two_tflite_with_sigdef"])
+def test_tf_servings_tflite_model_server_tests(tmp_path, model):
+    """tensorflow_model_server_test's testPredictOnTfLite and testPredictWithSignatureDefOnTfLite, on
+    TF Serving's own files: Predict x = [2.0] of shape [1] (the model takes [1, 1]) answers y = [3.0]."""
+    import json
+    import urllib.request
+
     from tfserving_binary import TFServing, predict
 
     server = TFServing(
-        tmp_path, "--model_name=default", f"--model_base_path={tflite_models / model}", "--prefer_tflite_model=true"
+        tmp_path, "--model_name=default", f"--model_base_path={TF_DATA / model}", "--prefer_tflite_model=true"
     )
     try:
-        for output_filter in (True, False):
+        for output_filter in (False, True):  # the tests ask without one; a client may name y
             result = predict(f"localhost:{server.port}", output_filter=output_filter)
             assert list(result.outputs) == ["y"]
             assert result.outputs["y"].dtype == 1  # DT_FLOAT
@@ -140,5 +176,12 @@ def test_tf_servings_tflite_model_server_tests(tflite_models, tmp_path, model):
             assert result.model_spec.name == "default"
             assert result.model_spec.signature_name == "serving_default"
             assert result.model_spec.version.value == 123
+        request = urllib.request.Request(
+            f"http://localhost:{server.rest_port}/v1/models/default:predict",
+            data=json.dumps({"signature_name": "serving_default", "inputs": {"x": [2.0]}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert json.loads(answer.read()) == {"outputs": [3.0]}
     finally:
         server.stop()
