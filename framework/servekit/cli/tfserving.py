@@ -18,7 +18,8 @@ keeps the links in step with ``base_path`` (new versions appear) and, with
 ``--model_config_file_poll_wait_seconds``, re-reads the file: the control
 plane (:mod:`servekit.control`) then adds, removes and re-versions models in
 every worker, as ``HandleReloadConfigRequest`` over gRPC does.  Each worker
-opens its gRPC port only after its first load, as tensorflow_model_server does.
+binds its gRPC and REST ports only after its first load, as tensorflow_model_server
+does (``--ports-after-load``).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def settings_values(flags: dict[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {"grpc_port": get("port"), "http_port": get("rest_api_port") or 8501}
     # as tensorflow_model_server: the ports answer once the models have loaded, and
     # ModelService.HandleReloadConfigRequest may change the models served
-    values["grpc_after_load"] = True
+    values["ports_after_load"] = True
     values["model_control_mode"] = "explicit"
     if get("rest_api_port") == 0:
         log.warning("--rest_api_port is 0: servekit always serves REST, on 8501")

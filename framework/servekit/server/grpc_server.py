@@ -202,9 +202,13 @@ def start_in_worker(worker: Any, settings: Settings) -> None:
     With ``--grpc-after-load`` the port opens once the worker's first load is
     done (in a thread, so the worker's HTTP side boots meanwhile), as
     tensorflow_model_server opens its ports only after loading: a client that
-    waits for the port never finds a model still LOADING.
+    waits for the port never finds a model still LOADING.  With
+    ``--ports-after-load`` gunicorn's worker has waited for that load already
+    (:func:`servekit.server.gunicorn_app.wait_first_load`): the port opens now,
+    before the HTTP listeners.
     """
-    if settings.grpc_after_load:
+    after_load = settings.grpc_after_load or settings.ports_after_load
+    if after_load and not worker.wsgi.extensions["servekit"].wait_ready(0):
         threading.Thread(
             target=_start_after_load, args=(worker, settings), name="servekit-grpc-start", daemon=True
         ).start()

@@ -5,6 +5,10 @@ requests and long SSE streams occupy a thread, not a whole process, and numpy,
 scikit-learn, torch and TensorFlow release the GIL in their kernels.  gevent
 would need monkey-patching that does not mix with torch/TensorFlow threads.
 Each worker loads its own models after the fork unless ``--preload`` is set.
+With ``--ports-after-load`` (``servekit tfserving`` sets it) a worker binds its
+HTTP and gRPC ports only once its first load is over, as tensorflow_model_server
+opens its ports after loading: no client reaches a worker whose models are
+still LOADING (see :func:`hold_listeners`).
 
 SIGTERM drains (docs/operations.md): each worker turns readiness to 503 at once,
 keeps accepting for ``--shutdown-delay`` seconds (so load balancers stop sending
@@ -101,17 +105,23 @@ class ServekitApplication(BaseApplication):
         return app
 
     def _post_fork(self, server, worker) -> None:
+        if self.settings.ports_after_load:
+            hold_listeners(worker)
         if self._control is not None:
             self._control.start()
 
     def _post_worker_init(self, worker) -> None:
         gunicorn_errors.install()
         install_drain(worker, self.settings)
+        if self.settings.ports_after_load:
+            wait_first_load(worker)
         # gRPC beside HTTP: one server per worker, after the fork, over the worker's app
         if self.settings.grpc_port:
             from servekit.server import grpc_engine as grpc
 
             grpc.start_in_worker(worker, self.settings)
+        if self.settings.ports_after_load:
+            bind_held_listeners(worker)
 
     def _worker_exit(self, server, worker) -> None:
         from servekit.observability import statistics
@@ -138,6 +148,55 @@ def security_options(settings: Settings) -> dict[str, Any]:
         slow_clients.BODY_TIMEOUT = settings.body_timeout if settings.body_timeout > 0 else 3600.0
         options["worker_class"] = "servekit.server.slow_clients.HeaderTimeoutWorker"
     return options
+
+
+def hold_listeners(worker: Any) -> None:
+    """``--ports-after-load``, right after the fork: close the HTTP listeners gunicorn just bound for this worker.
+
+    With ``reuse_port`` every worker binds its own listeners before anything
+    else runs in it, and the kernel hands new connections to any of them: a
+    connection given to a worker still loading would wait in its backlog, and a
+    client would find the port open before any model is. :func:`bind_held_listeners`
+    binds them again once the worker's first load is over.  Without
+    ``reuse_port`` (one listener shared from the master) the worker keeps it and
+    only starts accepting after its load.
+    """
+    import socket
+
+    from gunicorn import sock
+
+    if not (worker.cfg.reuse_port and hasattr(socket, "SO_REUSEPORT")) or not worker.sockets:
+        return
+    sock.close_sockets(worker.sockets, unlink=False)
+    worker.sockets = []
+    worker.servekit_listeners_held = True
+
+
+def wait_first_load(worker: Any) -> None:
+    """``--ports-after-load``: wait in the worker's main thread for its first load, telling gunicorn it lives.
+
+    gunicorn's heartbeat (``worker.notify``) keeps a long load from looking like
+    a hung worker; SIGTERM meanwhile ends the worker (it has taken no request).
+    """
+    dataplane = worker.wsgi.extensions["servekit"]
+    while not dataplane.wait_ready(1.0):
+        worker.notify()
+        if not worker.alive or dataplane.draining:
+            raise SystemExit(0)
+
+
+def bind_held_listeners(worker: Any) -> None:
+    """Bind the HTTP listeners :func:`hold_listeners` closed; the worker accepts on them as it starts."""
+    if not getattr(worker, "servekit_listeners_held", False):
+        return
+    from gunicorn import sock, util
+
+    worker.sockets = sock.create_sockets(worker.cfg, worker.log)
+    for listener in worker.sockets:
+        util.close_on_exec(listener)
+    worker.wait_fds = [*worker.sockets, worker.PIPE[0]]
+    worker.servekit_listeners_held = False
+    log.info("HTTP listening on %s after the first load (worker %d)", ", ".join(map(str, worker.sockets)), worker.pid)
 
 
 def install_drain(worker: Any, settings: Settings) -> None:

@@ -97,6 +97,11 @@ class Settings:
         "each worker opens its gRPC port only after its first load, as tensorflow_model_server does (servekit tfserving sets it)",
         flag=True,
     )
+    ports_after_load: bool = _opt(
+        False,
+        "each worker binds its HTTP and gRPC ports only after its first load, as tensorflow_model_server does (servekit tfserving sets it; gunicorn only)",
+        flag=True,
+    )
     grpc_socket_path: str = _opt("", "also serve gRPC on this Unix socket (TF Serving's --grpc_socket_path)")
     grpc_channel_arguments: str = _opt(
         "", "extra gRPC server arguments as key=value,key=value (TF Serving's --grpc_channel_arguments)"
@@ -325,6 +330,11 @@ def _validate(settings: Settings) -> None:
     files_of(settings, "grpc")  # a cert without its key, an unreadable file
     if settings.workers != "auto" and not (settings.workers.isdigit() and int(settings.workers) > 0):
         raise ValueError(f"--workers: expected a positive number or 'auto', found {settings.workers!r}")
+    if settings.ports_after_load and settings.server != "gunicorn":
+        raise ValueError(
+            f"--ports-after-load: the {settings.server} server binds its HTTP port before its worker loads; "
+            "use --server gunicorn (or --grpc-after-load for the gRPC port only)"
+        )
 
 
 def channel_arguments(text: str) -> list[tuple[str, Any]]:
