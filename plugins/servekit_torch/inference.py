@@ -181,35 +181,100 @@ def named_outputs(model: TorchModel, result: Any) -> dict[str, np.ndarray]:
     return {name: to_numpy(result, name, model.half)}
 
 
-def probe_outputs(model: TorchModel) -> list[OutputSpec] | None:
-    """Learn output names, dtypes and shapes from one call on zeros, when every input is declared.
+def probe_outputs(
+    model: TorchModel, warmup: list[dict[str, Any]] | None = None, folder: Any = None
+) -> list[OutputSpec] | None:
+    """Learn output names, dtypes and shapes from one call at load; ``None`` when nothing tells what to feed.
 
-    Runs only when ``options.inputs`` gives each required input a datatype and a
-    shape; a dimension of any size (-1) is probed with size 1 and reported as -1.
+    The call is fed zeros when ``options.inputs`` gives each required input a
+    datatype and a shape (a dimension of any size, -1, is probed with size 1 and
+    reported as -1); else the tensors of the first warm-up request in
+    ``servekit.yaml`` (``warmup``: a V2 or V1 body, inline or in a ``file`` of the
+    version ``folder``), whose output dimensions are all reported as -1.
     """
     required = [s for s in model.inputs if s.required]
-    if not required or any(s.dtype is None or s.shape is None for s in required):
-        return None
-    args, kwargs, _ = to_call_arguments(
-        model,
-        [(s, np.zeros([1 if d == -1 else d for d in s.shape or []], dtype=_probe_dtype(s))) for s in required],
-    )
+    variable: list[int] | None  # the dimensions reported as -1 (None: all)
+    if required and all(s.dtype is not None and s.shape is not None for s in required):
+        example = [(s, np.zeros([1 if d == -1 else d for d in s.shape or []], dtype=_probe_dtype(s))) for s in required]
+        source = "zeros of the shapes declared in options.inputs"
+        variable = [0] if any(s.shape and s.shape[0] == -1 for s in required) else []
+    else:
+        found = warmup_example(model, warmup or [], folder)
+        if found is None:
+            return None
+        example, source, variable = found[0], found[1], None
+    args, kwargs, _ = to_call_arguments(model, example)
     with torch.inference_mode():
         try:
             result = model.module(*args, **kwargs)
         except Exception as exc:  # any failure of the user's forward fails the load
-            raise ValueError(
-                f"forward() failed on zeros of the shapes declared in options.inputs: {type(exc).__name__}: {exc}"
-            ) from None
-    variable_batch = any(s.shape and s.shape[0] == -1 for s in required)
+            raise ValueError(f"forward() failed on {source}: {type(exc).__name__}: {exc}") from None
     specs = []
     for name, array in named_outputs(model, result).items():
-        shape = list(array.shape)
-        if variable_batch and shape:
-            shape[0] = -1
+        shape = [-1 if variable is None or i in variable else n for i, n in enumerate(array.shape)]
         dtype = "float32" if model.half and array.dtype == np.float32 else array.dtype.name
         specs.append(OutputSpec(name, dtype if dtype in _WIRE_NAMES else None, shape))
     return specs
+
+
+def warmup_example(
+    model: TorchModel, warmup: list[dict[str, Any]], folder: Any
+) -> tuple[list[tuple[InputSpec, np.ndarray]], str] | None:
+    """The named tensors of the first warm-up request that feeds every required input, and where they come from.
+
+    Only what the request states is taken: a V2 tensor's datatype and shape, a V1
+    body's named columns (``inputs``) or rows (``instances``); a request this
+    reading cannot place is left to the warm-up itself, which reports it.
+    """
+    import json
+    from pathlib import Path
+
+    specs = {s.name: s for s in model.inputs}
+    for i, item in enumerate(warmup):
+        kind, body = item.get("kind"), item.get("body")
+        if kind == "file" and folder is not None:
+            try:
+                body = json.loads((Path(folder) / str(body)).read_text())
+            except (OSError, ValueError):
+                continue
+        tensors = _request_tensors(body, model.input_names())
+        if not tensors or not all(s.name in tensors for s in model.inputs if s.required):
+            continue
+        if any(name not in specs for name in tensors):
+            continue
+        return [(specs[name], array) for name, array in tensors.items()], f"warm-up request {i + 1} of servekit.yaml"
+    return None
+
+
+def _request_tensors(body: Any, names: list[str]) -> dict[str, np.ndarray] | None:
+    """A V2 or V1 request body's inputs as named arrays (``None`` when it is neither)."""
+    if not isinstance(body, dict):
+        return None
+    inputs = body.get("inputs")
+    try:
+        if isinstance(inputs, list) and all(isinstance(t, dict) and "datatype" in t for t in inputs):  # V2
+            return {
+                str(t["name"]): np.asarray(t["data"], dtype=DTYPES[_torch_name(t["datatype"])][1]).reshape(t["shape"])
+                for t in inputs
+            }
+        if isinstance(inputs, dict):  # V1 columns
+            return {str(k): np.asarray(v) for k, v in inputs.items()}
+        if inputs is not None and len(names) == 1:
+            return {names[0]: np.asarray(inputs)}
+        rows = body.get("instances")
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):  # V1 named rows
+            return {str(k): np.asarray([r[k] for r in rows]) for k in rows[0]}
+        if isinstance(rows, list) and rows and len(names) == 1:
+            return {names[0]: np.asarray(rows)}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def _torch_name(datatype: Any) -> str:
+    from .tensors import dtype_name
+
+    return dtype_name(str(datatype))
 
 
 _WIRE_NAMES = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"}

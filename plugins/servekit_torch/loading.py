@@ -90,10 +90,31 @@ def load_model(file: Path, config: ModelConfig) -> TorchModel:
     )
     model.outputs = _output_specs(model, kind, count, outputs)
     if model.output_kind in ("dict", "unknown") or any(o.dtype is None for o in model.outputs):
-        probed = probe_outputs(model)
+        probed = probe_outputs(model, config.warmup, file.parent)
         if probed is not None:
+            _check_declared_names(model, probed)
             model.outputs = probed
+    if model.output_kind in ("dict", "unknown") and not model.outputs:
+        log.warning(
+            "%s: forward() returns a %s, so the metadata lists no outputs until its first call; name them in "
+            "servekit.yaml with options.outputs, or let the plugin learn them at load from options.inputs "
+            "(a datatype and shape for each input) or a warm-up request (docs/torch.md)",
+            file,
+            "dict" if model.output_kind == "dict" else "value of an unknown structure",
+        )
     return model
+
+
+def _check_declared_names(model: TorchModel, probed: list[OutputSpec]) -> None:
+    """``options.outputs`` for a dict must be its keys: a name the call did not return would never answer."""
+    declared = signature.output_names_option(model.options.get("outputs"))
+    if model.output_kind != "dict" or declared is None:
+        return
+    returned = [o.name for o in probed]
+    if sorted(declared) != sorted(returned):
+        raise ValueError(
+            f"options.outputs names {', '.join(declared)}, but forward() returns the keys {', '.join(returned)}"
+        )
 
 
 def _output_specs(model: TorchModel, kind: str, count: int, exported: list[OutputSpec] | None) -> list[OutputSpec]:

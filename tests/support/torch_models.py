@@ -98,6 +98,14 @@ def build(base: Path) -> dict[str, Any]:
         "options: {inputs: {x: {datatype: FP32, shape: [-1, 4]}, offset: {datatype: FP32, shape: [-1]}}}\n"
     )
     torch.jit.save(torch.jit.trace(pair, torch.zeros(2, 4)), version("ts_pair") / "model.pt")
+    # a traced dict module: its archive keeps no example; the output names come from a warm-up request
+    traced_heads = torch.jit.trace(heads, (torch.zeros(2, 4), torch.zeros(2)), strict=False)
+    torch.jit.save(traced_heads, version("ts_heads_warm") / "model.pt")
+    (base / "ts_heads_warm" / "servekit.yaml").write_text(
+        "warmup:\n"
+        "  - v2: {inputs: [{name: x, datatype: FP32, shape: [1, 4], data: [0, 0, 0, 0]},"
+        " {name: offset, datatype: FP32, shape: [1], data: [0]}]}\n"
+    )
     # torch.export
     torch.export.save(
         torch.export.export(clf, (torch.zeros(2, 4),), dynamic_shapes={"x": {0: batch}}),
@@ -134,6 +142,7 @@ def build(base: Path) -> dict[str, Any]:
         "ep_clf": clf,
         "sd_clf": sd_clf,
         "ts_heads": heads,
+        "ts_heads_warm": heads,
         "ep_heads": heads,
         "sd_heads": heads,
         "ts_pair": pair,
@@ -163,6 +172,13 @@ def add_broken(base: Path, marker: Path) -> None:
     folder = base / "not_script" / "1"
     folder.mkdir(parents=True)
     torch.save({"w": torch.zeros(1)}, folder / "model.pt")  # a state dict misnamed as TorchScript
+
+    folder = base / "misnamed_keys" / "1"  # options.outputs that are not the dict's keys
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes((base / "ts_heads_warm" / "1" / "model.pt").read_bytes())
+    (base / "misnamed_keys" / "servekit.yaml").write_text(
+        (base / "ts_heads_warm" / "servekit.yaml").read_text() + "options: {outputs: [logits, sum]}\n"
+    )
 
     folder = base / "on_gpu" / "1"
     folder.mkdir(parents=True)

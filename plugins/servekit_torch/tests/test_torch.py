@@ -175,6 +175,7 @@ def test_failed_loads_report_why_and_run_no_pickled_code(torch_server, torch_mod
     assert not marker.exists()
     assert "name the model's class" in error("two_classes")
     assert "not a TorchScript archive" in error("not_script")
+    assert "options.outputs names logits, sum, but forward() returns the keys scores, total" in error("misnamed_keys")
     if not torch.cuda.is_available():
         assert "device 'cuda' was requested but" in error("on_gpu")
     # the others keep serving
@@ -304,3 +305,25 @@ def test_v2_explain(torch_server, modules):
     outputs = {o["name"]: o for o in r.json()["outputs"]}
     assert outputs["attributions"]["shape"] == [3, 4]
     assert outputs["target"]["datatype"] == "INT64"
+
+
+def test_v2_metadata_names_a_torchscript_dicts_outputs_before_any_request(triton, modules):
+    """tritonclient's examples ask for the outputs the metadata names: a traced module returning a dict
+    names them at load, learned from its warm-up request (no options.inputs, no options.outputs)."""
+    meta = triton.get_model_metadata("ts_heads_warm")
+    assert [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]] == [
+        ("scores", "FP32", [-1, -1]),
+        ("total", "FP32", [-1]),
+    ]
+    names = [o["name"] for o in meta["outputs"]]
+    result = triton.infer(
+        "ts_heads_warm",
+        [
+            v2_input("x", ROWS.astype(np.float32), "FP32", True),
+            v2_input("offset", OFFSET.astype(np.float32), "FP32", True),
+        ],
+        outputs=[httpclient.InferRequestedOutput(name) for name in names],
+    )
+    expected = direct(modules["ts_heads_warm"], ROWS, OFFSET)
+    for name in names:
+        np.testing.assert_allclose(result.as_numpy(name), expected[name], rtol=1e-6)
