@@ -96,7 +96,7 @@ def load_model(file: Path, config: ModelConfig) -> TorchModel:
             model.outputs = probed
     if model.output_kind in ("dict", "unknown") and not model.outputs:
         log.warning(
-            "%s: forward() returns a %s, so the metadata lists no outputs until its first call; name them in "
+            "%s: forward() returns a %s, so the metadata lists no outputs (requests answer them all); name them in "
             "servekit.yaml with options.outputs, or let the plugin learn them at load from options.inputs "
             "(a datatype and shape for each input) or a warm-up request (docs/torch.md)",
             file,
