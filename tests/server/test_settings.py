@@ -35,6 +35,7 @@ def test_defaults():
         (["--grpc-threads", "-1"], "--grpc-threads"),
         (["--workers", "0"], "--workers"),
         (["--workers", "many"], "--workers"),
+        (["--ports-after-load", "--server", "granian"], "--ports-after-load"),  # granian binds before its load
     ],
 )
 def test_values_no_server_could_start_with_name_the_flag(argv, flag):
