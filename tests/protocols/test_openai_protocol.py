@@ -1,5 +1,8 @@
 """The OpenAI protocol in-process: validation, response shapes, stop sequences, n,
-usage, finish reasons, explanations, embeddings, and OpenAI's error shape.
+usage, finish reasons, explanations, embeddings, and OpenAI's error shape; every
+OpenAI and vLLM request field honoured or refused with a 400 naming it (the names
+from the ``openai`` package's request types, the lists from
+:mod:`servekit.protocols.openai_fields`, which the refusal itself reads).
 
 The model is ``ECHO_MODEL_PY`` (no tokenizer), whose output the tests predict exactly.
 """
@@ -13,7 +16,10 @@ import numpy as np
 import pytest
 import sseclient
 from generative_models import ECHO_MODEL_PY, TOKENIZER_MODEL_PY, write_model
+from openai.types import completion_create_params, embedding_create_params
+from openai.types.chat import completion_create_params as chat_create_params
 from servekit.dataplane.generation import StopScanner, cut_at_stop
+from servekit.protocols import openai_fields as fields
 from sklearn_models import fit_iris
 
 
@@ -212,7 +218,7 @@ def test_errors_in_openai_shape_for_unknown_model_missing_hook_and_bad_json(clie
     r = client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
     assert r.status_code == 404 and r.json["error"]["type"] == "not_found_error"
     r = client.post("/openai/v1/completions", json={"model": "iris", "prompt": "x"})
-    assert r.status_code == 501 and "complete" in r.json["error"]["message"]
+    assert r.status_code == 400 and "'iris' does not support the Completions API" in r.json["error"]["message"]
     r = client.post("/chat/completions", data=b"{not json", content_type="application/json")
     assert r.status_code == 400 and "malformed JSON" in r.json["error"]["message"]
 
@@ -471,3 +477,171 @@ def test_wrong_method_on_an_openai_route_answers_in_openais_shape(tmp_path, serv
         assert error["code"] == 405 and error["type"] == "invalid_request_error" and error["message"]
     r = client.get("/v1/models/m:predict")  # a V1 path keeps TF Serving's shape
     assert isinstance(r.get_json()["error"], str)
+
+
+# -- fields honoured and refused, numbers, capabilities -----------------------------------
+
+#: a value no field takes as its default
+NOT_A_DEFAULT = {"servekit-test": "not a default"}
+
+ENDPOINTS = {
+    "/v1/completions": (
+        fields.COMPLETION_HONOURED,
+        fields.COMPLETION_REFUSED,
+        {"prompt": "hello"},
+        [
+            completion_create_params.CompletionCreateParamsStreaming,
+            completion_create_params.CompletionCreateParamsNonStreaming,
+        ],
+    ),
+    "/v1/chat/completions": (
+        fields.CHAT_HONOURED,
+        fields.CHAT_REFUSED,
+        {"messages": [{"role": "user", "content": "hello"}]},
+        [chat_create_params.CompletionCreateParamsStreaming, chat_create_params.CompletionCreateParamsNonStreaming],
+    ),
+    "/v1/embeddings": (
+        fields.EMBEDDING_HONOURED,
+        fields.EMBEDDING_REFUSED,
+        {"input": "hello"},
+        [embedding_create_params.EmbeddingCreateParams],
+    ),
+}
+
+
+def send(client, route, body, raw=None):
+    if raw is not None:
+        return client.post(route, data=raw, content_type="application/json", buffered=True)
+    return client.post(route, json=body, buffered=True)
+
+
+@pytest.mark.parametrize("route", sorted(ENDPOINTS))
+def test_every_field_of_openais_request_types_is_honoured_or_refused(route):
+    honoured, refused, _, types = ENDPOINTS[route]
+    schema = set().union(*(t.__annotations__ for t in types))
+    unlisted = schema - honoured - set(refused)
+    assert not unlisted, f"{route}: decide whether to honour or refuse {sorted(unlisted)}"
+    assert not honoured & set(refused)
+
+
+REFUSED_CASES = [
+    pytest.param(route, field, id=f"{route}-{field}")
+    for route in sorted(ENDPOINTS)
+    for field in sorted(ENDPOINTS[route][1])
+]
+
+
+@pytest.mark.parametrize(("route", "field"), REFUSED_CASES)
+def test_a_field_servekit_does_not_honour_answers_400_naming_it(client, route, field):
+    _, _, base, _ = ENDPOINTS[route]
+    r = send(client, route, {"model": "echo", **base, field: NOT_A_DEFAULT})
+    assert r.status_code == 400, r.text
+    error = r.json["error"]
+    assert error["param"] == field and error["type"] == "invalid_request_error"
+    assert f"'{field}' is not supported by this server" in error["message"]
+
+
+@pytest.mark.parametrize("route", sorted(ENDPOINTS))
+def test_a_refused_field_at_its_default_changes_nothing(client, route):
+    _, refused, base, _ = ENDPOINTS[route]
+    model = "iris" if route == "/v1/embeddings" else "echo"  # the echo model embeds: iris answers a 400 naming it
+    expected = send(client, route, {"model": model, **base})
+    for field, values in refused.items():
+        for value in (v for v in values if v is not fields.SAME_AS_N):
+            r = send(client, route, {"model": model, **base, field: value})
+            assert (r.status_code, r.json.get("error", {}).get("param")) == (
+                expected.status_code,
+                expected.json.get("error", {}).get("param"),
+            ), f"{field}={value!r}: {r.text}"
+
+
+def test_best_of_equal_to_n_changes_nothing_and_a_larger_one_is_refused(client):
+    r = send(client, "/v1/completions", {"model": "echo", "prompt": "a b", "n": 2, "best_of": 2})
+    assert r.status_code == 200 and len(r.json["choices"]) == 2
+    r = send(client, "/v1/completions", {"model": "echo", "prompt": "a b", "n": 2, "best_of": 3})
+    assert r.status_code == 400 and r.json["error"]["param"] == "best_of"
+
+
+@pytest.mark.parametrize("route", sorted(ENDPOINTS))
+def test_an_unknown_field_is_refused_as_openai_refuses_it(client, route):
+    _, _, base, _ = ENDPOINTS[route]
+    r = send(client, route, {"model": "echo", **base, "frobnicate": 1})
+    assert r.status_code == 400
+    error = r.json["error"]
+    assert error["message"] == "Unrecognized request argument supplied: frobnicate"
+    assert error["param"] == "frobnicate"
+
+
+def test_explain_hands_the_other_fields_to_the_explain_hook(client):
+    r = send(client, "/v1/completions", {"model": "echo", "prompt": "one two", "explain": True, "target": 1})
+    assert r.status_code == 200, r.text
+    assert "explanations" in r.json
+
+
+# -- numbers: NaN, Infinity and ranges ------------------------------------------------
+
+GENERATION_NUMBERS = [
+    "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+    "repetition_penalty", "max_tokens", "n", "seed",
+]  # fmt: skip
+NON_FINITE = ["NaN", "Infinity", "-Infinity"]
+
+
+@pytest.mark.parametrize("field", GENERATION_NUMBERS + ["logprobs"])
+def test_a_non_finite_completion_setting_answers_400_naming_it(client, field):
+    for token in NON_FINITE:
+        raw = f'{{"model": "echo", "prompt": "hello", "{field}": {token}}}'.encode()
+        r = send(client, "/v1/completions", None, raw=raw)
+        assert r.status_code == 400, r.text
+        assert r.json["error"]["param"] == field
+        assert r.json["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("field", GENERATION_NUMBERS + ["max_completion_tokens", "top_logprobs"])
+def test_a_non_finite_chat_setting_answers_400_naming_it(client, field):
+    for token in NON_FINITE:
+        raw = f'{{"model": "echo", "messages": [{{"role": "user", "content": "hi"}}], "{field}": {token}}}'.encode()
+        r = send(client, "/v1/chat/completions", None, raw=raw)
+        assert r.status_code == 400, r.text
+        assert r.json["error"]["param"] == field
+
+
+def test_a_non_finite_dimensions_answers_400(client):
+    for token in NON_FINITE:
+        raw = f'{{"model": "iris", "input": "x", "dimensions": {token}}}'.encode()
+        r = send(client, "/v1/embeddings", None, raw=raw)
+        assert r.status_code == 400 and r.json["error"]["param"] == "dimensions"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("top_k", -2), ("top_p", 1.5), ("temperature", -0.1), ("min_p", 1.1), ("presence_penalty", 2.5)],
+)
+def test_sampling_ranges_are_checked_as_vllm_checks_them(client, field, value):
+    r = send(client, "/v1/completions", {"model": "echo", "prompt": "hello", field: value})
+    assert r.status_code == 400 and r.json["error"]["param"] == field
+
+
+@pytest.mark.parametrize("top_k", [-1, 0, 5])
+def test_top_k_off_or_positive_is_accepted(client, top_k):
+    assert send(client, "/v1/completions", {"model": "echo", "prompt": "hello", "top_k": top_k}).status_code == 200
+
+
+# -- capabilities ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "model", "api"),
+    [
+        ("/v1/completions", {"prompt": "x"}, "iris", "Completions"),
+        ("/v1/completions", {"prompt": "x", "stream": True}, "iris", "Completions"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "iris", "Chat Completions"),
+        ("/v1/embeddings", {"input": "x"}, "dashed", "Embeddings"),
+    ],
+)
+def test_an_api_the_model_lacks_answers_400_naming_the_model(client, route, body, model, api):
+    r = send(client, route, {"model": model, **body})
+    assert r.status_code == 400, r.text
+    error = r.json["error"]
+    assert error["param"] == "model"
+    assert error["message"].startswith(f"The model {model!r} does not support the {api} API")

@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,14 @@ from werkzeug.exceptions import HTTPException
 from servekit.codecs import tf_json
 from servekit.dataplane import generation as gen
 from servekit.dataplane.repository import ModelVersion
-from servekit.errors import BadRequest, ModelFailure, ServekitError, openai_error, openai_error_object
+from servekit.errors import (
+    BadRequest,
+    ModelFailure,
+    NotImplementedByModel,
+    ServekitError,
+    openai_error,
+    openai_error_object,
+)
 from servekit.observability.request_log import REQUEST_LOG_HEADER, predictions
 from servekit.protocols import openai_requests as req
 from servekit.protocols.http import dataplane, json_object, json_response
@@ -86,6 +94,33 @@ def http_error(exc: HTTPException):
 def unexpected(exc: Exception):
     log.exception("unhandled error on %s %s", request.method, request.path)
     return json_response(openai_error(ServekitError(f"internal server error ({type(exc).__name__})")), 500)
+
+
+#: what each hook gives, by the API that needs it (the words of a capability error)
+CAPABILITIES = {
+    "complete": ("Completions", "generate text"),
+    "chat": ("Chat Completions", "generate text"),
+    "embed": ("Embeddings", "embed text"),
+    "explain": ("Completions explanations", "explain its predictions"),
+}
+
+
+@contextmanager
+def capability(mv: ModelVersion, api: str) -> Iterator[None]:
+    """A model without the hook an API needs is the client's mistake: a 400 naming the model.
+
+    vLLM answers this 400 (``The model does not support Completions API``); a 501
+    would be a 5xx, which the ``openai`` client retries twice before failing.
+    """
+    try:
+        yield
+    except NotImplementedByModel:
+        hook = "complete" if api == "chat" else api
+        name, verb = CAPABILITIES[api]
+        raise BadRequest(
+            f"The model {mv.name!r} does not support the {name} API: it does not {verb} (it has no {hook!r} hook)",
+            param="model",
+        ) from None
 
 
 # -- models -------------------------------------------------------------------------------
@@ -186,7 +221,8 @@ def completions():
         return stream_job(job)
     payload = complete_job(job)
     if explain:
-        explanations = dataplane().explain(mv, np.array(prompts, dtype=object), parameters=body)
+        with capability(mv, "explain"):
+            explanations = dataplane().explain(mv, np.array(prompts, dtype=object), parameters=body)
         payload["explanations"] = tf_json.encode_explain_response(explanations, True)["explanations"]
     return json_response(payload, headers=job.predictions.headers())
 
@@ -210,7 +246,8 @@ def chat_completions():
 
 def complete_job(job: Job) -> dict[str, Any]:
     try:
-        generated = job.dataplane.generate(job.mv, job.requests(), job.body, tokenizer=job.tokenizer)
+        with capability(job.mv, "chat" if job.chat else "complete"):
+            generated = job.dataplane.generate(job.mv, job.requests(), job.body, tokenizer=job.tokenizer)
     except ServekitError:
         raise
     except Exception as exc:  # raised while reading a streaming model's generator
@@ -288,7 +325,8 @@ def _floor(value: float) -> float:
 def stream_job(job: Job) -> Any:
     """SSE chunks for every choice in turn; the first piece is produced before the headers."""
     events = job.dataplane.generate_stream(job.mv, job.requests(), job.body, tokenizer=job.tokenizer)
-    started = next(events)  # the first choice's call: a model that refuses answers an ordinary error
+    with capability(job.mv, "chat" if job.chat else "complete"):
+        started = next(events)  # the first choice's call: a model that refuses answers an ordinary error
     has_first, piece = first_item(events, "complete")
     head = [started, piece] if has_first else [started]
     return sse_response(_job_events(job, head, events), {REQUEST_LOG_HEADER: job.predictions.request_log_id})
@@ -414,7 +452,9 @@ def embeddings():
     tokenizer = dataplane().tokenizer(mv)
     if spec.token_ids is not None:
         spec.texts = token_inputs(mv, tokenizer, spec.token_ids)
-    vectors = _as_matrix(dataplane().embed(mv, spec.texts, body), len(spec.texts))
+    with capability(mv, "embed"):
+        embedded = dataplane().embed(mv, spec.texts, body)
+    vectors = _as_matrix(embedded, len(spec.texts))
     if spec.dimensions is not None:
         vectors = _truncate(vectors, spec.dimensions)
     encoded = [_encode(v, spec.base64) for v in vectors]

@@ -2,17 +2,19 @@
 
 Each reader returns plain values or raises :class:`BadRequest` naming the field
 (``param``) and saying what was expected and what was found.  Fields the
-framework cannot honour are refused when set to anything but their default, so
-nothing the client asked for is silently dropped; fields it does not know are
-left to the model (they reach the hooks in ``parameters``).
+framework cannot honour are refused when set to anything but their default, and
+fields it does not know are refused as OpenAI refuses them, so nothing the
+client asked for is silently dropped (the lists: :mod:`.openai_fields`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from servekit.errors import BadRequest
+from servekit.protocols import openai_fields as fields
 from servekit.types import GenerationRequest
 
 #: OpenAI's default ``max_tokens`` for the legacy completions endpoint.
@@ -40,6 +42,8 @@ def number(
     wanted = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         raise BadRequest(f"'{key}' must be {wanted}, found {_kind(value)} {value!r}", param=key)
+    if not math.isfinite(value):  # JSON's NaN and Infinity, which Python's json reads
+        raise BadRequest(f"'{key}' must be a finite number, found {value}", param=key)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = (
             f"between {lo} and {hi}"
@@ -82,13 +86,6 @@ def stream_options(body: dict[str, Any], stream: bool) -> bool:
     return boolean(options, "include_usage")
 
 
-def refuse_unsupported(body: dict[str, Any], allowed_defaults: dict[str, tuple[Any, ...]]) -> None:
-    """Refuse a field the framework cannot honour unless it holds one of its default values."""
-    for key, defaults in allowed_defaults.items():
-        if key in body and body[key] not in defaults:
-            raise BadRequest(f"'{key}' is not supported by this server (found {body[key]!r})", param=key)
-
-
 @dataclass
 class Sampling:
     """The sampling fields completions and chat share."""
@@ -113,7 +110,8 @@ def sampling(
     options = {key: body[key] for key in MODEL_OPTIONS if body.get(key) is not None}
     for key in ("presence_penalty", "frequency_penalty"):
         number(body, key, lo=-2, hi=2)
-    number(body, "top_k", integer=True)
+    if number(body, "top_k", integer=True) not in (None, -1) and body["top_k"] < 0:  # vLLM's: -1 or 0 turn it off
+        raise BadRequest(f"'top_k' must be -1, 0 or at least 1, found {body['top_k']}", param="top_k")
     number(body, "min_p", lo=0, hi=1)
     number(body, "repetition_penalty", lo=0)
     boolean(body, "ignore_eos")  # vLLM's: generate max_tokens even past the end-of-text token
@@ -158,14 +156,8 @@ def prompts(body: dict[str, Any]) -> list[str]:
 
 def completion_request(body: dict[str, Any], stream: bool) -> Sampling:
     n = number(body, "n", lo=1, hi=MAX_N, integer=True) or 1
-    refuse_unsupported(
-        body,
-        {
-            "suffix": (None, ""),
-            "logit_bias": (None, {}),
-            "best_of": (None, n),
-        },
-    )
+    explain = boolean(body, "explain")  # the explain hook takes the other fields as its parameters
+    fields.check_fields(body, fields.COMPLETION_HONOURED, fields.COMPLETION_REFUSED, n=n, pass_unknown=explain)
     logprobs = number(body, "logprobs", lo=0, hi=MAX_LOGPROBS, integer=True)
     if logprobs is not None and boolean(body, "echo"):
         raise BadRequest(
@@ -208,17 +200,8 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def chat_request(body: dict[str, Any], stream: bool) -> Sampling:
-    refuse_unsupported(
-        body,
-        {
-            "logit_bias": (None, {}),
-            "tools": (None, []),
-            "functions": (None, []),
-            "response_format": (None, {"type": "text"}),
-            "modalities": (None, ["text"]),
-            "audio": (None,),
-        },
-    )
+    n = number(body, "n", lo=1, hi=MAX_N, integer=True) or 1
+    fields.check_fields(body, fields.CHAT_HONOURED, fields.CHAT_REFUSED, n=n)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     both = body.get("max_tokens") is not None and key == "max_completion_tokens"
     if both and body["max_tokens"] != body["max_completion_tokens"]:
@@ -287,6 +270,7 @@ class EmbeddingRequest:
 
 
 def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
+    fields.check_fields(body, fields.EMBEDDING_HONOURED, fields.EMBEDDING_REFUSED)
     raw = body.get("input")
     token_ids: list[list[int]] | None = None
     if isinstance(raw, str):
