@@ -7,6 +7,7 @@ trained here, a chat template) and all-MiniLM-L6-v2 from the
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 from generative_models import build_tiny_gpt2, minilm_folder
@@ -162,6 +163,57 @@ def test_errors_reach_the_client_as_api_errors(client):
     assert "context" in info.value.message
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="missing", prompt="hello")
-    with pytest.raises(openai.APIStatusError) as info:
+    with pytest.raises(openai.BadRequestError) as info:
         client.embeddings.create(model="gpt", input="hello")
-    assert info.value.status_code == 501
+    assert "The model 'gpt' does not support the Embeddings API" in info.value.message
+
+
+def openai_requests_answered(server):
+    """The server's count of answered OpenAI requests (its ``/metrics``; one worker, one test at a time)."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("servekit_requests_total{") and 'protocol="openai"' in line
+    )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.embeddings.create(model="gpt", input="hello"),
+        lambda c: c.completions.create(model="minilm", prompt="hello", max_tokens=2),
+        lambda c: c.chat.completions.create(model="minilm", messages=[{"role": "user", "content": "hi"}]),
+        lambda c: c.completions.create(
+            model="gpt", prompt="hello", extra_body={"response_format": {"type": "json_object"}}
+        ),
+    ],
+    ids=[
+        "embeddings-on-a-causal-lm",
+        "completions-on-an-embedder",
+        "chat-on-an-embedder",
+        "response-format",
+    ],
+)
+def test_a_client_mistake_is_not_retried_by_the_openai_client(server, call):
+    """The client's default ``max_retries`` (2) retries 5xx answers; a 400 is sent once."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    assert client.max_retries == 2
+    before = openai_requests_answered(server)
+    with pytest.raises(openai.BadRequestError):
+        call(client)
+    assert openai_requests_answered(server) - before == 1
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "top_k", "min_p", "repetition_penalty"])
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_sampling_setting_reaching_a_causal_lm_is_a_400(server, field, token):
+    """The ``openai`` client will not write NaN; other clients and curl do (Python's json reads it)."""
+    for route, question in (
+        ("/v1/completions", '"prompt": "hello"'),
+        ("/v1/chat/completions", '"messages": [{"role": "user", "content": "hi"}]'),
+    ):
+        body = f'{{"model": "gpt", {question}, "max_tokens": 2, "{field}": {token}}}'
+        r = httpx.post(server.url + route, content=body, headers={"Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == field
