@@ -108,7 +108,7 @@ def test_the_seed_404_example(sklearn_server):
         ("/v1/models/iris/labels/nope:predict", {"instances": IRIS_ROWS}, 404, "label"),
         ("/v1/models/iris:predict", {"signature_name": "nope", "instances": IRIS_ROWS}, 400, "unknown signature"),
         ("/v1/models/iris:regress", {"examples": NAMED}, 400, "classifier"),
-        ("/v1/models/iris:frobnicate", {"instances": IRIS_ROWS}, 404, "Malformed request"),
+        ("/v1/models/iris:frobnicate", {"instances": IRIS_ROWS}, 400, "Malformed request"),
         ("/v1/models/broken:predict", {"instances": [[1]]}, 503, "failed to load"),
     ],
 )
@@ -147,3 +147,59 @@ def test_b64_in_and_out(sklearn_server):
     assert r.json() == {"outputs": [{"b64": "AAE="}]}
     r = post(sklearn_server, "/v1/models/echo:predict", {"instances": ["hello"]})
     assert r.json() == {"predictions": ["hello"]}
+
+
+# -- versions: one answer per route ---------------------------------------------------------
+
+V1_VERSION_ROUTES = [
+    ("GET", "/v1/models/iris/versions/{}"),
+    ("GET", "/v1/models/iris/versions/{}/metadata"),
+    ("POST", "/v1/models/iris/versions/{}:predict"),
+    ("POST", "/v1/models/iris/versions/{}:classify"),
+    ("POST", "/v1/models/iris/versions/{}:regress"),
+    ("POST", "/v1/models/iris/versions/{}:explain"),
+]
+V2_VERSION_ROUTES = [
+    ("GET", "/v2/models/iris/versions/{}"),
+    ("GET", "/v2/models/iris/versions/{}/ready"),
+    ("GET", "/v2/models/iris/versions/{}/config"),
+    ("GET", "/v2/models/iris/versions/{}/stats"),
+    ("POST", "/v2/models/iris/versions/{}/infer"),
+    ("POST", "/v2/models/iris/versions/{}/explain"),
+    ("POST", "/v2/models/iris/versions/{}/generate"),
+    ("POST", "/v2/models/iris/versions/{}/generate_stream"),
+]
+
+
+def answers(server, routes, version):
+    """Each route's status and error for ``version``, the body being one every route could take."""
+    found = {}
+    for method, template in routes:
+        path = template.format(version)
+        r = requests.request(method, server.url + path, json={"instances": IRIS_ROWS}, timeout=10)
+        found[path] = (r.status_code, r.json().get("error", ""))
+    return found
+
+
+@pytest.mark.parametrize("version", ["abc", "-1", "1.5", "..%2F1", "%C2%B9"])
+def test_a_malformed_version_is_tf_servings_400_on_every_v1_route(sklearn_server, version):
+    """TF Serving's path patterns take a version of digits; any other path is its
+    ``Malformed request: METHOD PATH`` (InvalidArgument, 400)."""
+    for path, (status, error) in answers(sklearn_server, V1_VERSION_ROUTES, version).items():
+        assert status == 400, (path, status, error)
+        assert error.startswith("Malformed request: "), (path, error)
+
+
+@pytest.mark.parametrize("version", ["abc", "-1", "1.5", "%C2%B9"])
+def test_a_malformed_version_is_one_400_on_every_v2_route(sklearn_server, version):
+    found = answers(sklearn_server, V2_VERSION_ROUTES, version)
+    for path, (status, error) in found.items():
+        assert status == 400, (path, status, error)
+        assert error.startswith("failed to get model version from specified version string"), (path, error)
+
+
+@pytest.mark.parametrize("routes", [V1_VERSION_ROUTES, V2_VERSION_ROUTES], ids=["v1", "v2"])
+@pytest.mark.parametrize("version", ["0", "9", "99999999999999999999999"])
+def test_a_version_no_model_has_is_404_on_every_route(sklearn_server, routes, version):
+    for path, (status, error) in answers(sklearn_server, routes, version).items():
+        assert status == 404, (path, status, error)

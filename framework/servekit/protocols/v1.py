@@ -34,15 +34,27 @@ _TARGET = re.compile(
     r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
     r":(?P<verb>predict|classify|regress|explain)$"
 )
+#: a target below a version that is no number, or with a verb TF Serving does not have: its
+#: 400 "Malformed request" (a name or label holding an encoded ``/`` is a 404: TF Serving,
+#: which does not decode the path, looks it up and does not find it)
+_TARGET_SHAPE = re.compile(r"^[^/:]+(?:/versions/.*|(?:/labels/[^/:]+)?:[^/:]*)$")
+#: a GET below a version whose segment is no number: TF Serving's 400 too
+_VERSION_SHAPE = re.compile(r"^[^/:]+/versions/(?!\d+(?:/metadata)?$)")
+EXPECTED_GET = "expected GET /v1/models/NAME[/versions/V|/labels/L][/metadata], V a number"
+EXPECTED_POST = "expected POST /v1/models/NAME[/versions/V|/labels/L]:(predict|classify|regress|explain), V a number"
 
 
 # -- status and metadata ----------------------------------------------------------
 
 
-def check_get_path(name: str, label: str | None = None) -> None:
-    """TF Serving's GET paths take no ``:verb``: ``GET /v1/models/iris:predict`` is its 400."""
+def check_get_path(name: str, label: str | None = None, version: str | None = None) -> None:
+    """TF Serving's GET paths take no ``:verb`` (``GET /v1/models/iris:predict`` is its 400)
+    and a version that is a number (``/versions/abc`` is the same 400: its path pattern
+    does not match, as on every V1 route)."""
     if ":" in name or (label is not None and ":" in label):
         raise BadRequest(malformed_get() + " (:predict, :classify, :regress and :explain take POST)")
+    if version is not None and not (version.isascii() and version.isdigit()):
+        raise BadRequest(f"{malformed_get()}; {EXPECTED_GET}")
 
 
 def malformed_get() -> str:
@@ -53,7 +65,7 @@ def malformed_get() -> str:
 @bp.get("/v1/models/<name>/versions/<version>")
 @bp.get("/v1/models/<name>/labels/<label>")
 def status(name: str, version: str | None = None, label: str | None = None):
-    check_get_path(name, label)
+    check_get_path(name, label, version)
     return json_response(documents.model_status(dataplane(), name, version, label))
 
 
@@ -63,16 +75,20 @@ def malformed(target: str):
 
     The WSGI server decodes ``%2F`` before routing, so ``..%2F..%2Fetc`` arrives
     as ``../../etc``; without this rule it would reach the ``POST`` rule and
-    answer 405.  No model, version or label has a ``/`` in its name: 404.
+    answer 405.  No model or label has a ``/`` in its name: 404 (TF Serving, which does not
+    decode the path, looks the name up and does not find it).  A version is a number, so
+    ``/versions/../1`` is TF Serving's 400, as every malformed version is.
     """
-    raise NotFound(malformed_get() + "; expected GET /v1/models/NAME[/versions/V|/labels/L][/metadata]")
+    if _VERSION_SHAPE.match(target):
+        raise BadRequest(f"{malformed_get()}; {EXPECTED_GET}")
+    raise NotFound(f"{malformed_get()}; {EXPECTED_GET}")
 
 
 @bp.get("/v1/models/<name>/metadata")
 @bp.get("/v1/models/<name>/versions/<version>/metadata")
 @bp.get("/v1/models/<name>/labels/<label>/metadata")
 def metadata(name: str, version: str | None = None, label: str | None = None):
-    check_get_path(name, label)
+    check_get_path(name, label, version)
     dp = dataplane()
     mv = dp.resolve(name, version, label)
     return json_response(documents.metadata_json(mv, dp.metadata(mv)))
@@ -94,10 +110,8 @@ def infer_answer(dp: DataPlane, target: str, raw: bytes, stream_query: str | Non
     """
     match = _TARGET.match(target)
     if match is None:
-        raise NotFound(
-            f"Malformed request: POST /v1/models/{target}; expected "
-            "/v1/models/NAME[/versions/V|/labels/L]:(predict|classify|regress|explain)"
-        )
+        malformed = f"Malformed request: POST /v1/models/{target}; {EXPECTED_POST}"
+        raise BadRequest(malformed) if _TARGET_SHAPE.match(target) else NotFound(malformed)
     body = parse_json_object(raw)
     mv = dp.resolve(match["name"], match["version"], match["label"])
     signature = signature_name(body)

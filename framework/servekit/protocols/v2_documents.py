@@ -43,10 +43,14 @@ EXTENSIONS = [
 
 
 def version_number(version: str | None) -> int | None:
-    """A version as a request names it: empty for the latest, else a positive integer."""
+    """A version as a request names it: empty for the latest, else a number (a 400 otherwise).
+
+    A number no version has (``0`` included) is looked up and not found, a 404, as
+    on every route that takes a version (:func:`servekit.dataplane.repository` parses
+    the same way)."""
     if not version:
         return None
-    if not (version.isascii() and version.isdigit()) or int(version) < 1:  # "¹" is a digit int() refuses
+    if not (version.isascii() and version.isdigit()):  # "¹" is a digit int() refuses
         raise BadRequest(malformed_version(version))
     return int(version)
 
