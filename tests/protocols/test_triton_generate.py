@@ -174,7 +174,9 @@ def test_read_merges_and_checks():
     assert (request.max_tokens, request.seed, request.temperature) == (5, 7, 0.5)
     assert request.options == {"top_k": 3, "ignore_eos": True} and request.stream
     assert gr.read("p", {}, {}).sampling.max_tokens == gr.DEFAULT_MAX_TOKENS
-    assert gr.read("p", {}, {"priority": 2, "timeout": 1000}).sampling.options == {}  # tritonclient's own
+    assert gr.read("p", {}, {"priority": 0, "timeout": 0}).sampling.options == {}  # unset: tritonclient's defaults
+    with pytest.raises(BadRequest, match="'priority' is not supported"):  # a scheduler servekit does not have
+        gr.read("p", {}, {"priority": 2})
     with pytest.raises(BadRequest, match="ignore_eos"):
         gr.read("p", {}, {"ignore_eos": "yes"})
 

@@ -149,6 +149,29 @@ def test_b64_in_and_out(sklearn_server):
     assert r.json() == {"predictions": ["hello"]}
 
 
+# -- fields: each read, or refused naming it ----------------------------------------------
+
+V1_BODIES = {
+    "/v1/models/iris:predict": {"instances": IRIS_ROWS},
+    "/v1/models/iris:explain": {"instances": IRIS_ROWS},
+    "/v1/models/iris:classify": {"examples": NAMED},
+    "/v1/models/linear:regress": {"examples": [{"x": [1.0, 2.0]}]},
+    "/predict": {"instances": IRIS_ROWS},
+    "/explain": {"instances": IRIS_ROWS},
+}
+
+
+@pytest.mark.parametrize("path", sorted(V1_BODIES))
+@pytest.mark.parametrize("field", ["model_spec", "signature", "output_filter", "instance"])
+def test_a_field_tf_serving_does_not_define_is_a_400_naming_it(sklearn_server, path, field):
+    """TF Serving's REST bodies are ``signature_name`` with ``instances`` or ``inputs``
+    (``context`` and ``examples`` for classify and regress); servekit adds ``parameters``
+    and ``stream``.  A misspelt or gRPC-only field would otherwise be answered as if not sent."""
+    r = post(sklearn_server, path, {**V1_BODIES[path], field: "x"})
+    assert r.status_code == 400, r.text
+    assert f"does not take the field {field!r}" in r.json()["error"]
+
+
 # -- versions: one answer per route ---------------------------------------------------------
 
 V1_VERSION_ROUTES = [

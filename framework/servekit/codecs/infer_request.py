@@ -20,13 +20,20 @@ from typing import Any
 
 import numpy as np
 
+from servekit.codecs.shared_memory import PARAMETERS as SHARED_MEMORY_PARAMETERS
 from servekit.codecs.shared_memory import SharedTensor, placement_of
 from servekit.errors import BadRequest
 
-#: Tensor parameters of Triton extensions servekit does not implement; a request
-#: using them is refused instead of silently answered without them.  (None now:
-#: classification, shared memory and sequences are served.)
-UNSUPPORTED_PARAMETERS: dict[str, str] = {}
+#: The parameters an input tensor may carry (Triton's binary data and shared memory
+#: extensions); any other is refused, naming it, instead of silently answered without it.
+INPUT_PARAMETERS = ("binary_data_size", *SHARED_MEMORY_PARAMETERS)
+#: The parameters a requested output may carry (binary data, classification, shared memory).
+OUTPUT_PARAMETERS = ("binary_data", "classification", *SHARED_MEMORY_PARAMETERS)
+#: Request parameters the V2 protocol defines that servekit does not honour, refused unless
+#: unset: Triton's scheduling ``priority`` and server-side ``timeout`` (tritonclient's
+#: ``infer(priority=, timeout=)``; servekit serves first come, first served).  Every other
+#: request parameter reaches the model's hooks as ``parameters``.
+UNHONOURED_REQUEST_PARAMETERS = ("priority", "timeout")
 #: What leaves a parameter unset: JSON's null, false, 0 and "", and proto3's
 #: defaults for every ``InferParameter`` choice (a gRPC map entry may hold one).
 UNSET = (None, False, 0, "")
@@ -83,13 +90,18 @@ def signature_of(parameters: dict[str, Any]) -> str | None:
     return name or None
 
 
-def refuse_unsupported(params: dict[str, Any], where: str) -> None:
-    """Refuse a tensor parameter of a Triton extension servekit does not implement."""
-    if not params:
-        return
-    for key, extension in UNSUPPORTED_PARAMETERS.items():
+def check_tensor_parameters(params: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
+    """Refuse a tensor parameter servekit does not read: it would be answered as if not sent."""
+    for key in params:
+        if key not in known:
+            raise BadRequest(f"{where}: parameter {key!r} is not supported by this server; it reads {', '.join(known)}")
+
+
+def check_request_parameters(params: dict[str, Any]) -> None:
+    """Refuse a request parameter the protocol defines and servekit does not honour, unless unset."""
+    for key in UNHONOURED_REQUEST_PARAMETERS:
         if params.get(key) not in UNSET:
-            raise BadRequest(f"{where}: parameter {key!r} needs {extension}, which servekit does not implement")
+            raise BadRequest(f"request parameter {key!r} is not supported by this server (found {params[key]!r})")
 
 
 def add_output(

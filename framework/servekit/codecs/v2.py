@@ -36,7 +36,16 @@ import numpy as np
 from servekit.codecs import bounds
 from servekit.codecs import json as jsonc
 from servekit.codecs.dtypes import V2_TO_NUMPY, numpy_to_v2, v2_to_numpy
-from servekit.codecs.infer_request import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from servekit.codecs.infer_request import (
+    INPUT_PARAMETERS,
+    OUTPUT_PARAMETERS,
+    InferRequest,
+    RequestedOutput,
+    add_output,
+    check_request_parameters,
+    check_tensor_parameters,
+    signature_of,
+)
 from servekit.codecs.shared_memory import Regions, placement_of
 from servekit.errors import BadRequest, ModelFailure
 
@@ -401,11 +410,14 @@ def decode_infer_request(
         raw_inputs = [doc]  # the single-tensor request form
     else:
         raise BadRequest('request has no \'inputs\'; expected {"inputs": [{"name", "shape", "datatype", "data"}]}')
+    single = raw_inputs[0] is doc
+    check_keys(doc, SINGLE_TENSOR_KEYS if single else REQUEST_KEYS, "the inference request")
+    check_request_parameters(parameters)
 
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for i, spec in enumerate(bounds.limited_inputs(raw_inputs)):
-        name, arr, used = _decode_input(spec, i, binary, offset, regions)
+        name, arr, used = _decode_input(spec, i, binary, offset, regions, single=single)
         if name in inputs:
             raise BadRequest(f"input {name!r} is given twice")
         inputs[name] = arr
@@ -421,8 +433,24 @@ def decode_infer_request(
     return InferRequest(inputs, request_id, parameters, outputs, signature_of(parameters))
 
 
+#: the members of the V2 JSON objects (the protocol's ``$inference_request``,
+#: ``$request_input`` and ``$request_output``); any other is refused, naming it
+REQUEST_KEYS = ("id", "parameters", "inputs", "outputs")
+INPUT_KEYS = ("name", "shape", "datatype", "parameters", "data")
+OUTPUT_KEYS = ("name", "parameters")
+#: a one-input request: the input's members and the request's
+SINGLE_TENSOR_KEYS = (*INPUT_KEYS, "id", "outputs")
+
+
+def check_keys(doc: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    """Refuse a member the protocol does not define: servekit would answer as if it were not sent."""
+    for key in doc:
+        if key not in known:
+            raise BadRequest(f"{where} has an unknown field {key!r}; expected {', '.join(known)}")
+
+
 def _decode_input(
-    spec: Any, i: int, binary: memoryview, offset: int, regions: Regions | None = None
+    spec: Any, i: int, binary: memoryview, offset: int, regions: Regions | None = None, single: bool = False
 ) -> tuple[str, np.ndarray, int]:
     if not isinstance(spec, dict):
         raise BadRequest(f"inputs[{i}] must be an object with name, shape, datatype and data")
@@ -430,13 +458,16 @@ def _decode_input(
     if not isinstance(name, str) or not name:
         raise BadRequest(f"inputs[{i}] needs a 'name' string")
     where = f"input {name!r}"
+    if not single:  # the single-tensor form's members were checked as the request's
+        check_keys(spec, INPUT_KEYS, where)
     for key in ("shape", "datatype"):
         if key not in spec:
             raise BadRequest(f"{where} has no '{key}'")
     shape = check_shape(spec["shape"], where)
     datatype = check_datatype(spec["datatype"], where)
     params = _parameters(spec.get("parameters"), where)
-    refuse_unsupported(params, where)
+    if not single:  # the single-tensor form's parameters are the request's (they reach the model)
+        check_tensor_parameters(params, where, INPUT_PARAMETERS)
     placement = placement_of(params, where)
     if placement is not None:
         if "data" in spec or params.get("binary_data_size") is not None:
@@ -489,8 +520,9 @@ def _requested_outputs(raw: Any) -> list[RequestedOutput] | None:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise BadRequest(f"outputs[{i}] must be an object with a 'name' string")
         where = f"requested output {spec['name']!r}"
+        check_keys(spec, OUTPUT_KEYS, where)
         params = _parameters(spec.get("parameters"), where)
-        refuse_unsupported(params, where)
+        check_tensor_parameters(params, where, OUTPUT_PARAMETERS)
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise BadRequest(f"{where}: 'binary_data' must be true or false, found {binary!r}")

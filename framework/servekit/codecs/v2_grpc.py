@@ -19,7 +19,16 @@ import numpy as np
 
 from servekit.codecs import bounds
 from servekit.codecs import v2 as codec
-from servekit.codecs.infer_request import InferRequest, RequestedOutput, add_output, refuse_unsupported, signature_of
+from servekit.codecs.infer_request import (
+    INPUT_PARAMETERS,
+    OUTPUT_PARAMETERS,
+    InferRequest,
+    RequestedOutput,
+    add_output,
+    check_request_parameters,
+    check_tensor_parameters,
+    signature_of,
+)
 from servekit.codecs.shared_memory import Regions, SharedTensor, placement_of, write_outputs
 from servekit.errors import BadRequest
 
@@ -76,10 +85,11 @@ def decode_infer_request(request: Any, regions: Regions | None = None) -> InferR
     requested outputs, the parameters, and whether the answer carries typed contents.
     """
     parameters = parameters_of(request.parameters)
+    check_request_parameters(parameters)
     outputs: list[RequestedOutput] = []
     for output in request.outputs:
         params = parameters_of(output.parameters)
-        refuse_unsupported(params, f"output {output.name!r}")
+        check_tensor_parameters(params, f"requested output {output.name!r}", OUTPUT_PARAMETERS)
         add_output(outputs, output.name, params=params)
     inputs, typed = _read_inputs(request, regions)
     return InferRequest(
@@ -101,6 +111,8 @@ def _read_inputs(request: Any, regions: Regions | None) -> tuple[dict[str, np.nd
     raw = request.raw_input_contents
     # each input's parameters are read once, for its placement and its refusals alike
     params = [parameters_of(t.parameters) for t in tensors]
+    for tensor, tensor_params in zip(tensors, params):
+        check_tensor_parameters(tensor_params, f"input {tensor.name!r}", INPUT_PARAMETERS)
     placements = [placement_of(p, f"input {t.name!r}") for t, p in zip(tensors, params)]
     if raw:
         _check_raw_contents(request, [t for t, p in zip(tensors, placements) if p is None])
@@ -120,7 +132,6 @@ def _read_inputs(request: Any, regions: Regions | None) -> tuple[dict[str, np.nd
             shape = tuple(_shape_of(tensor, where))
             inputs[tensor.name] = codec.shared_input(regions, where, tensor.datatype, shape, placement)
             continue
-        refuse_unsupported(params[i], where)
         if raw:
             inputs[tensor.name] = _decode_input(tensor, raw[carried_index], where)
             carried_index += 1

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from servekit.codecs.infer_request import UNHONOURED_REQUEST_PARAMETERS, UNSET
 from servekit.dataplane import generation as gen
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
@@ -51,8 +52,9 @@ ALIASES = {"stop_words": "stop", "random_seed": "seed"}
 NEUTRAL: dict[str, tuple[Any, ...]] = {"bad_words": ("", [], None), "beam_width": (1, None)}
 DEFAULT_MAX_TOKENS = 16
 #: Triton's request-level scheduling parameters, which tritonclient sets from its own
-#: arguments (``priority=``, ``timeout=``): servekit's scheduler is first come, first served
-SCHEDULING = ("priority", "timeout")
+#: arguments (``priority=``, ``timeout=``) when they are not the default: servekit's
+#: scheduler is first come, first served, so they are refused unless unset
+SCHEDULING = UNHONOURED_REQUEST_PARAMETERS
 #: settings a string may spell (gRPC parameters had no floating-point type before
 #: Triton 2.4x, so tritonclient sends ``"0.7"``; vLLM's backend converts them too)
 INTEGERS = ("max_tokens", "seed", "top_k", "n")
@@ -117,7 +119,11 @@ def _merge(fields: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]
     merged: dict[str, Any] = {}
     for place in places:
         for key, value in place.items():
-            if key == "sampling_parameters" or key in SCHEDULING:
+            if key == "sampling_parameters":
+                continue
+            if key in SCHEDULING:
+                if value not in UNSET:
+                    raise BadRequest(f"'{key}' is not supported by this server (found {value!r})")
                 continue
             if key in NEUTRAL:
                 if value not in NEUTRAL[key]:

@@ -14,6 +14,7 @@ from servekit.dataplane.repository import ModelVersion
 from servekit.errors import BadRequest
 from servekit.protocols.http import (
     Answer,
+    check_fields,
     dataplane,
     json_object,
     json_response,
@@ -35,6 +36,11 @@ def _only_model(dp: DataPlane) -> ModelVersion:
     return dp.resolve(names[0])
 
 
+#: the members a body takes: its rows, the model's ``parameters`` and, for predict, ``stream``
+PREDICT_FIELDS = ("instances", "parameters", "stream")
+EXPLAIN_FIELDS = ("instances", "parameters")
+
+
 def _decode(body):
     if "instances" not in body:
         raise BadRequest("request has no 'instances'; expected {\"instances\": [...]}")
@@ -50,6 +56,7 @@ def predict():
 def predict_answer(dp: DataPlane, raw: bytes, stream_query: str | None) -> Answer | Response:
     """``POST /predict`` from the raw body (Flask and the fast lane)."""
     body = parse_json_object(raw)
+    check_fields(body, PREDICT_FIELDS, "/predict")
     mv = _only_model(dp)
     outputs = dp.predict(mv, _decode(body), parameters=parameters_of(body))
     return answer_of(outputs, True, stream_requested(body, stream_query))
@@ -58,6 +65,7 @@ def predict_answer(dp: DataPlane, raw: bytes, stream_query: str | None) -> Answe
 @bp.post("/explain")
 def explain():
     body = json_object()
+    check_fields(body, EXPLAIN_FIELDS, "/explain")
     dp = dataplane()
     mv = _only_model(dp)
     explanations = dp.explain(mv, _decode(body), parameters=parameters_of(body))

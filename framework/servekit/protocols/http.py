@@ -84,6 +84,13 @@ def stream_requested(body: dict[str, Any], query: str | None) -> bool:
     return value
 
 
+def check_fields(body: dict[str, Any], known: tuple[str, ...], what: str) -> None:
+    """Refuse a body member ``what`` does not take: it would be answered as if not sent."""
+    for key in body:
+        if key not in known:
+            raise BadRequest(f"{what} does not take the field {key!r}; it takes {', '.join(known)}")
+
+
 def parameters_of(body: dict[str, Any]) -> dict[str, Any]:
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):

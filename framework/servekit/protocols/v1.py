@@ -19,6 +19,7 @@ from servekit.observability import tracing
 from servekit.protocols import tf_documents as documents
 from servekit.protocols.http import (
     Answer,
+    check_fields,
     dataplane,
     json_answer,
     json_response,
@@ -40,6 +41,15 @@ _TARGET = re.compile(
 _TARGET_SHAPE = re.compile(r"^[^/:]+(?:/versions/.*|(?:/labels/[^/:]+)?:[^/:]*)$")
 #: a GET below a version whose segment is no number: TF Serving's 400 too
 _VERSION_SHAPE = re.compile(r"^[^/:]+/versions/(?!\d+(?:/metadata)?$)")
+#: the members each verb's body takes: TF Serving's (``signature_name`` and the inputs or
+#: examples) and servekit's ``parameters`` (handed to the model) and ``stream`` (predict);
+#: any other is refused, naming it
+VERB_FIELDS = {
+    "predict": ("signature_name", "instances", "inputs", "parameters", "stream"),
+    "explain": ("signature_name", "instances", "inputs", "parameters"),
+    "classify": ("signature_name", "context", "examples", "parameters"),
+    "regress": ("signature_name", "context", "examples", "parameters"),
+}
 EXPECTED_GET = "expected GET /v1/models/NAME[/versions/V|/labels/L][/metadata], V a number"
 EXPECTED_POST = "expected POST /v1/models/NAME[/versions/V|/labels/L]:(predict|classify|regress|explain), V a number"
 
@@ -113,10 +123,11 @@ def infer_answer(dp: DataPlane, target: str, raw: bytes, stream_query: str | Non
         malformed = f"Malformed request: POST /v1/models/{target}; {EXPECTED_POST}"
         raise BadRequest(malformed) if _TARGET_SHAPE.match(target) else NotFound(malformed)
     body = parse_json_object(raw)
+    verb = match["verb"]
+    check_fields(body, VERB_FIELDS[verb], f":{verb}")
     mv = dp.resolve(match["name"], match["version"], match["label"])
     signature = signature_name(body)
     parameters = parameters_of(body)
-    verb = match["verb"]
     if verb in ("classify", "regress"):
         examples = tf_json.decode_examples(body)
         if verb == "classify":

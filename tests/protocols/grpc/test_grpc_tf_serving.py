@@ -151,6 +151,14 @@ def test_predict_without_output_filter_returns_all(predictions):
     assert sorted(got) == ["a", "b"]
 
 
+def test_predict_request_options_servekit_does_not_honour_are_invalid_argument(predictions):
+    request = iris_request()
+    request.request_options.max_cache_length = 64  # TF Serving's decoding options, not honoured here
+    err = rpc_error(predictions.Predict, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'request_options'" in err.details()
+
+
 @pytest.mark.parametrize("wanted", [["nope"], ["a", "a"]])
 def test_predict_bad_output_filter(predictions, wanted):
     request = echo_request(a=np.arange(3))

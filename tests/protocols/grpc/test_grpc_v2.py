@@ -247,6 +247,22 @@ def test_infer_invalid(raw_stub, mutate, fragment):
     assert fragment in info.value.details()
 
 
+@pytest.mark.parametrize(
+    ("infer", "field"),
+    [
+        (lambda c: c.infer("iris", iris_inputs(), priority=3), "priority"),
+        (lambda c: c.infer("iris", iris_inputs(), timeout=1000), "timeout"),
+    ],
+    ids=["priority", "timeout"],
+)
+def test_infer_scheduling_servekit_does_not_honour_is_invalid_argument(client, infer, field):
+    """tritonclient sends ``priority`` and ``timeout`` only when set; servekit serves first come, first served."""
+    with pytest.raises(InferenceServerException) as info:
+        infer(client)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert repr(field) in info.value.message()
+
+
 def test_infer_raw_size_mismatch(client):
     good = tensor("x", np.arange(4, dtype=np.int32), "INT32")
     good._raw_content = good._raw_content[:-1]  # what a buggy client might send

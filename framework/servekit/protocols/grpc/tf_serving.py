@@ -80,7 +80,15 @@ def effective_spec(out: model_pb2.ModelSpec, mv: ModelVersion, signature_name: s
 # -- tensors --------------------------------------------------------------------------
 
 
+#: ``PredictRequest`` fields servekit does not honour (the LLM decoding options of
+#: ``RequestOptions``): refused when set.  ``client_id`` only names the caller.
+UNHONOURED_PREDICT_FIELDS = ("request_options",)
+
+
 def decode_inputs(request: predict_pb2.PredictRequest) -> dict[str, np.ndarray]:
+    for field in UNHONOURED_PREDICT_FIELDS:
+        if request.HasField(field):
+            raise BadRequest(f"PredictRequest field {field!r} is not supported by this server")
     bounds.check_input_count(len(request.inputs))
     if not request.inputs:
         raise BadRequest("PredictRequest has no inputs")
