@@ -179,6 +179,7 @@ PROTOCOL_HELPERS = {
     "servekit.protocols.http",
     "servekit.protocols.streaming",
     "servekit.protocols.openai_requests",
+    "servekit.protocols.openai_fields",
     "servekit.protocols.generate_requests",
     "servekit.protocols.v2_documents",
     "servekit.protocols.tf_documents",
