@@ -124,8 +124,8 @@ def infer_answer(dp: DataPlane, target: str, raw: bytes, stream_query: str | Non
         raise BadRequest(malformed) if _TARGET_SHAPE.match(target) else NotFound(malformed)
     body = parse_json_object(raw)
     verb = match["verb"]
-    check_fields(body, VERB_FIELDS[verb], f":{verb}")
     mv = dp.resolve(match["name"], match["version"], match["label"])
+    check_fields(body, VERB_FIELDS[verb], f":{verb}")
     signature = signature_name(body)
     parameters = parameters_of(body)
     if verb in ("classify", "regress"):
