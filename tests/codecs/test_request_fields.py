@@ -54,7 +54,8 @@ V2_REFUSED = [
     ("request-field", {"inputs": [INPUT], "model_spec": {"name": "x"}}, "model_spec"),
     ("single-tensor-field", {**INPUT, "instances": [1]}, "instances"),
     ("input-field", {"inputs": [{**INPUT, "content_type": "np"}]}, "content_type"),
-    ("input-parameter", {"inputs": [{**INPUT, "parameters": {"content_type": "np"}}]}, "content_type"),
+    ("input-parameter", {"inputs": [{**INPUT, "parameters": {"top_k": "1"}}]}, "top_k"),
+    ("input-content-type", {"inputs": [{**INPUT, "parameters": {"content_type": "base64"}}]}, "content_type"),
     ("output-field", {"inputs": [INPUT], "outputs": [{"name": "y", "datatype": "FP32"}]}, "datatype"),
     ("output-parameter", {"inputs": [INPUT], "outputs": [{"name": "y", "parameters": {"top_k": 1}}]}, "top_k"),
 ]
@@ -92,6 +93,15 @@ def test_a_v2_grpc_parameter_servekit_does_not_read_is_a_400_naming_it(body, fie
     with pytest.raises(BadRequest) as info:  # INVALID_ARGUMENT on the wire
         v2_grpc.decode_infer_request(grpc_request(body))
     assert repr(field) in info.value.message
+
+
+def test_mlservers_numpy_content_type_says_what_servekit_does_and_passes():
+    body = {"inputs": [{**INPUT, "parameters": {"content_type": "np"}}]}  # MLServer's NumpyCodec
+    assert v2.decode_infer_request(json.dumps(body).encode()).inputs["x"].tolist() == [1.0]
+    assert v2_grpc.decode_infer_request(grpc_request(body)).inputs["x"].tolist() == [1.0]
+    text = {"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["a"], "parameters": {"content_type": "np"}}]}
+    with pytest.raises(BadRequest, match="'content_type' 'np' is not supported by this server for a BYTES tensor"):
+        v2.decode_infer_request(json.dumps(text).encode())
 
 
 def test_the_parameters_servekit_reads_and_unset_scheduling_pass():

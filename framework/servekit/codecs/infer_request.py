@@ -90,10 +90,31 @@ def signature_of(parameters: dict[str, Any]) -> str | None:
     return name or None
 
 
-def check_tensor_parameters(params: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
-    """Refuse a tensor parameter servekit does not read: it would be answered as if not sent."""
+#: MLServer's content types that say what servekit does anyway, by the tensor's datatype
+#: (its ``NumpyCodec`` marks each input ``"np"``): a numeric tensor reaches the model as a
+#: numpy array.  Any other content type (``str``, ``base64``, ``datetime``, ``pd`` on an
+#: input, ...) would ask for a decoding servekit does not do, so it is refused.
+HONOURED_CONTENT_TYPES = {"np": lambda datatype: datatype != "BYTES"}
+
+
+def check_tensor_parameters(
+    params: dict[str, Any], where: str, known: tuple[str, ...], datatype: str | None = None
+) -> None:
+    """Refuse a tensor parameter servekit does not read: it would be answered as if not sent.
+
+    An input's ``content_type`` (MLServer's codecs) passes where it names what servekit does
+    for the input's ``datatype`` (:data:`HONOURED_CONTENT_TYPES`).
+    """
     for key in params:
-        if key not in known:
+        if key == "content_type" and datatype is not None:
+            value = params[key]
+            fits = HONOURED_CONTENT_TYPES.get(value) if isinstance(value, str) else None
+            if fits is None or not fits(datatype):
+                raise BadRequest(
+                    f"{where}: parameter 'content_type' {value!r} is not supported by this server for a {datatype} tensor; "
+                    "it decodes numeric tensors as numpy arrays ('np')"
+                )
+        elif key not in known:
             raise BadRequest(f"{where}: parameter {key!r} is not supported by this server; it reads {', '.join(known)}")
 
 

@@ -467,7 +467,7 @@ def _decode_input(
     datatype = check_datatype(spec["datatype"], where)
     params = _parameters(spec.get("parameters"), where)
     if not single:  # the single-tensor form's parameters are the request's (they reach the model)
-        check_tensor_parameters(params, where, INPUT_PARAMETERS)
+        check_tensor_parameters(params, where, INPUT_PARAMETERS, datatype)
     placement = placement_of(params, where)
     if placement is not None:
         if "data" in spec or params.get("binary_data_size") is not None:

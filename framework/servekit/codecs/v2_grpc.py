@@ -112,7 +112,7 @@ def _read_inputs(request: Any, regions: Regions | None) -> tuple[dict[str, np.nd
     # each input's parameters are read once, for its placement and its refusals alike
     params = [parameters_of(t.parameters) for t in tensors]
     for tensor, tensor_params in zip(tensors, params):
-        check_tensor_parameters(tensor_params, f"input {tensor.name!r}", INPUT_PARAMETERS)
+        check_tensor_parameters(tensor_params, f"input {tensor.name!r}", INPUT_PARAMETERS, tensor.datatype)
     placements = [placement_of(p, f"input {t.name!r}") for t, p in zip(tensors, params)]
     if raw:
         _check_raw_contents(request, [t for t, p in zip(tensors, placements) if p is None])
