@@ -99,11 +99,16 @@ def remove_multiprocess_dir() -> None:
 
 
 def mark_process_dead(pid: int) -> None:
-    """gunicorn ``child_exit``: drop a dead worker's live gauges."""
-    if os.environ.get(ENV):
-        from prometheus_client import multiprocess
+    """gunicorn ``child_exit``: drop a dead worker's (or model host's) live gauges.
 
-        multiprocess.mark_process_dead(pid)
+    prometheus_client's own ``mark_process_dead`` lists the files, then removes each:
+    two workers that both find the same model host gone race on its files, and a
+    process that never wrote a live gauge has none.  Either is no error here.
+    """
+    folder = os.environ.get(ENV)
+    if folder:
+        for path in Path(folder).glob(f"gauge_live*_{pid}.db"):  # livesum, liveall, livemax, ...
+            path.unlink(missing_ok=True)
 
 
 # -- the metrics -------------------------------------------------------------------------
@@ -217,6 +222,8 @@ class _Tally(Tally):
             requests, self._requests = self._requests, {}
             batches, self._batches = self._batches, {}
             in_flight = self._in_flight
+        if not requests and not batches and in_flight == self._published_in_flight:
+            return  # nothing new: a worker that served nothing writes no files at exit
         m = metrics()
         for labels, (count, total, slots) in requests.items():
             self.child(m.requests, "requests", labels).inc(count)

@@ -250,7 +250,14 @@ def prepare_server(settings: Settings, config_folders: ConfigFolders | None = No
         settings.request_log_url = "sqlite:///" + os.path.join(own_logs, "requests.db")
         os.environ["SERVEKIT_REQUEST_LOG_URL"] = settings.request_log_url
 
+    owner = os.getpid()
+
     def cleanup() -> None:
+        # gunicorn forks its workers deep inside ``run``: a worker leaves by SystemExit through
+        # the same ``finally`` and must not remove what its siblings and the next workers still
+        # use (the metrics folder, the control socket, the request log)
+        if os.getpid() != owner:
+            return
         close_control()
         hosts.cleanup()
         metrics.remove_multiprocess_dir()
