@@ -5,11 +5,14 @@ KServe's V1 protocol probes ``GET /`` for ``{"status": "alive"}`` (its
 not ask for HTML gets that JSON; a browser, which sends ``Accept: text/html``,
 gets the page.
 
-The page lists every model with its versions, states, load errors and times, labels
-and signatures, and pre-fills an example request (zeros of the right shape)
-for V1 ``:predict`` and V2 ``infer``.  The page is self-contained (inline CSS
-and JS, no CDN), so it works where nothing outside can be reached; every value
-is escaped by Jinja, and the example bodies travel through ``tojson``.
+The page lists every model with its versions, states, load errors and times, labels,
+signatures and size, and pre-fills an example request for each API the model
+serves (:func:`served_hooks`): V1 ``:predict`` and V2 ``infer`` (zeros of the
+right shape) for a model that predicts, OpenAI chat and completions for one
+that generates, OpenAI embeddings for one that embeds.  The page is
+self-contained (inline CSS and JS, no CDN), so it works where nothing outside
+can be reached; every value is escaped by Jinja, and the example bodies travel
+through ``tojson``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def status_page():
         draining=dp.draining,
         models=models,
         examples={m["name"]: m["examples"] for m in models},
+        size=readable_size,
         needs_key="servekit.api_key" in current_app.extensions,
     )
     return current_app.response_class(html, mimetype="text/html", headers=_VARY)
@@ -104,8 +108,78 @@ def _spec(t: TensorSpec) -> str:
     return f"{t.name}: {t.datatype} {shape}"
 
 
+def readable_size(count: int) -> str:
+    """A byte count as people read it: ``812 bytes``, ``1.4 kB``, ``90.9 MB``, ``7.2 GB`` (powers of 1000)."""
+    if count < 1000:
+        return f"{count} bytes" if count != 1 else "1 byte"
+    value = float(count)
+    for unit in ("kB", "MB", "GB", "TB"):
+        value /= 1000
+        if value < 999.95 or unit == "TB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+#: The hooks that answer the page's example requests, in the order the page offers them.
+API_HOOKS = ("predict", "complete", "embed")
+
+
+def served_hooks(mv: ModelVersion) -> list[str]:
+    """Which of ``predict``, ``complete`` and ``embed`` the version answers, as far as this
+    process can tell without calling it.
+
+    A hook answers when a plugin of the model implements it (wrappers, such as the
+    batch-size metrics, answer nothing themselves).  A plugin that loads models of
+    several kinds gives each model object the methods of its own kind (the Hugging
+    Face plugin: a causal LM has ``complete``, an encoder ``embed``), and its hooks
+    decline the others: such an object narrows the text APIs to its own.  A version in
+    model hosts has its hooks there; a tokenizer copied back says it takes text.
+    """
+    if mv.loaded_by == "pipeline":
+        return ["predict"]
+    if mv.in_model_hosts:
+        takes_text = _implements(mv.hooks, "tokenizer")
+        return ["predict", "complete", "embed"] if takes_text else ["predict"]
+    found = [hook for hook in API_HOOKS if _implements(mv.hooks, hook)]
+    own = {hook for hook in ("complete", "embed") if callable(getattr(mv.model, hook, None))}
+    if own:
+        found = [hook for hook in found if hook == "predict" or hook in own]
+    return found
+
+
+def _implements(hooks: Any, name: str) -> bool:
+    caller = getattr(hooks, name, None) if hooks is not None else None
+    if caller is None:
+        return False
+    return any(not (impl.wrapper or impl.hookwrapper) for impl in caller.get_hookimpls())
+
+
+#: What the example requests send to a model that generates or embeds.
+CHAT_EXAMPLE = "Say hello in five words."
+PROMPT_EXAMPLE = "Once upon a time"
+EMBED_EXAMPLE = ["servekit serves models.", "A second sentence to compare."]
+
+
 def _examples(name: str, mv: ModelVersion) -> dict[str, Any]:
-    """Example bodies for the form: one row of zeros shaped like the default signature."""
+    """Example bodies for the form, one per request the version serves (:func:`served_hooks`)."""
+    hooks = served_hooks(mv)
+    examples: dict[str, Any] = {}
+    if "complete" in hooks:
+        examples["/v1/chat/completions"] = {
+            "model": name,
+            "messages": [{"role": "user", "content": CHAT_EXAMPLE}],
+            "max_tokens": 32,
+        }
+        examples["/v1/completions"] = {"model": name, "prompt": PROMPT_EXAMPLE, "max_tokens": 32}
+    if "embed" in hooks:
+        examples["/v1/embeddings"] = {"model": name, "input": EMBED_EXAMPLE}
+    if "predict" in hooks:
+        examples.update(_predict_examples(name, mv))
+    return examples
+
+
+def _predict_examples(name: str, mv: ModelVersion) -> dict[str, Any]:
+    """V1 ``:predict`` and V2 ``infer``: one row of zeros shaped like the default signature."""
     signature = mv.metadata.signature()
     if signature is None or not signature.inputs:
         return {
