@@ -19,9 +19,8 @@ import requests
 from chromium_cdp import Browser
 from generative_models import build_tiny_gpt2, minilm_folder
 from repo_paths import REPO as ROOT
-from sklearn_models import fit_regressor
-
 from servekit.server.pages.status_page import readable_size
+from sklearn_models import fit_regressor
 
 pytestmark = pytest.mark.slow  # starts a real server and Chromium
 

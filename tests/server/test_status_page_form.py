@@ -7,9 +7,8 @@ import json
 import re
 
 import pytest
-from sklearn_models import fit_regressor
-
 from servekit.server.pages.status_page import readable_size
+from sklearn_models import fit_regressor
 
 
 @pytest.mark.parametrize(
