@@ -499,27 +499,43 @@ def new_project(
     no_input: bool = False,
     extra_context: dict[str, Any] | None = None,
     overwrite: bool = False,
+    wheel: str | None = "auto",
 ) -> Path:
     """Run the container (or ``plugin``) cookiecutter template; returns the new project's folder.
 
     ``extra_context`` is checked against the template's variables first
     (:class:`ScaffoldError`, exit status 2), so a typo or an unknown choice is
     one line, not cookiecutter's traceback.
+
+    A container project is self-contained: when servekit is not from a package
+    index (``wheel="auto"``; see :func:`vendor_wheel` for the other values), the
+    wheel of this servekit (which holds the first-party plugins too) goes into
+    ``wheels/`` and ``requirements.txt`` finds it there (``--find-links wheels``),
+    so ``pip install -r requirements.txt`` works in a fresh virtualenv and the
+    image installs the same file.
     """
     from cookiecutter.main import cookiecutter
 
     template = PLUGIN_TEMPLATE if plugin else CONTAINER_TEMPLATE
     answers = dict(extra_context or {})
     check_answers(template, answers)
-    created = cookiecutter(
-        str(template),
-        no_input=no_input,
-        extra_context={"_servekit_version": __version__, **answers},
-        output_dir=str(output_dir),
-        overwrite_if_exists=overwrite,
-        default_config=True,
+    carries_wheel = not plugin and wheel is not None and (wheel != "auto" or installed_from()[0] != "index")
+    internal = {"_servekit_version": __version__}
+    if not plugin:
+        internal["_wheels"] = WHEELS if carries_wheel else ""
+    created = Path(
+        cookiecutter(
+            str(template),
+            no_input=no_input,
+            extra_context={**internal, **answers},
+            output_dir=str(output_dir),
+            overwrite_if_exists=overwrite,
+            default_config=True,
+        )
     )
-    return Path(created)
+    if carries_wheel:
+        vendor_wheel(created, wheel)
+    return created
 
 
 _BOOLEAN = ("1", "true", "t", "yes", "y", "on", "0", "false", "f", "no", "n", "off")
