@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-import tomllib
 
 import pytest
 from packaging.markers import default_environment
@@ -18,6 +17,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from repo_paths import REPO
 from servekit.scaffold import project as scaffold
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 FRAMEWORKS = ["sklearn", "torch", "tensorflow", "huggingface", "xgboost", "lightgbm", "onnx", "custom"]
 #: A distribution that brings CUDA on Linux, and the CPU build to name instead.
@@ -96,7 +100,9 @@ def installed_closure(requirements: list[Requirement]) -> set[str]:
     while todo:
         requirement, extra = todo.pop()
         name = canonicalize_name(requirement.name)
-        if requirement.marker is not None and not requirement.marker.evaluate({**default_environment(), "extra": extra}):
+        if requirement.marker is not None and not requirement.marker.evaluate(
+            {**default_environment(), "extra": extra}
+        ):
             continue
         try:
             distribution = importlib.metadata.distribution(name)

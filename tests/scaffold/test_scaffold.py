@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 from servekit.testing import ServerProcess, free_port
+from servekit.version import __version__
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
@@ -42,6 +43,8 @@ COMMON = {
     "tests/conftest.py",
     "tests/test_model.py",
     "train.py",
+    # servekit runs from a source tree here, on no package index: the project carries its wheel
+    f"wheels/servekit-{__version__}-py3-none-any.whl",
 }
 EXTRA_FILES = {"huggingface": {"requests/openai-embeddings.json"}}
 #: What the first row of requests/v1-predict.json must come back as.

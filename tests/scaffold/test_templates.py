@@ -355,7 +355,7 @@ def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_fol
 
 
 def test_build_context_only_succeeds_without_docker(model_folder, monkeypatch, capsys):
-    monkeypatch.setattr(scaffold, "docker_available", lambda: False)
+    monkeypatch.setattr(scaffold, "docker_available", lambda client=None: False)
     assert cli(["build", str(model_folder), "--context-only", "--no-wheel"]) == 0
     assert "build context ready" in capsys.readouterr().out
     assert (model_folder / "Dockerfile").is_file()

@@ -15,6 +15,7 @@ it into the build context and the Dockerfile installs that wheel.
 
 from __future__ import annotations
 
+import collections
 import importlib.metadata
 import json
 import os
@@ -30,6 +31,7 @@ from urllib.parse import unquote, urlparse
 
 from servekit.folders.artifacts import is_lightgbm_text
 from servekit.folders.layout import is_model_dir, version_of
+from servekit.scaffold import build_failures
 from servekit.scaffold import build_settings as scaffold_settings
 from servekit.scaffold import render as _render
 from servekit.scaffold.render import (
@@ -341,9 +343,51 @@ def pin_mismatch(requirements: str, wheel: str) -> str | None:
 # -- docker -----------------------------------------------------------------------
 
 
-def docker_available() -> bool:
+def docker_clients() -> list[str]:
+    """Every ``docker`` executable on PATH, in PATH's order (one per file)."""
+    found: dict[str, str] = {}
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = shutil.which("docker", path=folder) if folder else None
+        if candidate is not None:
+            found.setdefault(os.path.realpath(candidate), candidate)
+    return list(found.values())
+
+
+#: Docker's first CLI release that runs BuildKit through the buildx plugin only (before it, built in).
+BUILDX_ONLY_FROM = 23
+
+
+def drives_buildkit(client: str) -> bool:
+    """Whether this ``docker`` client can run a BuildKit build: it has the buildx plugin, or it is
+    older than Docker 23 (Debian's ``docker.io`` 20.10), whose BuildKit is built in."""
+    try:
+        if subprocess.run([client, "buildx", "version"], capture_output=True, timeout=20).returncode == 0:
+            return True
+        version = subprocess.run(
+            [client, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True, timeout=20
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    match = re.match(r"(\d+)\.", version)
+    return match is not None and int(match.group(1)) < BUILDX_ONLY_FROM
+
+
+def docker_client(buildkit: bool) -> str | None:
+    """The ``docker`` to run: the first on PATH, unless the build needs BuildKit (a build secret), that one
+    cannot run it (Docker 23 or later without buildx) and a later one on PATH can."""
+    clients = docker_clients()
+    if not clients:
+        return None
+    if buildkit:
+        for client in clients:
+            if drives_buildkit(client):
+                return client
+    return clients[0]
+
+
+def docker_available(client: str | None = None) -> bool:
     """A Docker engine answers (``docker info`` succeeds), not merely a ``docker`` binary on PATH."""
-    docker = shutil.which("docker")
+    docker = client or shutil.which("docker")
     if docker is None:
         return False
     try:
@@ -476,17 +520,55 @@ def build(
     if run_docker is False:
         echo("build context ready; build it with:  " + shown)
         return 0
-    if not docker_available():
+    client = docker_client(needs_buildkit(command))
+    if not docker_available(client):
         raise ScaffoldError(
             "no Docker engine answered (`docker info` failed), so no image was built; the build context is "
             f"written: run `{shown}` where Docker runs, or pass --context-only"
         )
+    first = (docker_clients() or [client])[0]
+    if client is not None and client != first:
+        echo(f"{first} cannot run BuildKit (no buildx plugin), which --pip-cert's build secret needs: using {client}")
+        command[0], shown = client, client + shown.removeprefix("docker")
     env = dict(os.environ)
     if needs_buildkit(command) and "DOCKER_BUILDKIT" not in env:
         env["DOCKER_BUILDKIT"] = "1"  # the classic builder has no build secrets
         shown = "DOCKER_BUILDKIT=1 " + shown
     echo("$ " + shown)
-    return subprocess.run(command, env=env).returncode
+    attempt = build_failures.Attempt(
+        pip_cert=settings.pip_cert is not None,
+        host_network=any(re.fullmatch(r"--net(work)?(=| )host", a) for a in _joined(settings.docker_args)),
+        base_image=options.base_image,
+        buildkit_secret=needs_buildkit(command),
+    )
+    return run_docker_build(command, env, attempt, echo)
+
+
+def _joined(args: list[str]) -> list[str]:
+    """``["--network", "host"]`` as ``["--network host"]``, so one pattern reads either spelling."""
+    return [" ".join(args[i : i + 2]) if args[i] in ("--network", "--net") else args[i] for i in range(len(args))]
+
+
+#: Lines of Docker's output kept to diagnose a failure (pip's errors come last).
+KEPT_LINES = 4000
+
+
+def run_docker_build(command: list[str], env: dict[str, str], attempt: build_failures.Attempt, echo=print) -> int:
+    """Run ``docker build``, relaying its output line by line; a failure Docker or pip explain in a
+    known way ends with one line naming the ``servekit build`` option that fixes it."""
+    kept: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            echo(line.rstrip("\n"))
+            kept.append(line)
+    if proc.returncode != 0:
+        fix = build_failures.diagnose("".join(kept), attempt)
+        if fix is not None:
+            print(f"servekit build: {fix}", file=sys.stderr, flush=True)
+    return proc.returncode
 
 
 # -- cookiecutter -------------------------------------------------------------------
