@@ -17,9 +17,13 @@ if [ ! -x .venv-mlflow/bin/mlflow ]; then
     mlflow_version="$(python -c 'from importlib.metadata import version; print(version("mlflow-skinny"))' 2>/dev/null)"
     # at the client's version, else the newest full mlflow before it (a release of mlflow-skinny can
     # reach the index before the packages the full mlflow of that release pins)
+    # pip's resolution errors of the first try go to a log, not to the screen: the fallback is expected
     (python -m venv .venv-mlflow \
         && { .venv-mlflow/bin/python -m pip install --quiet "mlflow${mlflow_version:+==$mlflow_version}" \
-            || { [ -n "$mlflow_version" ] && .venv-mlflow/bin/python -m pip install --quiet "mlflow<=$mlflow_version"; }; }) \
+                >.venv-mlflow/first-try.log 2>&1 \
+            || { [ -n "$mlflow_version" ] \
+                && echo "mlflow $mlflow_version cannot be installed yet (.venv-mlflow/first-try.log); taking the newest mlflow before it" \
+                && .venv-mlflow/bin/python -m pip install --quiet "mlflow<=$mlflow_version"; }; }) \
         || echo "could not install mlflow's server; the registry test will skip"
 fi
 # servekit's gRPC stubs read with protobuf 5.26.1 and up: tests/server/test_grpc_startup.py runs them on the
