@@ -8,8 +8,10 @@ and values; a typo in a hook name; a broken artifact; ``GET /`` and
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -346,3 +348,24 @@ def test_openapi_document_is_valid_openapi_3(server):
     from openapi_spec_validator import validate
 
     validate(get(server, "/openapi.json").json())
+
+
+def test_a_hugging_face_folder_copied_as_docs_say_serves_with_the_hub_off(tmp_path):
+    """docs/huggingface-offline.md: the packaged all-MiniLM-L6-v2 copied into ``models/minilm/1``,
+    served with ``HF_HUB_OFFLINE=1`` (and a hub address that answers nothing), called with the page's curl."""
+    from generative_models import minilm_folder
+
+    page = (ROOT / "docs" / "huggingface-offline.md").read_text()
+    serve = "## 3. Serve with the hub switched off\n\n```bash\n"
+    block = page[page.index(serve) + len(serve) :].split("```", 1)[0]
+    serve_line, curl = block.split("\n", 1)
+    assert serve_line.split("  #")[0].strip() == "HF_HUB_OFFLINE=1 servekit serve models/"
+    shutil.copytree(minilm_folder(), tmp_path / "models" / "minilm" / "1")
+    offline = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    with ServerProcess(tmp_path / "models", env=offline, workers=1) as served:
+        answer = subprocess.run(
+            ["bash", "-c", curl.replace("localhost:8080", served.url.removeprefix("http://"))],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    embedding = json.loads(answer.stdout)["data"][0]["embedding"]
+    assert len(embedding) == 384, answer.stdout[:500]
