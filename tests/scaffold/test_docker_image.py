@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import requests
 import sklearn
+from servekit.scaffold import project as scaffold
 from servekit.server import slow_clients
 from servekit.testing import free_port
 
@@ -279,3 +280,34 @@ def test_read_only_without_tmp_says_so_in_one_line(image, daemon):
         assert "--tmpfs /tmp" in logs and logs.strip().count("\n") == 0, logs
     finally:
         bare.remove()
+
+
+def test_a_build_without_network_names_the_option_that_gives_it_one(image, project, daemon, base, pip_cert):
+    """This daemon has no bridge: without ``--network=host`` pip in the build reaches nothing."""
+    result = servekit(
+        "build", str(project), "--tag", TAG + "-offline", "--base-image", base, "--pip-cert", str(pip_cert[0]),
+        # another index setting than the image's, so the dependency layer is not taken from the cache
+        "--pip-extra-index-url", "https://pypi.org/simple", env=daemon.env,
+    )  # fmt: skip
+    assert result.returncode != 0, result.stdout[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("servekit build: pip in the build could not reach") and "--docker-arg --network=host" in last
+
+
+#: Docker's own client, which runs BuildKit only through the buildx plugin, where the machine has one.
+NEWER_CLIENT = Path("/usr/local/bin/docker")
+
+
+def test_pip_cert_builds_with_a_docker_client_without_buildx_first_in_path(image, project, daemon, base, pip_cert):
+    if not NEWER_CLIENT.is_file() or NEWER_CLIENT.resolve() == Path(daemon.client).resolve():
+        pytest.skip(f"no second docker client at {NEWER_CLIENT}")
+    if scaffold.drives_buildkit(str(NEWER_CLIENT)):
+        pytest.skip(f"{NEWER_CLIENT} has the buildx plugin here")
+    env = {**daemon.env, "PATH": f"{NEWER_CLIENT.parent}{os.pathsep}{daemon.env['PATH']}"}
+    result = servekit(
+        "build", str(project), "--tag", TAG, "--base-image", base, "--pip-cert", str(pip_cert[0]),
+        "--docker-arg", "--network=host", env=env,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert f"{NEWER_CLIENT} cannot run BuildKit" in output, output[-4000:]  # and says which client it took
