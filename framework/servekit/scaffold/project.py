@@ -526,7 +526,8 @@ def build(
             "no Docker engine answered (`docker info` failed), so no image was built; the build context is "
             f"written: run `{shown}` where Docker runs, or pass --context-only"
         )
-    first = (docker_clients() or [client])[0]
+    clients = docker_clients()
+    first = clients[0] if clients else client
     if client is not None and client != first:
         echo(f"{first} cannot run BuildKit (no buildx plugin), which --pip-cert's build secret needs: using {client}")
         command[0], shown = client, client + shown.removeprefix("docker")
