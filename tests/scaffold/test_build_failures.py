@@ -49,6 +49,7 @@ def relayed(text: str, attempt: build_failures.Attempt, capsys) -> tuple[int, li
         ("pip-no-network.txt", build_failures.Attempt(), "--docker-arg --network=host"),
         ("pip-no-network.txt", build_failures.Attempt(host_network=True), "--pip-index-url URL"),
         ("pip-untrusted-certificate.txt", build_failures.Attempt(), "--pip-cert CA.pem"),
+        ("dockerd-without-bridge.txt", build_failures.Attempt(), "--docker-arg --network=host"),
         ("docker-28-without-buildx.txt", build_failures.Attempt(pip_cert=True, buildkit_secret=True), "docker-buildx"),
     ],
 )

@@ -282,16 +282,27 @@ def test_read_only_without_tmp_says_so_in_one_line(image, daemon):
         bare.remove()
 
 
-def test_a_build_without_network_names_the_option_that_gives_it_one(image, project, daemon, base, pip_cert):
-    """This daemon has no bridge: without ``--network=host`` pip in the build reaches nothing."""
+@pytest.mark.parametrize(
+    ("network", "said"),
+    [
+        # this daemon has no bridge (dockerd --bridge=none): no build step runs on the default network
+        pytest.param([], "the Docker engine has no bridge network", id="default"),
+        # steps run, pip reaches nothing
+        pytest.param(["--docker-arg", "--network=none"], "pip in the build could not reach", id="none"),
+    ],
+)
+def test_a_build_without_network_names_the_option_that_gives_it_one(
+    image, project, daemon, base, pip_cert, network, said
+):
     result = servekit(
         "build", str(project), "--tag", TAG + "-offline", "--base-image", base, "--pip-cert", str(pip_cert[0]),
         # another index setting than the image's, so the dependency layer is not taken from the cache
-        "--pip-extra-index-url", "https://pypi.org/simple", env=daemon.env,
+        "--pip-extra-index-url", "https://pypi.org/simple", *network, env=daemon.env,
     )  # fmt: skip
     assert result.returncode != 0, result.stdout[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("servekit build: pip in the build could not reach") and "--docker-arg --network=host" in last
+    last = (result.stderr.strip().splitlines() or [""])[-1]
+    assert last.startswith(f"servekit build: {said}"), result.stdout[-6000:] + result.stderr
+    assert "--docker-arg --network=host" in last
 
 
 #: Docker's own client, which runs BuildKit only through the buildx plugin, where the machine has one.

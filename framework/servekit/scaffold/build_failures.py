@@ -17,6 +17,8 @@ from dataclasses import dataclass
 #: ``docker build`` of Docker 23 and later when BuildKit is asked for and the buildx plugin is absent.
 BUILDX_MISSING = "BuildKit is enabled but the buildx component is missing"
 
+#: A daemon started without a bridge (``dockerd --bridge=none``) runs no build step on the default network.
+_NO_BRIDGE = "network bridge not found"
 #: The engine could not fetch the base image (no registry, or none reachable).
 _NO_REGISTRY = re.compile(
     r"failed to resolve source metadata for|pull access denied|"
@@ -56,6 +58,11 @@ def diagnose(output: str, attempt: Attempt | None = None) -> str | None:
         return (
             f"this docker client has no buildx plugin{secret}: install it (Debian: apt-get install docker-buildx; "
             "Docker's packages: docker-buildx-plugin) or put a docker client that has it first in PATH"
+        )
+    if _NO_BRIDGE in output:
+        return (
+            "the Docker engine has no bridge network for the build's steps (dockerd --bridge=none): pass "
+            "--docker-arg --network=host so the build uses the host's network"
         )
     if _REGISTRY_X509.search(output) and not _PIP_CERTIFICATE.search(output):
         return (
