@@ -44,14 +44,17 @@ def _is_servekit(entry: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("fresh")
-    packages = root / "packages"  # this site-packages without servekit
-    packages.mkdir()
+def suite_packages(tmp_path_factory) -> Path:
+    """This site-packages without servekit: a folder of links to everything else."""
+    packages = tmp_path_factory.mktemp("packages")
     for entry in SITE_PACKAGES.iterdir():
         if not _is_servekit(entry):
             (packages / entry.name).symlink_to(entry)
-    venv = root / "venv"
+    return packages
+
+
+def make_venv(venv: Path, packages: Path) -> Path:
+    """A new virtualenv that sees ``packages`` (as ``--system-site-packages`` would) and not servekit."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     site = Path(
         subprocess.run(
@@ -71,6 +74,12 @@ def fresh_venv(tmp_path_factory) -> Path:
         timeout=300,
     )
     return venv
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory, suite_packages) -> Path:
+    """One for the tests that only resolve (``--dry-run``): nothing is ever installed into it."""
+    return make_venv(tmp_path_factory.mktemp("fresh") / "venv", suite_packages)
 
 
 def fresh_env(venv: Path, **extra: str) -> dict[str, str]:
@@ -139,7 +148,8 @@ def test_the_fresh_virtualenv_has_no_servekit(fresh_venv, tmp_path):
     assert "No module named 'servekit'" in probe.stderr, probe.stderr
 
 
-def test_a_generated_container_s_readme_runs_in_order(fresh_venv, tmp_path):
+def test_a_generated_container_s_readme_runs_in_order(suite_packages, tmp_path):
+    fresh_venv = make_venv(tmp_path / "venv", suite_packages)  # its own: the README installs servekit into it
     made = subprocess.run(
         [sys.executable, "-m", "servekit", "new", "--no-input", "--output-dir", str(tmp_path)]
         + ["--set", "project_name=Fresh Iris", "--set", "framework=sklearn"],
