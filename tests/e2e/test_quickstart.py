@@ -36,7 +36,7 @@ def script_extras() -> list[str]:
 def test_the_serve_script_installs_grpc_as_the_quickstart_promises():
     assert "grpc" in script_extras()
     readme = (ROOT / "README.md").read_text()
-    assert ":8081 (gRPC)" in readme and f"servekit[{','.join(script_extras())}]" in readme
+    assert ":8081 (gRPC)" in readme and f'pip install -e ".[{",".join(script_extras())}]"' in readme
     assert 'exec servekit serve examples/models "$@"' in SCRIPT.read_text()
 
 
