@@ -10,13 +10,9 @@ fi
 stamp=".venv/.servekit-installed-$1-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   python -m pip install --quiet --upgrade pip
-  # PyPI's torch for Linux is the CUDA build (gigabytes of nvidia-* wheels); the CPU build comes from
-  # PyTorch's own index (SERVEKIT_TORCH_INDEX= to leave it out, or another URL for a mirror)
-  torch_index="${SERVEKIT_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
-  if [ "$(uname -s)" = Linux ] && [ -n "$torch_index" ]; then
-    python -m pip install --quiet --extra-index-url "$torch_index" -e ".[$1]"
-  else
-    python -m pip install --quiet -e ".[$1]"
-  fi
+  # the test extra pins the torch release this project is tested with (torch==2.13.0); where no
+  # CPU build of it lies on the machine, pip takes PyPI's, which on Linux is the CUDA build: set
+  # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu for PyTorch's CPU builds (docs/torch.md)
+  python -m pip install --quiet -e ".[$1]"
   touch "$stamp"
 fi
