@@ -99,7 +99,11 @@ def test_mlservers_numpy_content_type_says_what_servekit_does_and_passes():
     body = {"inputs": [{**INPUT, "parameters": {"content_type": "np"}}]}  # MLServer's NumpyCodec
     assert v2.decode_infer_request(json.dumps(body).encode()).inputs["x"].tolist() == [1.0]
     assert v2_grpc.decode_infer_request(grpc_request(body)).inputs["x"].tolist() == [1.0]
-    text = {"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["a"], "parameters": {"content_type": "np"}}]}
+    text = {
+        "inputs": [
+            {"name": "x", "shape": [1], "datatype": "BYTES", "data": ["a"], "parameters": {"content_type": "np"}}
+        ]
+    }
     with pytest.raises(BadRequest, match="'content_type' 'np' is not supported by this server for a BYTES tensor"):
         v2.decode_infer_request(json.dumps(text).encode())
 
