@@ -327,6 +327,22 @@ class TokenLogprob:
 
 
 @dataclass
+class GenerationTiming:
+    """Where a generation's time went, as the model's engine measured it (seconds).
+
+    A model that batches generations reports it with its result (or its stream's
+    last chunk); the framework answers it in TGI's timing headers.
+    """
+
+    #: waiting for a place in the running batch
+    queue: float = 0.0
+    #: from joining the batch to the first token
+    prefill: float = 0.0
+    #: from the first token to the last
+    decode: float = 0.0
+
+
+@dataclass
 class GenerationResult:
     """A whole generated text.  Token counts the model leaves out are counted by the framework."""
 
@@ -339,6 +355,8 @@ class GenerationResult:
     reasoning: str | None = None
     #: one entry per generated token, when the request asked (``request.logprobs``)
     logprobs: list[TokenLogprob] | None = None
+    #: where the time went, when the model measured it
+    timing: GenerationTiming | None = None
 
 
 @dataclass
@@ -353,6 +371,8 @@ class GenerationChunk:
     reasoning: str | None = None
     #: the log-probabilities of the tokens this piece adds (their text may come in a later piece)
     logprobs: list[TokenLogprob] | None = None
+    #: where the time went, when the model measured it (on a stream's last chunk)
+    timing: GenerationTiming | None = None
 
 
 class Tokenizer(Protocol):

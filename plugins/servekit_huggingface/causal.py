@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 from servekit.errors import BadRequest
-from servekit.types import GenerationChunk, GenerationRequest, GenerationResult, TokenLogprob
+from servekit.types import GenerationChunk, GenerationRequest, GenerationResult, GenerationTiming, TokenLogprob
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -243,7 +243,14 @@ class CausalLM:
             seq.cancel()  # raised while waiting (unload, failure): the scheduler drops it
         text = IncrementalText.joined(self.tokenizer, seq.tokens)  # as a stream of the same tokens says it
         logprobs = self._logprobs(seq.logprobs, seq.scores)
-        return GenerationResult(text, seq.finish_reason, prompt_tokens, len(seq.tokens), logprobs=logprobs)
+        return GenerationResult(
+            text,
+            seq.finish_reason,
+            prompt_tokens,
+            len(seq.tokens),
+            logprobs=logprobs,
+            timing=GenerationTiming(*seq.timing),
+        )
 
     def _streamed(self, seq: Sequence, prompt_tokens: int) -> Iterator[GenerationChunk]:
         assert self.scheduler is not None
@@ -259,7 +266,10 @@ class CausalLM:
                         piece, prompt_tokens=prompt_tokens, completion_tokens=len(text.ids), logprobs=logprobs
                     )
             rest = self._logprobs(seq.logprobs, [])
-            yield GenerationChunk(text.rest(), seq.finish_reason, prompt_tokens, len(seq.tokens), logprobs=rest)
+            timing = GenerationTiming(*seq.timing)
+            yield GenerationChunk(
+                text.rest(), seq.finish_reason, prompt_tokens, len(seq.tokens), logprobs=rest, timing=timing
+            )
         finally:
             seq.cancel()  # client gone or stop sequence: the sequence leaves the batch at the next step
 

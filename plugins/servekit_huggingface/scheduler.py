@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -77,6 +78,19 @@ class Sequence:
     scores: list[Score] = field(default_factory=list)
     #: the names of the prompt's full blocks (:func:`.prefix_cache.block_names`), once the scheduler asked
     blocks: list[bytes] | None = None
+    #: when (``time.monotonic``) it was submitted, joined the batch, and got its first and its last token
+    submitted: float = 0.0
+    admitted: float = 0.0
+    first_token: float | None = None
+    last_token: float = 0.0
+
+    @property
+    def timing(self) -> tuple[float, float, float]:
+        """Seconds it waited for the batch, from joining it to its first token, and from its first token
+        to its last (zeros for a phase not reached)."""
+        admitted = self.admitted or self.submitted
+        first = self.first_token if self.first_token is not None else admitted
+        return max(0.0, admitted - self.submitted), max(0.0, first - admitted), max(0.0, self.last_token - first)
 
     def cancel(self) -> None:
         """The client went away: the scheduler drops the sequence at its next step."""
@@ -222,10 +236,12 @@ class Scheduler:
                     f"the batch is full and {max(queued, 0)} generations are waiting for a place in it "
                     f"(options.max_queued: {self.max_queued}); retry later"
                 )
+            seq.submitted = time.monotonic()
             self.waiting.append(seq)
             if self.thread is None:  # started on first use: after the server's fork
                 self.thread = threading.Thread(target=self._run, name="servekit-hf-scheduler", daemon=True)
                 self.thread.start()
+                self._gauge_capacity(self.max_num_seqs)
             self.lock.notify()
         self._gauge()
 
@@ -279,6 +295,7 @@ class Scheduler:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
         self._gauge()
+        self._gauge_capacity(0)
 
     def _admit(self) -> list[Sequence]:
         """Waiting sequences that join at this step (called holding the lock)."""
@@ -286,11 +303,14 @@ class Scheduler:
             self.waiting.remove(seq)
         budget = self.max_batched_tokens - len(self.batch)
         joining: list[Sequence] = []
+        now = time.monotonic()
         while self.waiting and len(self.batch) + len(joining) < self.max_num_seqs:
             cost = self._computed(self.waiting[0])
             if joining and cost > budget:
                 break  # waits for the next step; a prompt over the whole budget still runs, on a step of its own
-            joining.append(self.waiting.popleft())
+            seq = self.waiting.popleft()
+            seq.admitted = now
+            joining.append(seq)
             budget -= cost
         return joining
 
@@ -312,6 +332,9 @@ class Scheduler:
         batch = self.batch
         keep = [i for i, s in enumerate(batch.seqs) if not s.cancelled]
         if len(keep) < len(batch):
+            for seq in batch.seqs:
+                if seq.cancelled:  # the client left: the sequence counts up to its last token
+                    self._done(seq)
             batch.keep(keep)
         decoding = len(batch) > 0  # a batch that starts now decodes from the next step
         # every group's cached start is gathered before any prefill keeps blocks (which may drop others)
@@ -330,6 +353,8 @@ class Scheduler:
                 if staying:
                     batch.add([group[i] for i in staying], cache)
                 self.joining = [s for s in self.joining if all(s is not g for g in group)]
+        if groups and self.prefix_cache is not None and self.gauges is not None:
+            self.gauges.prefix_cache(self.prefix_cache.bytes, self.prefix_cache.max_bytes)
         if decoding and batch.seqs:
             logits = batch.decode(self.forward)
             self.steps += 1
@@ -338,8 +363,7 @@ class Scheduler:
             if len(staying) < len(batch):
                 batch.keep(staying)
 
-    @staticmethod
-    def _advance(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """Give each row its next token; the rows that stay (not finished, not failed)."""
         scoring = ScoredRows(seqs, logits)  # before any row's settings touch the logits
         chosen: dict[int, int] = {}
@@ -349,19 +373,34 @@ class Scheduler:
             except Exception as exc:  # its own sampling settings failed: only this row leaves
                 seq.events.put(_failure(exc))
         scores = scoring.scores(chosen)
+        now = time.monotonic()
+        gaps: list[float] = []
         staying = []
         for i, token in chosen.items():
             seq = seqs[i]
+            if seq.first_token is None:
+                seq.first_token = now
+            else:
+                gaps.append(now - seq.last_token)
+            seq.last_token = now
             try:
                 done = seq.take(token, scores.get(i))
             except Exception as exc:  # its stop-sequence check failed: only this row leaves
                 seq.events.put(_failure(exc))
                 continue
             if done:
+                self._done(seq)
                 seq.events.put(None)
             else:
                 staying.append(i)
+        if gaps and self.gauges is not None:
+            self.gauges.token_gaps(gaps)
         return staying
+
+    def _done(self, seq: Sequence) -> None:
+        """A sequence that produced tokens leaves the batch: its timing goes to the gauges."""
+        if self.gauges is not None and seq.first_token is not None:
+            self.gauges.sequence_done(*seq.timing, len(seq.tokens))
 
     def _groups(self, joining: list[Sequence]) -> list[tuple[list[Sequence], int]]:
         """The joining sequences by prompt length and cached tokens (in order of each group's first)."""
@@ -410,8 +449,16 @@ class Scheduler:
 
     def _gauge(self) -> None:
         if self.gauges is not None:
-            self.gauges.running.set(self.running)
-            self.gauges.queued.set(len(self.waiting))
+            self.gauges.update(self.running, len(self.waiting))
+
+    def _gauge_capacity(self, slots: int) -> None:
+        """The batch's places and the prefix cache's budget, while the scheduler runs (0 once stopped)."""
+        if self.gauges is not None:
+            self.gauges.batch_slots(slots)
+            if self.prefix_cache is not None:
+                self.gauges.prefix_cache(
+                    self.prefix_cache.bytes if slots else 0, self.prefix_cache.max_bytes if slots else 0
+                )
 
 
 class ScoredRows:

@@ -19,6 +19,7 @@ V2 :class:`~servekit.codecs.infer_request.InferRequest` whichever wire it came o
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
@@ -266,8 +267,9 @@ class DataPlane:
         ``tokenizer``: the model's, when the protocol already has it (a chat prompt is
         formatted with it); left out, the data plane asks the ``tokenizer`` hook.
         """
+        arrived = time.monotonic()
         tokenizer = self.tokenizer(mv) if tokenizer is OWN_TOKENIZER else tokenizer
-        return generation.generate_whole(requests, self._completer(mv, parameters), tokenizer)
+        return generation.generate_whole(requests, self._completer(mv, parameters), tokenizer, mv.name, arrived)
 
     def generate_stream(
         self,
@@ -283,8 +285,9 @@ class DataPlane:
         event the consumer pulls makes the first call (a refusal raises there).  Closing
         the stream (client gone) closes the model's generator.
         """
+        arrived = time.monotonic()  # the first token is timed from here, not from the first event asked for
         tokenizer = self.tokenizer(mv) if tokenizer is OWN_TOKENIZER else tokenizer
-        return generation.stream_choices(requests, self._completer(mv, parameters), tokenizer)
+        return generation.stream_choices(requests, self._completer(mv, parameters), tokenizer, mv.name, arrived)
 
     def _completer(self, mv: ModelVersion, parameters: dict[str, Any] | None) -> generation.Start:
         return lambda request: self.complete(mv, request, parameters)

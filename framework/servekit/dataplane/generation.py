@@ -20,12 +20,14 @@ only renders them in its wire's shape.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeAlias
 
 from servekit.errors import BadRequest, ModelFailure
+from servekit.observability import generation_metrics
 from servekit.streams import close, is_stream
 
 # The generation types are shared (the ``complete`` hook's signature names them): they live in
@@ -36,6 +38,7 @@ from servekit.types import (
     GenerationChunk,
     GenerationRequest,
     GenerationResult,
+    GenerationTiming,
     TokenIds,
     Tokenizer,
     TokenLogprob,
@@ -47,6 +50,7 @@ __all__ = [
     "GenerationChunk",
     "GenerationRequest",
     "GenerationResult",
+    "GenerationTiming",
     "TokenIds",
     "TokenLogprob",
     "Tokenizer",
@@ -168,6 +172,8 @@ class Choice:
     reasoning: str | None = None
     #: one per token of ``text`` when the request asked for log-probabilities, else ``None``
     logprobs: list[TokenLogprob] | None = None
+    #: where the time went, when the model measured it
+    timing: GenerationTiming | None = None
 
 
 # -- log-probabilities ----------------------------------------------------------------
@@ -269,6 +275,7 @@ def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> C
                 last.completion_tokens,
                 "".join(reasoning) or None,
                 logprobs,
+                last.timing,
             ),
             tokenizer,
             already_cut=True,
@@ -296,7 +303,7 @@ def make_choice(
         result.prompt_tokens if result.prompt_tokens is not None else count_tokens(request.prompt, tokenizer)
     )
     reason = FINISH_STOP if stopped else finish_reason(result.finish_reason, completion_tokens, request.max_tokens)
-    return Choice(text, reason, prompt_tokens, completion_tokens, result.reasoning, logprobs)
+    return Choice(text, reason, prompt_tokens, completion_tokens, result.reasoning, logprobs, result.timing)
 
 
 def stream_pieces(request: GenerationRequest, output: Any) -> Generator[GenerationChunk, None, None]:
@@ -317,6 +324,7 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
                     result.completion_tokens,
                     result.reasoning,
                     result.logprobs,
+                    result.timing,
                 )
             ]
         )
@@ -325,10 +333,12 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
     sent = 0
     reason: str | None = None
     prompt_tokens = completion_tokens = None
+    timing: GenerationTiming | None = None
     try:
         for item in output:
             item = _as_chunk(item)
             check_logprobs(request, item.text, item.logprobs)
+            timing = item.timing or timing
             prompt_tokens = item.prompt_tokens if item.prompt_tokens is not None else prompt_tokens
             completion_tokens = item.completion_tokens if item.completion_tokens is not None else completion_tokens
             reason = item.finish_reason or reason
@@ -339,14 +349,16 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
                 track.add(item.logprobs or [])
                 logprobs = track.release(sent)
             if scanner.stopped:
-                yield GenerationChunk(text, FINISH_STOP, prompt_tokens, completion_tokens, item.reasoning, logprobs)
+                yield GenerationChunk(
+                    text, FINISH_STOP, prompt_tokens, completion_tokens, item.reasoning, logprobs, timing
+                )
                 return
             if text or item.reasoning or logprobs:
                 yield GenerationChunk(text, None, prompt_tokens, completion_tokens, item.reasoning, logprobs)
     finally:
         close(output)  # stop sequence, client gone or done: the model stops generating
     rest = None if track is None else track.rest()
-    yield GenerationChunk(scanner.flush(), reason, prompt_tokens, completion_tokens, logprobs=rest)
+    yield GenerationChunk(scanner.flush(), reason, prompt_tokens, completion_tokens, logprobs=rest, timing=timing)
 
 
 def _as_chunk(item: Any) -> GenerationChunk:
@@ -400,10 +412,48 @@ class Generated:
 Start: TypeAlias = Callable[[GenerationRequest], Any]
 
 
-def generate_whole(requests: Iterable[GenerationRequest], start: Start, tokenizer: Any | None) -> Generated:
-    """Every request's choice, one after another (each call starts once the one before it is done)."""
-    choices = [(request, collect(request, start(request), tokenizer)) for request in requests]
-    return Generated(choices, usage_of(choices))
+def generate_whole(
+    requests: Iterable[GenerationRequest],
+    start: Start,
+    tokenizer: Any | None,
+    model: str = "",
+    arrived: float | None = None,
+) -> Generated:
+    """Every request's choice, one after another (each call starts once the one before it is done).
+
+    Each choice counts on ``/metrics`` under ``model`` (:func:`observe_choice`); the answer's
+    timing goes to the response's headers (:func:`.generation_metrics.answer_timed`).
+    """
+    arrived = time.monotonic() if arrived is None else arrived
+    choices = []
+    for request in requests:
+        choice = collect(request, start(request), tokenizer)
+        ended = time.monotonic()
+        # a whole answer's first token: before its last by the decode time the model measured
+        first = ended - (choice.timing.decode if choice.timing is not None else 0.0)
+        observe_choice(model, choice, arrived, first, ended)
+        choices.append((request, choice))
+    generated = Generated(choices, usage_of(choices))
+    generation_metrics.answer_timed(
+        time.monotonic() - arrived,
+        generated.usage.prompt_tokens,
+        generated.usage.completion_tokens,
+        [choice.timing for _, choice in choices],
+    )
+    return generated
+
+
+def observe_choice(model: str, choice: Choice, arrived: float, first: float | None, ended: float) -> None:
+    """One finished choice on ``/metrics``: its first and last token's time from the generation's
+    arrival, its tokens and its finish reason."""
+    generation_metrics.choice_done(
+        model,
+        first_token=None if first is None else max(0.0, first - arrived),
+        total=max(0.0, ended - arrived),
+        prompt_tokens=choice.prompt_tokens,
+        completion_tokens=choice.completion_tokens,
+        finish_reason=choice.finish_reason,
+    )
 
 
 # -- a stream -------------------------------------------------------------------------
@@ -443,7 +493,9 @@ class StreamedChoice:
     def finished(self) -> Choice:
         """The choice as a whole answer has it (finish reason, token counts); counted when first asked."""
         last = self.last
-        result = GenerationResult(self.text, last.finish_reason, last.prompt_tokens, last.completion_tokens)
+        result = GenerationResult(
+            self.text, last.finish_reason, last.prompt_tokens, last.completion_tokens, timing=last.timing
+        )
         return make_choice(self.request, result, self.tokenizer, already_cut=True)
 
     # Per-piece counts (vLLM's additional outputs report them on every response): asked
@@ -509,24 +561,55 @@ StreamEvent: TypeAlias = ChoiceStarted | StreamPiece | ChoiceEnded | StreamEnded
 
 
 def stream_choices(
-    requests: Iterable[GenerationRequest], start: Start, tokenizer: Any | None
+    requests: Iterable[GenerationRequest],
+    start: Start,
+    tokenizer: Any | None,
+    model: str = "",
+    arrived: float | None = None,
 ) -> Generator[StreamEvent, None, None]:
     """Every request's choice streamed in turn: its start, its pieces, its end; then the end of all.
 
     A choice's call is made when the one before it ended and the consumer asks
-    for more.  Closing this generator (client gone) closes the model's.
+    for more.  Closing this generator (client gone) closes the model's.  Each
+    choice counts on ``/metrics`` under ``model``, its first token timed when its
+    first piece with text or tokens is handed on, from ``arrived`` (``time.monotonic``;
+    default: the first event asked for); a choice the client left counts as aborted.
     """
+    arrived = time.monotonic() if arrived is None else arrived
     ended: list[StreamedChoice] = []
     pieces: Generator[GenerationChunk, None, None] | None = None
+    choice: StreamedChoice | None = None
+    first: float | None = None
     try:
         for request in requests:
-            choice = StreamedChoice(request, tokenizer)
             pieces = stream_pieces(request, start(request))
-            yield ChoiceStarted(choice)
+            streamed = choice = StreamedChoice(request, tokenizer)
+            first = None
+            yield ChoiceStarted(streamed)
             for chunk in pieces:
-                yield choice.add(chunk)
-            yield ChoiceEnded(choice)
-            ended.append(choice)
+                if first is None and (chunk.text or chunk.completion_tokens):
+                    first = time.monotonic()
+                yield streamed.add(chunk)
+            choice = None  # ended: counted once, here
+            observe_choice(model, streamed.finished, arrived, first, time.monotonic())
+            yield ChoiceEnded(streamed)
+            ended.append(streamed)
         yield StreamEnded(ended)
     finally:
         close(pieces)
+        if choice is not None:  # started and never ended: the client left, or the model failed
+            _observe_abort(model, choice, arrived, first)
+
+
+def _observe_abort(model: str, choice: StreamedChoice, arrived: float, first: float | None) -> None:
+    """A choice whose stream the client left (or that failed) after it started: vLLM's ``abort``."""
+    last = choice.last
+    now = time.monotonic()
+    generation_metrics.choice_done(
+        model,
+        first_token=None if first is None else max(0.0, first - arrived),
+        total=max(0.0, now - arrived),
+        prompt_tokens=last.prompt_tokens or 0,
+        completion_tokens=last.completion_tokens or choice.sent_tokens,
+        finish_reason=generation_metrics.ABORT,
+    )

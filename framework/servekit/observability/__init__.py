@@ -17,7 +17,15 @@ from typing import Any
 
 from flask import Flask, request
 
-from servekit.observability import labels, log_search, metrics, request_log, status_metrics, tracing
+from servekit.observability import (
+    generation_metrics,
+    labels,
+    log_search,
+    metrics,
+    request_log,
+    status_metrics,
+    tracing,
+)
 from servekit.observability.logging import REQUEST_ID_HEADER, current_request_id, request_id_from
 from servekit.observability.wsgi_body import ClosingBody, Once
 from servekit.streams import close
@@ -38,10 +46,12 @@ class ObserveMiddleware:
         request_id = request_id_from(environ.get("HTTP_X_REQUEST_ID"))
         environ["servekit.request_id"] = request_id
         seen: dict[str, str] = {}
+        timing, timing_token = generation_metrics.headers_for_answer()  # a whole generation's, TGI's names
 
         def start(status: str, headers: list, exc_info: Any = None):
             seen["status"] = status
             headers.append((REQUEST_ID_HEADER, request_id))
+            headers.extend(timing)
             return start_response(status, headers, exc_info)
 
         metrics.request_started()
@@ -54,6 +64,7 @@ class ObserveMiddleware:
             finish()
             raise
         finally:
+            generation_metrics.headers_done(timing_token)
             if traced is not None:
                 traced.leave()
         if traced is not None:

@@ -311,11 +311,12 @@ def resident_bytes() -> int:
 def render(dataplane: Served) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-    from servekit.observability import load, statistics
+    from servekit.observability import generation_metrics, load, statistics
 
     metrics()  # every family appears from the first scrape on, even at zero
     flush()  # this worker's latest requests, as any scrape elsewhere will see them soon
     load.flush()  # this worker's waiting and running requests
+    generation_metrics.flush()  # this worker's latest generations
     statistics.flush()  # this worker's latest inference statistics, as a stats call sees them
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get(ENV):
@@ -327,6 +328,7 @@ def render(dataplane: Served) -> tuple[bytes, str]:
         text = generate_latest(REGISTRY)
     live = CollectorRegistry(auto_describe=False)
     live.register(ModelStateCollector(dataplane))
+    live.register(generation_metrics.CacheUsageCollector())
     return text + generate_latest(live), CONTENT_TYPE_LATEST
 
 
