@@ -7,7 +7,6 @@ missing and run as root); without them these tests skip with the reason.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import threading
 import time
@@ -15,19 +14,13 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_server import Prometheus, binary
 from repo_paths import REPO as ROOT
-from servekit.testing import ServerProcess, free_port
+from servekit.testing import ServerProcess
 
 TEMPLATES = ROOT / "framework" / "servekit" / "scaffold" / "templates" / "templates"
 ALERTS = TEMPLATES / "prometheus-alerts.yaml"
 DASHBOARD = TEMPLATES / "grafana-dashboard.json"
-
-
-def binary(name: str) -> str:
-    found = shutil.which(name)
-    if not found:
-        pytest.skip(f"{name} is not installed (Debian: apt-get install -y prometheus; scripts/test.sh does as root)")
-    return found
 
 
 def test_alert_rules_pass_promtool_check():
@@ -181,52 +174,6 @@ def _prometheus_config(folder: Path, target: str, interval: str = "1s") -> Path:
     path = folder / "prometheus.yml"
     path.write_text(json.dumps(config))
     return path
-
-
-class Prometheus:
-    """Debian's prometheus on 127.0.0.1, its data in a temporary folder."""
-
-    def __init__(self, folder: Path, config: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(folder / "prometheus.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                binary("prometheus"),
-                f"--config.file={config}",
-                f"--storage.tsdb.path={folder / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--web.enable-lifecycle",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self.folder = folder
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (folder / "prometheus.log").read_text()[-3000:]
-            try:
-                if requests.get(self.url + "/-/ready", timeout=2).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("prometheus did not get ready")
-
-    def query(self, expr: str, at: float | None = None) -> list[dict]:
-        params = {"query": expr, **({"time": str(at)} if at is not None else {})}
-        body = requests.get(self.url + "/api/v1/query", params=params, timeout=10).json()
-        assert body["status"] == "success", (expr, body)
-        return body["data"]["result"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 def _paced_load(url: str, rate: float, seconds: float, latencies: list[float]) -> None:
