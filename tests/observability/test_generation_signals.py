@@ -24,6 +24,8 @@ from servekit.testing import ServerProcess
 pytestmark = pytest.mark.slow  # starts a server and Prometheus
 
 MODEL = "gpt"
+#: the same weights in a model host fed by both workers (``placement: process``): one batch of two places
+HOSTED = "gpt-host"
 MAX_TOKENS = 40
 STREAMED = 6
 WHOLE = 6
@@ -32,12 +34,14 @@ SENT = STREAMED + WHOLE
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """Two workers, each with a batch of two places (so twelve requests at once make some wait),
-    and Prometheus scraping them every half second."""
+    """Two workers, each with a batch of two places for MODEL, both feeding one host's batch of two
+    for HOSTED (so twelve requests at once make some wait), and Prometheus scraping every half second."""
     binary("prometheus")
     base = tmp_path_factory.mktemp("signals")
     folder = build_tiny_gpt2(base / "repo" / MODEL)
-    (folder / "servekit.yaml").write_text("options: {max_num_seqs: 2, prefix_caching: true}\n")
+    (folder / "servekit.yaml").write_text("options: {max_num_seqs: 2}\n")
+    hosted = build_tiny_gpt2(base / "repo" / HOSTED)
+    (hosted / "servekit.yaml").write_text("placement: process\noptions: {max_num_seqs: 2}\n")
     with ServerProcess(base / "repo", workers=2, threads=8, env={"HF_HUB_OFFLINE": "1"}) as server:
         config = {
             "global": {"scrape_interval": "500ms", "evaluation_interval": "1s"},
@@ -57,16 +61,16 @@ def scraped(server) -> str:
     return requests.get(server.url + "/metrics", timeout=10).text
 
 
-def value(text: str, name: str, label: str = "model_name") -> float:
+def value(text: str, name: str, model: str = MODEL) -> float:
     """The sum of a series' samples for the model (0 when absent)."""
-    found = re.findall(rf'^{re.escape(name)}\{{[^}}]*{label}="{MODEL}"[^}}]*\}} (\S+)$', text, re.M)
+    found = re.findall(rf'^{re.escape(name)}\{{[^}}]*model_name="{model}"[^}}]*\}} (\S+)$', text, re.M)
     return sum(float(v) for v in found)
 
 
-def _complete(server, stream: bool) -> dict:
+def _complete(server, model: str, stream: bool) -> dict:
     """One completion of exactly MAX_TOKENS tokens; its usage."""
     body = {
-        "model": MODEL,
+        "model": model,
         "prompt": "hello world, the quick brown fox",
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
@@ -91,8 +95,8 @@ class Highest:
 
     NAMES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, server, model: str):
+        self.server, self.model = server, model
         self.highest = dict.fromkeys(self.NAMES, 0.0)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -103,7 +107,7 @@ class Highest:
             while not self.done.is_set():
                 text = session.get(self.server.url + "/metrics", timeout=10).text
                 for name in self.NAMES:
-                    self.highest[name] = max(self.highest[name], value(text, name))
+                    self.highest[name] = max(self.highest[name], value(text, name, self.model))
 
     def stop(self) -> dict[str, float]:
         self.done.set()
@@ -142,15 +146,18 @@ VLLM_BOUNDS = {
 }
 
 
-def test_prometheus_sees_every_generation_under_both_names_and_the_gauges_rise_and_fall(stack):
+@pytest.mark.parametrize("model", [MODEL, HOSTED], ids=["batch-per-worker", "model-host"])
+def test_prometheus_sees_every_generation_under_both_names_and_the_gauges_rise_and_fall(stack, model):
     server, prometheus = stack
-    watcher = Highest(server)
+    watcher = Highest(server, model)
     try:
         with ThreadPoolExecutor(SENT) as pool:
-            usages = list(pool.map(lambda stream: _complete(server, stream), [True] * STREAMED + [False] * WHOLE))
+            usages = list(
+                pool.map(lambda stream: _complete(server, model, stream), [True] * STREAMED + [False] * WHOLE)
+            )
     finally:
         highest = watcher.stop()
-    # four places in all (two per worker) and twelve requests at once: some ran, some waited
+    # four places (two per worker) or two (one host) and twelve requests at once: some ran, some waited
     assert highest["vllm:num_requests_running"] >= 1, highest
     assert highest["vllm:num_requests_waiting"] >= 1, highest
     assert 0 < highest["vllm:kv_cache_usage_perc"] <= 1, highest
@@ -164,29 +171,29 @@ def test_prometheus_sees_every_generation_under_both_names_and_the_gauges_rise_a
     # Prometheus's last scrape holds every request (each worker's sums reach the shared values in the background)
     _wait_for(
         lambda: (
-            query(f'sum(vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}})') == SENT
-            and query(f'sum(vllm:inter_token_latency_seconds_count{{model_name="{MODEL}"}})') == SENT * (MAX_TOKENS - 1)
+            query(f'sum(vllm:e2e_request_latency_seconds_count{{model_name="{model}"}})') == SENT
+            and query(f'sum(vllm:inter_token_latency_seconds_count{{model_name="{model}"}})') == SENT * (MAX_TOKENS - 1)
         ),
         "every request in Prometheus",
     )
     # and the gauges fell back to zero, in Prometheus as on /metrics
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
-        _wait_for(lambda name=name: query(f'sum({name}{{model_name="{MODEL}"}})') == 0, f"{name} at 0")
+        _wait_for(lambda name=name: query(f'sum({name}{{model_name="{model}"}})') == 0, f"{name} at 0")
     for name in ("servekit_generation_running", "servekit_generation_queue_depth"):
-        assert query(f'sum({name}{{model="{MODEL}"}})') == 0, name
-    assert query(f'servekit_generation_kv_cache_usage_ratio{{model="{MODEL}"}}') == 0
-    assert query(f'vllm:gpu_cache_usage_perc{{model_name="{MODEL}"}}') == 0  # the older name, still read
+        assert query(f'sum({name}{{model="{model}"}})') == 0, name
+    assert query(f'servekit_generation_kv_cache_usage_ratio{{model="{model}"}}') == 0
+    assert query(f'vllm:gpu_cache_usage_perc{{model_name="{model}"}}') == 0  # the older name, still read
 
     for ours, (theirs, per_request) in HISTOGRAMS.items():
         expected = SENT * per_request
-        assert query(f'sum({ours}_count{{model="{MODEL}"}})') == expected, ours
-        total = query(f'sum({ours}_sum{{model="{MODEL}"}})')
+        assert query(f'sum({ours}_count{{model="{model}"}})') == expected, ours
+        total = query(f'sum({ours}_sum{{model="{model}"}})')
         for name in theirs:
-            assert query(f'sum({name}_count{{model_name="{MODEL}"}})') == expected, name
+            assert query(f'sum({name}_count{{model_name="{model}"}})') == expected, name
             # the same observations: the same sum, whatever the buckets
-            assert query(f'sum({name}_sum{{model_name="{MODEL}"}})') == pytest.approx(total), name
+            assert query(f'sum({name}_sum{{model_name="{model}"}})') == pytest.approx(total), name
         for name, label in [(ours, "model"), *((n, "model_name") for n in theirs)]:
-            buckets = prometheus.query(f'sum by (le) ({name}_bucket{{{label}="{MODEL}"}})')
+            buckets = prometheus.query(f'sum by (le) ({name}_bucket{{{label}="{model}"}})')
             counts = sorted((float(b["metric"]["le"]), float(b["value"][1])) for b in buckets)
             assert counts[-1] == (float("inf"), expected), name  # +Inf holds every observation
             assert all(a[1] <= b[1] for a, b in zip(counts, counts[1:])), name  # cumulative
@@ -194,17 +201,17 @@ def test_prometheus_sees_every_generation_under_both_names_and_the_gauges_rise_a
                 assert [le for le, _ in counts[:-1]] == list(VLLM_BOUNDS[name]), name  # vLLM's own bounds
 
     # the token counters and the finish reasons, under both names
-    assert query(f'sum(vllm:prompt_tokens_total{{model_name="{MODEL}"}})') == prompt_tokens
-    assert query(f'sum(servekit_generation_prompt_tokens_total{{model="{MODEL}"}})') == prompt_tokens
-    assert query(f'sum(vllm:generation_tokens_total{{model_name="{MODEL}"}})') == SENT * MAX_TOKENS
-    assert query(f'sum(servekit_generation_completion_tokens_total{{model="{MODEL}"}})') == SENT * MAX_TOKENS
-    assert query(f'vllm:request_success_total{{model_name="{MODEL}",finished_reason="length"}}') == SENT
-    assert query(f'servekit_generation_requests_total{{model="{MODEL}",finish_reason="length"}}') == SENT
-    assert query(f'sum(vllm:request_generation_tokens_sum{{model_name="{MODEL}"}})') == SENT * MAX_TOKENS
+    assert query(f'sum(vllm:prompt_tokens_total{{model_name="{model}"}})') == prompt_tokens
+    assert query(f'sum(servekit_generation_prompt_tokens_total{{model="{model}"}})') == prompt_tokens
+    assert query(f'sum(vllm:generation_tokens_total{{model_name="{model}"}})') == SENT * MAX_TOKENS
+    assert query(f'sum(servekit_generation_completion_tokens_total{{model="{model}"}})') == SENT * MAX_TOKENS
+    assert query(f'vllm:request_success_total{{model_name="{model}",finished_reason="length"}}') == SENT
+    assert query(f'servekit_generation_requests_total{{model="{model}",finish_reason="length"}}') == SENT
+    assert query(f'sum(vllm:request_generation_tokens_sum{{model_name="{model}"}})') == SENT * MAX_TOKENS
     # every prompt was looked up in the prefix cache, under both names
-    looked_up = query(f'sum(vllm:prefix_cache_queries_total{{model_name="{MODEL}"}})')
+    looked_up = query(f'sum(vllm:prefix_cache_queries_total{{model_name="{model}"}})')
     assert looked_up == prompt_tokens
-    assert query(f'sum(servekit_prefix_cache_queries_total{{model="{MODEL}"}})') == looked_up
+    assert query(f'sum(servekit_prefix_cache_queries_total{{model="{model}"}})') == looked_up
     # the model's own label on servekit's names, vLLM's on theirs: no vLLM series carries 'model'
     assert not prometheus.query('{__name__=~"vllm:.*", model!=""}')
 
