@@ -572,7 +572,7 @@ def stream_choices(
     A choice's call is made when the one before it ended and the consumer asks
     for more.  Closing this generator (client gone) closes the model's.  Each
     choice counts on ``/metrics`` under ``model``, its first token timed when its
-    first piece with text or tokens is handed on, from ``arrived`` (``time.monotonic``;
+    first piece with text, reasoning or tokens is handed on, from ``arrived`` (``time.monotonic``;
     default: the first event asked for); a choice the client left counts as aborted.
     """
     arrived = time.monotonic() if arrived is None else arrived
@@ -587,7 +587,7 @@ def stream_choices(
             first = None
             yield ChoiceStarted(streamed)
             for chunk in pieces:
-                if first is None and (chunk.text or chunk.completion_tokens):
+                if first is None and (chunk.text or chunk.reasoning or chunk.completion_tokens):
                     first = time.monotonic()
                 yield streamed.add(chunk)
             choice = None  # ended: counted once, here
