@@ -180,6 +180,7 @@ class _Families:
         self.by_name: dict[str, Any] = {}
         for group in HISTOGRAMS.values():
             for s in group:
+                assert s.buckets is not None
                 self.by_name[s.name] = Histogram(s.name, s.doc, (s.label,), buckets=s.buckets)
         for group in COUNTERS.values():
             for s in group:
