@@ -233,6 +233,32 @@ def test_a_whole_answer_carries_tgi_timing_headers_and_a_stream_none(stack):
     assert "x-total-time" not in streamed.headers  # the headers left before the first token
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_openai_client_reads_the_timing_in_usage(stack, stream):
+    """Groq's OpenAI API puts seconds in ``usage`` (queue_time, prompt_time, completion_time,
+    total_time); the ``openai`` client keeps them as extra fields, whole or in a stream's last chunk."""
+    openai = pytest.importorskip("openai")
+    server, _ = stack
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    asked = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    if stream:
+        chunks = list(client.chat.completions.create(**asked, stream=True, stream_options={"include_usage": True}))
+        usage = chunks[-1].usage
+    else:
+        usage = client.chat.completions.create(**asked).usage
+    assert usage is not None and usage.completion_tokens == 5
+    times = usage.model_extra
+    assert set(times) == {"queue_time", "prompt_time", "completion_time", "total_time"}
+    assert all(isinstance(v, float) and v >= 0 for v in times.values()), times
+    assert times["total_time"] == pytest.approx(times["prompt_time"] + times["completion_time"], abs=2e-6)
+
+
 def finished(text: str, reason: str) -> float:
     """vLLM's count of the model's generations that ended for ``reason``."""
     pattern = rf'^vllm:request_success_total\{{(?=[^}}]*finished_reason="{reason}")(?=[^}}]*model_name="{MODEL}")[^}}]*\}} (\S+)$'

@@ -385,6 +385,8 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: every choice's timing summed, when the model measured each one's (else ``None``)
+    timing: GenerationTiming | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -394,10 +396,22 @@ class Usage:
 def usage_of(finished: Iterable[tuple[GenerationRequest, Choice]]) -> Usage:
     prompt_tokens: dict[int, int] = {}
     completion_tokens = 0
+    timings: list[GenerationTiming | None] = []
     for request, choice in finished:
         prompt_tokens[request.prompt_index] = choice.prompt_tokens
         completion_tokens += choice.completion_tokens
-    return Usage(sum(prompt_tokens.values()), completion_tokens)
+        timings.append(choice.timing)
+    return Usage(sum(prompt_tokens.values()), completion_tokens, summed_timing(timings))
+
+
+def summed_timing(timings: list[GenerationTiming | None]) -> GenerationTiming | None:
+    """The choices' timings added up; ``None`` unless the model measured every one."""
+    if not timings or any(t is None for t in timings):
+        return None
+    measured = [t for t in timings if t is not None]
+    return GenerationTiming(
+        sum(t.queue for t in measured), sum(t.prefill for t in measured), sum(t.decode for t in measured)
+    )
 
 
 @dataclass
@@ -434,11 +448,9 @@ def generate_whole(
         observe_choice(model, choice, arrived, first, ended)
         choices.append((request, choice))
     generated = Generated(choices, usage_of(choices))
+    usage = generated.usage
     generation_metrics.answer_timed(
-        time.monotonic() - arrived,
-        generated.usage.prompt_tokens,
-        generated.usage.completion_tokens,
-        [choice.timing for _, choice in choices],
+        time.monotonic() - arrived, usage.prompt_tokens, usage.completion_tokens, usage.timing
     )
     return generated
 

@@ -309,22 +309,19 @@ def _ms(seconds: float) -> str:
     return str(int(seconds * 1000))  # whole milliseconds, as TGI writes them
 
 
-def answer_timed(
-    total: float, prompt_tokens: int, completion_tokens: int, timings: list[GenerationTiming | None]
-) -> None:
+def answer_timed(total: float, prompt_tokens: int, completion_tokens: int, timing: GenerationTiming | None) -> None:
     """A whole generation was answered: TGI's headers for it (``x-total-time``, ``x-queue-time``,
     ``x-inference-time``, ``x-time-per-token`` in milliseconds; ``x-prompt-tokens``,
-    ``x-generated-tokens``).  The queue and inference times only when the model measured every
-    choice's (summed over choices)."""
+    ``x-generated-tokens``).  The queue and inference times only when the model measured them
+    (``timing``: every choice's, summed)."""
     headers = _answer_headers.get()
     if headers is None:
         return
     headers.clear()
     headers.append(("x-total-time", _ms(total)))
-    if timings and all(t is not None for t in timings):
-        queue = sum(t.queue for t in timings if t is not None)
-        inference = sum(t.prefill + t.decode for t in timings if t is not None)
-        headers.append(("x-queue-time", _ms(queue)))
+    if timing is not None:
+        inference = timing.prefill + timing.decode
+        headers.append(("x-queue-time", _ms(timing.queue)))
         headers.append(("x-inference-time", _ms(inference)))
         headers.append(("x-time-per-token", _ms(inference / completion_tokens if completion_tokens else 0.0)))
     headers.append(("x-prompt-tokens", str(prompt_tokens)))

@@ -198,12 +198,22 @@ class Job:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.mv.name, **fields}
 
 
-def usage_object(usage: gen.Usage) -> dict[str, int]:
-    return {
+def usage_object(usage: gen.Usage) -> dict[str, Any]:
+    """OpenAI's usage; with the time the model measured, in seconds, as Groq's OpenAI API adds it
+    (``queue_time``, ``prompt_time``: prefill, ``completion_time``: decode, ``total_time``: both),
+    which the ``openai`` client keeps as extra fields."""
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    timing = usage.timing
+    if timing is not None:
+        out["queue_time"] = round(timing.queue, 6)
+        out["prompt_time"] = round(timing.prefill, 6)
+        out["completion_time"] = round(timing.decode, 6)
+        out["total_time"] = round(timing.prefill + timing.decode, 6)
+    return out
 
 
 @route("/completions", ["POST"])
