@@ -36,6 +36,13 @@ class TensorSpec:
     ``tensor_name`` is the underlying graph tensor (TensorFlow's ``x:0``), if any;
     ``labels`` name the classes along an output's last axis (Triton's classification
     extension answers with them, :mod:`servekit.dataplane.classification`).
+
+    What an input takes is checked before the model is called
+    (:func:`servekit.dataplane.data_plane.check_values`): a numeric input refuses
+    strings and booleans, and a floating-point one NaN and ±Infinity unless it
+    says it takes them: ``allow_nan`` for a model that reads NaN as a missing
+    value (tree boosters, HistGradientBoosting), ``allow_infinity`` for one that
+    computes with infinities (TF Serving and Triton pass both on unchecked).
     """
 
     name: str
@@ -43,6 +50,8 @@ class TensorSpec:
     shape: list[int] | None
     tensor_name: str | None = None
     labels: list[str] | None = None
+    allow_nan: bool = False
+    allow_infinity: bool = False
 
 
 @dataclass

@@ -55,11 +55,11 @@ class LightGBMModel:
     # -- describing ------------------------------------------------------------------
 
     def describe(self) -> ModelMetadata:
-        # LightGBM computes in float64, so FP64 inputs are what it sees
+        # LightGBM computes in float64, so FP64 inputs are what it sees; NaN is a missing value
         if self.feature_names:
-            inputs = [TensorSpec(name, "FP64", [-1]) for name in self.feature_names]
+            inputs = [TensorSpec(name, "FP64", [-1], allow_nan=True) for name in self.feature_names]
         else:
-            inputs = [TensorSpec("input", "FP64", [-1, self.n_features])]
+            inputs = [TensorSpec("input", "FP64", [-1, self.n_features], allow_nan=True)]
         signatures = {s: Signature(inputs=inputs, outputs=[self._output_spec(s)]) for s in self.signatures()}
         if "predict_proba" in signatures:
             k = len(self.classes)

@@ -55,7 +55,9 @@ def signature_specs(doc: dict[str, Any], part: str) -> list[TensorSpec] | None:
             tensor = entry.get("tensor-spec") or {}
             specs.append(TensorSpec(name, numpy_to_v2(np.dtype(tensor.get("dtype", "float64"))), tensor.get("shape")))
         else:
-            specs.append(TensorSpec(name, COLUMN_TYPES.get(str(entry.get("type")), "BYTES"), [-1]))
+            datatype = COLUMN_TYPES.get(str(entry.get("type")), "BYTES")
+            # a DataFrame column: NaN is pandas's missing value, handed on as MLflow's own server does
+            specs.append(TensorSpec(name, datatype, [-1], allow_nan=datatype.startswith("FP")))
     return specs
 
 

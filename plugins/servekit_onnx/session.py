@@ -50,12 +50,17 @@ class Port:
         shape = None if arg.shape is None else tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape)
         return cls(arg.name, arg.type, shape)
 
-    def spec(self) -> TensorSpec:
+    def spec(self, allow_nan: bool = False) -> TensorSpec:
         datatype = TYPES.get(self.type, ("BYTES", None))[0]
         shape = None if self.shape is None else [-1 if d is None else d for d in self.shape]
         if self.type.startswith("seq(map"):  # skl2onnx's ZipMap: answered as rows of scores
             datatype, shape = "FP32", [-1, -1]
-        return TensorSpec(self.name, datatype, shape)
+        return TensorSpec(self.name, datatype, shape, allow_nan=allow_nan)
+
+    @property
+    def is_column(self) -> bool:
+        """One value per row: shape ``[-1]`` or ``[-1, 1]`` (a per-feature input, as skl2onnx makes them)."""
+        return self.shape is not None and len(self.shape) in (1, 2) and self.shape[1:] in ((), (1,))
 
 
 @dataclass
@@ -66,9 +71,13 @@ class OnnxModel:
     outputs: list[Port]
     providers: list[str]
     threads: int
+    #: ``options.allow_nan``: the graph reads NaN as a missing value (a converted tree ensemble does)
+    allow_nan: bool = False
 
     def describe(self) -> ModelMetadata:
-        signature = Signature(inputs=[p.spec() for p in self.inputs], outputs=[p.spec() for p in self.outputs])
+        signature = Signature(
+            inputs=[p.spec(self.allow_nan) for p in self.inputs], outputs=[p.spec() for p in self.outputs]
+        )
         return ModelMetadata(signatures={"serving_default": signature}, platform="onnxruntime_onnx")
 
     def run(self, inputs: Any, output_names: list[str] | None = None) -> dict[str, Any]:
@@ -91,9 +100,28 @@ class OnnxModel:
             return [(self.inputs[0], inputs)]
         if len(inputs) == 1 and len(self.inputs) == 1 and names[0] not in inputs:
             raise BadRequest(f"this model's input is {names[0]!r}; found {sorted(inputs)}")
+        if len(inputs) == 1 and len(self.inputs) > 1 and set(inputs) != set(names):
+            return self._columns_of(*inputs.items())
         if set(inputs) != set(names):
             raise BadRequest(f"expected inputs {names}, found {sorted(inputs)}")
         return [(port, inputs[port.name]) for port in self.inputs]
+
+
+    def _columns_of(self, item: tuple[str, Any]) -> list[tuple[Port, Any]]:
+        """One tensor of rows for a graph of one input per feature: its columns, in the graph's order."""
+        name, value = item
+        names = [p.name for p in self.inputs]
+        rows = np.asarray(value)
+        if not all(p.is_column for p in self.inputs):
+            raise BadRequest(f"expected inputs {names}, found {[name]}")
+        if rows.ndim != 2 or rows.shape[1] != len(self.inputs):
+            raise BadRequest(
+                f"input {name!r}: expected one input per feature {names}, or rows of {len(names)} features; "
+                f"found shape {list(rows.shape)}"
+            )
+        return [
+            (port, rows[:, [i]] if len(port.shape or ()) == 2 else rows[:, i]) for i, port in enumerate(self.inputs)
+        ]
 
 
 def _cast(port: Port, value: Any) -> np.ndarray:
@@ -155,7 +183,10 @@ def load_session(file: Path, config: ModelConfig) -> OnnxModel:
         raise ValueError(f"device {config.device!r} was requested but ONNX Runtime could not start CUDA here")
     inputs = [Port.of(a) for a in session.get_inputs()]
     outputs = [Port.of(a) for a in session.get_outputs()]
-    return OnnxModel(session, file.name, inputs, outputs, used, threads)
+    allow_nan = config.options.get("allow_nan", False)
+    if not isinstance(allow_nan, bool):
+        raise ValueError(f"options.allow_nan must be true or false, found {allow_nan!r}")
+    return OnnxModel(session, file.name, inputs, outputs, used, threads, allow_nan=allow_nan)
 
 
 def providers_for(device: str, available: list[str]) -> list[Any]:

@@ -18,7 +18,7 @@ from servekit.types import CLASSIFY_METHOD, ModelMetadata, Signature, TensorSpec
 
 from .artifacts import read_artifact
 from .calls import Call, bind
-from .inputs import Accepts
+from .inputs import Accepts, text_features
 
 ARTIFACTS = ("model.skops", "model.joblib", "model.pkl")
 #: How scikit-learn's input validation words a value it refuses (``check_array``).
@@ -68,10 +68,18 @@ class SklearnModel:
     # -- describing --------------------------------------------------------------
 
     def describe(self) -> ModelMetadata:
+        # NaN where the estimator takes it (or servekit cannot tell: see servekit_sklearn.inputs)
+        allow_nan = not self.accepts.finite_only
         if self.feature_names:
-            inputs = [TensorSpec(name, "FP64", [-1]) for name in self.feature_names]
+            text = text_features(self.estimator, self.feature_names)
+            inputs = [
+                TensorSpec(name, "BYTES" if name in text else "FP64", [-1], allow_nan=allow_nan)
+                for name in self.feature_names
+            ]
         else:
-            inputs = [TensorSpec("input", "FP64", [-1, self.n_features] if self.n_features else None)]
+            datatype = "FP64" if self.accepts.numbers_only else "BYTES"
+            shape = [-1, self.n_features] if self.n_features else None
+            inputs = [TensorSpec("input", datatype, shape, allow_nan=allow_nan)]
         signatures = {}
         for signature, method in self.methods().items():
             signatures[signature] = Signature(inputs=inputs, outputs=[self._output_spec(method)])
@@ -146,6 +154,8 @@ class SklearnModel:
     def rows(self, inputs: Any, label: str = "input") -> Any:
         """Decoded request tensors as rows of features, checked against the estimator.
 
+        One tensor per feature, by name, or one tensor of rows under any name (a
+        ``[rows, features]`` tensor, as KServe's and MLServer's runtimes take it).
         An array in feature order where the model takes numbers (or has no feature
         names); a DataFrame of the named columns otherwise.
         """
@@ -161,7 +171,10 @@ class SklearnModel:
                 "cannot be ordered; send one unnamed tensor of rows"
             )
         if set(inputs) != set(names):
-            raise BadRequest(f"expected inputs {names}, found {sorted(inputs)}")
+            if len(inputs) == 1:  # one tensor of rows under any name, as the tree boosters take it
+                name, value = next(iter(inputs.items()))
+                return self._rows_of(np.asarray(value), f"input {name!r}")
+            raise BadRequest(f"expected one input per feature {names}, or one tensor of rows; found {sorted(inputs)}")
         columns = [_column(inputs[n], n) for n in names]
         if len({len(c) for c in columns}) > 1:
             raise BadRequest(

@@ -160,6 +160,61 @@ def _locate(label: str, names: list[str] | None, row: int, col: int) -> tuple[st
     return label, f"at row {row} column {col}"
 
 
+def text_features(estimator: Any, names: list[str]) -> set[str]:
+    """The features that may hold strings: every one, unless a ColumnTransformer says which.
+
+    A model that takes strings (a OneHotEncoder behind a ColumnTransformer) declares
+    those features ``BYTES`` and the rest ``FP64``, so servekit's value checks refuse
+    a string only where the model takes numbers.
+    """
+    if _numbers_only(estimator):
+        return set()
+    first = estimator
+    how, parts = _children(estimator)
+    if how == "sequence" and parts:
+        first, rest = parts[0], parts[1:]
+    else:
+        rest = []
+    transformers = getattr(first, "transformers_", None)
+    if not isinstance(transformers, list):
+        return set(names)
+    after_numeric = all(_numbers_only(p) for p in rest)
+    text: set[str] = set()
+    for _, transformer, columns in transformers:
+        if transformer == "drop":
+            continue
+        if transformer == "passthrough" and after_numeric:
+            continue
+        if transformer != "passthrough" and _numbers_only(transformer):
+            continue
+        selected = _column_names(columns, names)
+        if selected is None:
+            return set(names)
+        text |= selected
+    return text
+
+
+def _column_names(columns: Any, names: list[str]) -> set[str] | None:
+    """A ColumnTransformer's column selection as feature names; ``None`` when it cannot tell."""
+    if isinstance(columns, (str, int, np.integer)):
+        columns = [columns]
+    try:
+        picked = list(columns)
+    except TypeError:  # a callable selector
+        return None
+    if picked and all(isinstance(c, (bool, np.bool_)) for c in picked):
+        return {n for n, keep in zip(names, picked) if keep}
+    out = set()
+    for column in picked:
+        if isinstance(column, str) and column in names:
+            out.add(column)
+        elif isinstance(column, (int, np.integer)) and -len(names) <= int(column) < len(names):
+            out.add(names[int(column)])
+        else:
+            return None
+    return out
+
+
 # -- reading the estimator, once --------------------------------------------------
 
 

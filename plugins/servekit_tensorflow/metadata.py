@@ -44,7 +44,15 @@ def tensor_spec(key: str, info: Any) -> TensorSpec:
         tensor_name = info.coo_sparse.values_tensor_name
     else:
         tensor_name = info.name
-    return TensorSpec(name=key, datatype=v2_datatype(info.dtype), shape=shape, tensor_name=tensor_name)
+    # NaN and infinity reach the graph, as TF Serving passes them (a float that overflows float32 is one)
+    return TensorSpec(
+        name=key,
+        datatype=v2_datatype(info.dtype),
+        shape=shape,
+        tensor_name=tensor_name,
+        allow_nan=True,
+        allow_infinity=True,
+    )
 
 
 def signature(sig_def: Any) -> Signature:

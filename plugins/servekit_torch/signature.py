@@ -252,7 +252,9 @@ def describe(model: TorchModel) -> ModelMetadata:
     fallback = wire_datatype(model.float_dtype if model.float_dtype and not model.half else "float32")
 
     def spec(name: str, dtype: str | None, shape: list[int] | None) -> TensorSpec:
-        return TensorSpec(name, wire_datatype(dtype) if dtype else fallback, shape)
+        # NaN and infinity reach the module, as Triton's PyTorch backend passes them (-inf masks are common)
+        datatype = wire_datatype(dtype) if dtype else fallback
+        return TensorSpec(name, datatype, shape, allow_nan=True, allow_infinity=True)
 
     signature = Signature(
         inputs=[spec(i.name, i.dtype, i.shape) for i in model.inputs],

@@ -77,10 +77,10 @@ class XGBoostModel:
         return ModelMetadata(signatures=signatures, platform="xgboost")
 
     def _input_specs(self) -> list[TensorSpec]:
-        # XGBoost computes in float32 (a DMatrix holds float32), so FP32 loses nothing
+        # XGBoost computes in float32 (a DMatrix holds float32), so FP32 loses nothing; NaN is a missing value
         if self.feature_names:
-            return [TensorSpec(name, "FP32", [-1]) for name in self.feature_names]
-        return [TensorSpec("input", "FP32", [-1, self.n_features])]
+            return [TensorSpec(name, "FP32", [-1], allow_nan=True) for name in self.feature_names]
+        return [TensorSpec("input", "FP32", [-1, self.n_features], allow_nan=True)]
 
     def _output_spec(self, signature: str) -> TensorSpec:
         name = OUTPUTS[signature]

@@ -47,3 +47,22 @@ def v2_to_numpy(datatype: str) -> np.dtype:
         return V2_TO_NUMPY[datatype]
     except KeyError:
         raise BadRequest(f"unsupported datatype {datatype!r}; expected one of {', '.join(V2_TO_NUMPY)}") from None
+
+
+def holds_boolean(data: Any, arr: np.ndarray) -> bool:
+    """Whether JSON ``data``, which numpy read as the numbers ``arr``, held a ``true`` or ``false``.
+
+    numpy reads ``[true, 5.1]`` as ``[1.0, 5.1]``, so a boolean among numbers would
+    pass as a number.  Only values equal to 0 or 1 can have been booleans: the
+    list is walked only when the array holds one.
+    """
+    if arr.dtype.kind not in "iuf" or not bool(((arr == 0) | (arr == 1)).any()):
+        return False
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif type(node) is bool:
+            return True
+    return False

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from servekit.codecs import bounds
+from servekit.codecs import bounds, dtypes
 from servekit.errors import BadRequest
 
 _NUMERIC_KINDS = "biuf"
@@ -44,6 +44,8 @@ def to_tensor(value: Any, where: str) -> np.ndarray:
         except (ValueError, OverflowError):
             arr = None  # ragged, or objects inside: the walk below says which
         if arr is not None and arr.dtype.kind in _NUMERIC_KINDS:
+            if dtypes.holds_boolean(value, arr):
+                raise BadRequest(f"{where}: a tensor mixes boolean and number values")
             return arr
     shape, leaves, kind = _walk(value, where)
     if kind == "number":

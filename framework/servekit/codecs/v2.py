@@ -35,7 +35,7 @@ import numpy as np
 
 from servekit.codecs import bounds
 from servekit.codecs import json as jsonc
-from servekit.codecs.dtypes import V2_TO_NUMPY, numpy_to_v2, v2_to_numpy
+from servekit.codecs.dtypes import V2_TO_NUMPY, holds_boolean, numpy_to_v2, v2_to_numpy
 from servekit.codecs.infer_request import (
     INPUT_PARAMETERS,
     OUTPUT_PARAMETERS,
@@ -246,6 +246,8 @@ def _tensor_from_checked_json(datatype: str, shape: tuple[int, ...], data: Any, 
             f"expected {count} {datatype} values"
         ) from None
     _check_layout(arr, shape, count, where)
+    if datatype != "BOOL" and holds_boolean(data, arr):
+        raise BadRequest(f"{where}: {datatype} data must be numbers, found a boolean among them")
     if arr.dtype.kind == "f" and V2_TO_NUMPY[datatype].kind in _INT_KINDS:
         # numpy turns ints beyond int64 (UINT64's upper half) into floats; look again
         arr = _python_ints(arr, data, datatype, where)

@@ -10,7 +10,8 @@ hook into :class:`NotImplementedByModel`.  The call goes one way: the executor
 never calls back into the data plane.
 
 What checks a request against its model lives here, not in a protocol:
-:func:`check_inputs` (shapes against the metadata), naming a model's outputs
+:func:`check_inputs` (shapes against the metadata), :func:`check_values`
+(strings, booleans, NaN and infinity against the declared datatypes), naming a model's outputs
 (:func:`named_outputs`), the one way a streamed prediction is joined into a
 single answer (:func:`join_stream`), and :meth:`DataPlane.infer`, which runs a
 V2 :class:`~servekit.codecs.infer_request.InferRequest` whichever wire it came on.
@@ -34,7 +35,7 @@ from servekit.folders import pipeline
 from servekit.folders import triton_config as triton_model_config
 from servekit.observability import labels, load, statistics
 from servekit.streams import close, is_stream
-from servekit.types import GenerationChunk, GenerationRequest, GenerationResult, ModelMetadata, Tensors
+from servekit.types import GenerationChunk, GenerationRequest, GenerationResult, ModelMetadata, Tensors, TensorSpec
 
 log = logging.getLogger("servekit.dataplane")
 
@@ -158,6 +159,7 @@ class DataPlane:
         if counted:
             load.arrived(mv.name)
         try:
+            check_values(mv, inputs, signature_name)
             inputs = single_tensor(mv, inputs)
             if isinstance(mv.model, pipeline.Pipeline):  # its steps run on their own versions' executors
                 return self._run_pipeline(mv, inputs, parameters or {})
@@ -226,6 +228,7 @@ class DataPlane:
         parameters: dict[str, Any] | None = None,
         signature_name: str | None = None,
     ) -> Any:
+        check_values(mv, inputs, signature_name)
         inputs = single_tensor(mv, inputs)
         return mv.executor.explain(mv, inputs, parameters=parameters or {}, signature_name=signature_name)
 
@@ -359,6 +362,138 @@ def check_inputs(mv: ModelVersion, inputs: Tensors, signature_name: str | None) 
                 f"input {spec.name!r}: shape {list(arr.shape)} does not match the model's shape "
                 f"{spec.shape} (-1 means any size)"
             )
+
+
+#: V2 datatypes of numbers: a string or a boolean sent to one of these is a client's mistake
+NUMERIC_DATATYPES = frozenset(
+    {"FP16", "BF16", "FP32", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
+)
+
+
+def check_values(mv: ModelVersion, inputs: Tensors, signature_name: str | None) -> None:
+    """Refuse values the model's metadata rules out, before the model sees them.
+
+    An input declared as numbers (:data:`NUMERIC_DATATYPES`) refuses strings and
+    booleans; NaN and ±Infinity only where the input declares it takes them
+    (``TensorSpec.allow_nan``, ``allow_infinity``; an integer input takes neither).
+    Every protocol's request comes through here, so a value is refused alike on
+    V1, V2 and gRPC, whichever plugin serves the model.
+
+    A tensor the signature does not name is checked too when the model will read
+    it as its inputs: the one tensor a one-input signature gets under any name,
+    or the one tensor of rows a signature of one input per feature takes (as
+    KServe's and MLServer's runtimes take the first tensor as the feature
+    matrix), whose columns are named by the features.  A pipeline's steps check
+    their own inputs.
+    """
+    if isinstance(mv.model, pipeline.Pipeline):
+        return
+    signature = mv.metadata.signature(signature_name)
+    if signature is None or not signature.inputs:
+        return
+    declared = signature.inputs
+    if not isinstance(inputs, dict):
+        if len(declared) == 1:
+            _check_tensor(inputs, declared[0], f"input {declared[0].name!r}")
+        else:
+            _check_rows(inputs, declared, "input")
+        return
+    specs = {spec.name: spec for spec in declared}
+    for name, value in inputs.items():
+        spec = specs.get(name)
+        if spec is not None:
+            _check_tensor(value, spec, f"input {name!r}")
+    if len(inputs) == 1:
+        ((name, value),) = inputs.items()
+        if name not in specs:
+            if len(declared) == 1:
+                _check_tensor(value, declared[0], f"input {name!r}")
+            else:
+                _check_rows(value, declared, f"input {name!r}")
+
+
+def _check_rows(value: Any, declared: list[TensorSpec], label: str) -> None:
+    """One tensor of rows for a signature of one input per feature, when the features agree on what they take."""
+    first = declared[0]
+    if any((s.datatype, s.allow_nan, s.allow_infinity) != (first.datatype, first.allow_nan, first.allow_infinity)
+           for s in declared):
+        return
+    arr = np.asarray(value)
+    columns = [s.name for s in declared] if arr.ndim == 2 and arr.shape[1] == len(declared) else None
+    _check_tensor(arr, first, label, columns)
+
+
+def _check_tensor(value: Any, spec: TensorSpec, label: str, columns: list[str] | None = None) -> None:
+    if spec.datatype not in NUMERIC_DATATYPES:
+        return
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    kind = arr.dtype.kind
+    if kind == "b":
+        raise BadRequest(f"{label}: expected numbers ({spec.datatype}), found booleans")
+    if kind in "OSU":
+        text = _first_text(arr)
+        if text is not None:
+            index, found = text
+            where, at = _locate(label, columns, index)
+            raise BadRequest(f"{where}: expected numbers, found {found}{at}")
+        return
+    if kind not in "fc":
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(arr.sum()):  # finite only when every value is (a sum that overflows looks closer)
+            return
+    floating = spec.datatype.startswith(("FP", "BF"))
+    refused = ~np.isfinite(arr)
+    if floating and spec.allow_nan:
+        refused &= ~np.isnan(arr)
+    if floating and spec.allow_infinity:
+        refused &= ~np.isinf(arr)
+    if not refused.any():
+        return
+    index = tuple(int(i) for i in np.argwhere(refused)[0])
+    where, at = _locate(label, columns, index)
+    if np.isnan(arr[index]):
+        raise BadRequest(
+            f"{where} contains NaN{at}; this model does not take missing values "
+            "(only an input declared with allow_nan does): send numbers"
+        )
+    hint = "; send NaN for a missing value" if floating and spec.allow_nan else ""
+    raise BadRequest(f"{where} contains infinity{at}; this model takes only finite numbers{hint}")
+
+
+def _first_text(arr: np.ndarray) -> tuple[tuple[int, ...], str] | None:
+    """Where the first string of an array is, and how to show it; ``None`` when it holds only numbers."""
+    if arr.dtype.kind == "O":
+        flat = arr.reshape(-1)
+        for i, item in enumerate(flat):
+            if isinstance(item, (str, bytes)) or not isinstance(item, (int, float, complex, np.number)):
+                return tuple(int(v) for v in np.unravel_index(i, arr.shape)), _show(item)
+        return None
+    if arr.size == 0:
+        return None
+    first = (0,) * arr.ndim
+    return first, _show(arr[first] if arr.ndim else arr.item())
+
+
+def _show(item: Any) -> str:
+    if isinstance(item, bytes):
+        item = item.decode("utf-8", "replace")
+    if isinstance(item, str):
+        return f"the string {item[:40]!r}"
+    return f"a {type(item).__name__}"
+
+
+def _locate(label: str, columns: list[str] | None, index: tuple[int, ...]) -> tuple[str, str]:
+    """How a message names a value: the input (its feature, for rows of features) and where in it."""
+    if columns is not None:
+        return f"input {columns[index[1]]!r}", f" at row {index[0]}"
+    if not index:
+        return label, ""
+    if len(index) == 1:
+        return label, f" at row {index[0]}"
+    if len(index) == 2:
+        return label, f" at row {index[0]} column {index[1]}"
+    return label, f" at index {list(index)}"
 
 
 def single_tensor(mv: ModelVersion, inputs: Tensors) -> Tensors:

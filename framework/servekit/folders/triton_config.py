@@ -245,7 +245,9 @@ def metadata(doc: dict[str, Any] | None) -> ModelMetadata | None:
 def _spec(tensor: dict[str, Any], batched: bool) -> TensorSpec:
     dims = [_int(d) for d in tensor.get("dims", [])]
     datatype = v2_datatype(tensor.get("data_type", "TYPE_INVALID"))
-    return TensorSpec(str(tensor.get("name", "")), datatype, ([-1] if batched else []) + dims)
+    shape = ([-1] if batched else []) + dims
+    # Triton hands NaN and infinity to the model unchecked; a config.pbtxt folder does the same
+    return TensorSpec(str(tensor.get("name", "")), datatype, shape, allow_nan=True, allow_infinity=True)
 
 
 def _int(value: Any) -> int:

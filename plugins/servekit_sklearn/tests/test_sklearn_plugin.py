@@ -60,7 +60,7 @@ def test_named_inputs_must_match_the_feature_names(tmp_path, servekit_app):
     fit_iris(tmp_path / "iris", 1)
     client = servekit_app(tmp_path)
     r = client.post("/v1/models/iris:predict", json={"instances": [{"sepal_length": 1, "petal_width": 2}]})
-    assert r.status_code == 400 and "expected inputs" in r.get_json()["error"]
+    assert r.status_code == 400 and "expected one input per feature" in r.get_json()["error"]
 
 
 def test_classifier_without_predict_proba_cannot_classify(tmp_path, servekit_app):
