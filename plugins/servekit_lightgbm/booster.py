@@ -40,6 +40,8 @@ class LightGBMModel:
     feature_names: list[str] | None
     threads: int
     classes: list[str] = field(default_factory=list)
+    #: NaN is a missing value (LightGBM's own reading); ``options.allow_nan: false`` refuses it instead
+    allow_nan: bool = True
 
     @property
     def is_classifier(self) -> bool:
@@ -57,9 +59,9 @@ class LightGBMModel:
     def describe(self) -> ModelMetadata:
         # LightGBM computes in float64, so FP64 inputs are what it sees; NaN is a missing value
         if self.feature_names:
-            inputs = [TensorSpec(name, "FP64", [-1], allow_nan=True) for name in self.feature_names]
+            inputs = [TensorSpec(name, "FP64", [-1], allow_nan=self.allow_nan) for name in self.feature_names]
         else:
-            inputs = [TensorSpec("input", "FP64", [-1, self.n_features], allow_nan=True)]
+            inputs = [TensorSpec("input", "FP64", [-1, self.n_features], allow_nan=self.allow_nan)]
         signatures = {s: Signature(inputs=inputs, outputs=[self._output_spec(s)]) for s in self.signatures()}
         if "predict_proba" in signatures:
             k = len(self.classes)
@@ -137,8 +139,19 @@ def load_booster(file: Path, config: ModelConfig) -> LightGBMModel:
     if width and len(classes) != width:
         raise ValueError(f"options.classes has {len(classes)} labels; the model has {width} classes")
     threads = int(config.options.get("num_threads") or cpus_per_worker())
+    allow_nan = config.options.get("allow_nan", True)
+    if not isinstance(allow_nan, bool):
+        raise ValueError(f"options.allow_nan must be true or false, found {allow_nan!r}")
     return LightGBMModel(
-        booster, file.name, objective, booster.num_feature(), n_classes, names or None, threads, classes
+        booster,
+        file.name,
+        objective,
+        booster.num_feature(),
+        n_classes,
+        names or None,
+        threads,
+        classes,
+        allow_nan=allow_nan,
     )
 
 

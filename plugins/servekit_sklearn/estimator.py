@@ -36,6 +36,7 @@ class SklearnModel:
     feature_names: list[str] | None = field(init=False)
     n_features: int | None = field(init=False)
     accepts: Accepts = field(init=False)
+    allow_nan: bool = field(init=False)
     _methods: dict[str, str] = field(init=False, repr=False)
     _calls: dict[str, Call] = field(init=False, repr=False)
     #: methods called through a shortcut (see :mod:`servekit_sklearn.calls`)
@@ -48,6 +49,11 @@ class SklearnModel:
         self.feature_names = [str(n) for n in names] if names is not None else None
         self.n_features = getattr(estimator, "n_features_in_", None)
         self.accepts = Accepts.of(estimator)
+        allow_nan = self.options.get("allow_nan", not self.accepts.finite_only)
+        if not isinstance(allow_nan, bool):
+            raise ValueError(f"options.allow_nan must be true or false, found {allow_nan!r}")
+        #: NaN declared as taken: where the estimator takes it, or servekit cannot tell (``options.allow_nan``)
+        self.allow_nan = allow_nan and not self.accepts.finite_only
         default = "predict" if _has_method(estimator, "predict") else "transform"
         self._methods = {"serving_default": default}
         for method in EXTRA_METHODS:
@@ -68,8 +74,7 @@ class SklearnModel:
     # -- describing --------------------------------------------------------------
 
     def describe(self) -> ModelMetadata:
-        # NaN where the estimator takes it (or servekit cannot tell: see servekit_sklearn.inputs)
-        allow_nan = not self.accepts.finite_only
+        allow_nan = self.allow_nan
         if self.feature_names:
             text = text_features(self.estimator, self.feature_names)
             inputs = [

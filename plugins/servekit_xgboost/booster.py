@@ -42,6 +42,8 @@ class XGBoostModel:
     n_classes: int
     feature_names: list[str] | None
     classes: list[str] = field(default_factory=list)
+    #: NaN is a missing value (XGBoost's own reading); ``options.allow_nan: false`` refuses it instead
+    allow_nan: bool = True
     dense: DensePredict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -79,8 +81,8 @@ class XGBoostModel:
     def _input_specs(self) -> list[TensorSpec]:
         # XGBoost computes in float32 (a DMatrix holds float32), so FP32 loses nothing; NaN is a missing value
         if self.feature_names:
-            return [TensorSpec(name, "FP32", [-1], allow_nan=True) for name in self.feature_names]
-        return [TensorSpec("input", "FP32", [-1, self.n_features], allow_nan=True)]
+            return [TensorSpec(name, "FP32", [-1], allow_nan=self.allow_nan) for name in self.feature_names]
+        return [TensorSpec("input", "FP32", [-1, self.n_features], allow_nan=self.allow_nan)]
 
     def _output_spec(self, signature: str) -> TensorSpec:
         name = OUTPUTS[signature]
@@ -151,7 +153,12 @@ def load_booster(file: Path, config: ModelConfig) -> XGBoostModel:
     classes = [str(c) for c in config.options.get("classes", range(width))]
     if width and len(classes) != width:
         raise ValueError(f"options.classes has {len(classes)} labels; the model has {width} classes")
-    return XGBoostModel(booster, file.name, objective, booster.num_features(), n_classes, names, classes)
+    allow_nan = config.options.get("allow_nan", True)
+    if not isinstance(allow_nan, bool):
+        raise ValueError(f"options.allow_nan must be true or false, found {allow_nan!r}")
+    return XGBoostModel(
+        booster, file.name, objective, booster.num_features(), n_classes, names, classes, allow_nan=allow_nan
+    )
 
 
 def _params(config: ModelConfig) -> dict[str, Any]:

@@ -38,6 +38,8 @@ def repo(tmp_path_factory):
     (base / "xgb" / "servekit.yaml").write_text("batching: {max_batch_size: 16, max_batch_time_ms: 5}\n")
     save_xgboost(base / "xgb_named" / "1", "model.ubj", named=True)
     save_lightgbm(base / "lgb" / "1", "model.bst")
+    save_lightgbm(base / "lgb_named" / "1", named=True)
+    sklearn_named = save_sklearn_named(base / "sklearn_named" / "1")
     (base / "lgb" / "servekit.yaml").write_text("placement: process\n")
     sklearn_onnx(base / "onnx" / "1")
     (base / "onnx" / "servekit.yaml").write_text(
@@ -50,7 +52,23 @@ def repo(tmp_path_factory):
     booster = xgb.Booster(model_file=str(base / "xgb" / "1" / "model.json"))
     mlflow.xgboost.save_model(booster, base / "mlflow_xgb" / "1", pip_requirements=["mlflow"])
     save_pyfunc(base / "mlflow_pyfunc" / "1")
+    import mlflow.sklearn
+
+    mlflow.sklearn.save_model(sklearn_named, base / "mlflow_sklearn_named" / "1", pip_requirements=["mlflow"])
     return base
+
+
+def save_sklearn_named(folder):
+    """A LogisticRegression fitted on a DataFrame of ``FEATURES``: one input per feature, as the named boosters."""
+    import joblib
+    import pandas as pd
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = data()
+    estimator = LogisticRegression(max_iter=500).fit(pd.DataFrame(X, columns=FEATURES), y)
+    folder.mkdir(parents=True)
+    joblib.dump(estimator, folder / "model.joblib")
+    return estimator
 
 
 @pytest.fixture(scope="module")
@@ -296,3 +314,55 @@ def test_tf_serving_classify_and_regress(tf_serving, repo):
     with pytest.raises(grpc.RpcError) as info:
         stub.Regress(regress, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+
+
+# -- the same V2 body, the same answer: every plugin whose metadata declares one input per feature --------
+
+#: models of four plugins (and MLflow's sklearn flavor) declaring the four ``FEATURES`` as inputs, one each
+SAME_INPUTS = ["xgb_named", "lgb_named", "sklearn_named", "mlflow_sklearn_named"]
+
+
+def _tensor(name, values, datatype="FP64"):
+    values = np.asarray(values)
+    data = values.reshape(-1).tolist()
+    return {"name": name, "datatype": datatype, "shape": list(values.shape), "data": data}
+
+
+def _columns(rows=ROWS):
+    return [_tensor(feature, rows[:, i]) for i, feature in enumerate(FEATURES)]
+
+
+#: case -> (V2 inputs, the status every one of SAME_INPUTS answers)
+SAME_BODIES = {
+    "one tensor per feature": (_columns(), 200),
+    "one [rows, 4] tensor named input": ([_tensor("input", ROWS)], 200),
+    "one [rows, 4] FP32 tensor under another name": ([_tensor("rows", ROWS.astype(np.float32), "FP32")], 200),
+    "one [rows, 3] tensor": ([_tensor("input", ROWS[:, :3])], 400),
+    "three of the four features": (_columns()[:3], 400),
+    "the four features and one more": ([*_columns(), _tensor("extra", ROWS[:, 0])], 400),
+    "a feature of two values per row": ([_tensor("age", np.c_[ROWS[:, 0], ROWS[:, 0]]), *_columns()[1:]], 400),
+    "infinity in a feature": ([_tensor("age", [np.inf] + ROWS[1:, 0].tolist()), *_columns()[1:]], 400),
+    "a string feature": ([_tensor("age", ["1.5"] * len(ROWS), "BYTES"), *_columns()[1:]], 400),
+    "a boolean feature": ([_tensor("age", [True] * len(ROWS), "BOOL"), *_columns()[1:]], 400),
+}
+
+
+@pytest.mark.parametrize("case", list(SAME_BODIES))
+@pytest.mark.parametrize("name", SAME_INPUTS)
+def test_the_same_v2_body_is_answered_alike_by_every_plugin(server, name, case):
+    import json
+
+    import requests
+
+    if name.startswith("mlflow"):
+        pytest.importorskip("mlflow")
+    meta = requests.get(f"{server.url}/v2/models/{name}", timeout=30).json()
+    assert [(t["name"], t["shape"]) for t in meta["inputs"]] == [(f, [-1]) for f in FEATURES]
+    inputs, status = SAME_BODIES[case]
+    body = json.dumps({"inputs": inputs})  # Python's json writes Infinity as the token V2 reads
+    r = requests.post(
+        f"{server.url}/v2/models/{name}/infer", data=body, headers={"Content-Type": "application/json"}, timeout=30
+    )
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]

@@ -121,7 +121,7 @@ def test_lightgbm_bst_is_left_to_lightgbm(tmp_path):
         ([[1.0, 2.0]], "shape [1, 2] does not match the model's shape [-1, 4]"),  # its metadata, as V2
         ([["a", "b", "c", "d"]], "expected numbers"),
         ([[1, 2, 3, 4]], None),
-        ([[1e400, 0, 0, 0]], "infinite"),
+        ([[1e400, 0, 0, 0]], "contains infinity"),
         ([[[1, 2, 3, 4]]], "shape [1, 1, 4] does not match the model's shape [-1, 4]"),
     ],
 )

@@ -45,6 +45,8 @@ def load(path: Path) -> LinearScorer:
 
 @servekit.hookimpl
 def metadata(model: LinearScorer) -> ModelMetadata:
+    # servekit refuses NaN, infinity, strings and booleans in a declared number input before
+    # predict runs (a 400 naming the row); TensorSpec(..., allow_nan=True) takes NaN as a missing value.
     inputs = [TensorSpec("input", "FP64", [-1, len(model.features)])]
     outputs = [TensorSpec("score", "FP64", [-1])]
     return ModelMetadata(

@@ -33,6 +33,9 @@ def load(path: Path) -> Any:
 
 @servekit.hookimpl
 def metadata(model: Any) -> ModelMetadata:
+    # servekit refuses NaN and infinity in these inputs (a 400 naming the row) before predict runs;
+    # a model that reads NaN as a missing value (HistGradientBoostingClassifier, a Pipeline with a
+    # SimpleImputer) says so with TensorSpec(..., allow_nan=True).
     signature = Signature(
         inputs=[TensorSpec("input", "FP64", [-1, len(FEATURES)])],
         outputs=[

@@ -29,6 +29,8 @@ def load(path: Path) -> Any:
 
 
 def _spec(name: str, spec: tf.TensorSpec) -> TensorSpec:
+    # servekit refuses NaN and infinity in float inputs before predict runs (a 400);
+    # add allow_nan=True, allow_infinity=True for a graph that computes with them.
     shape = None if spec.shape.rank is None else [-1 if d is None else int(d) for d in spec.shape.as_list()]
     return TensorSpec(name, _V2_TYPES.get(spec.dtype, spec.dtype.name.upper()), shape)
 

@@ -52,6 +52,8 @@ def load(path: Path, config: servekit.ModelConfig) -> Classifier:
 
 @servekit.hookimpl
 def metadata() -> ModelMetadata:
+    # servekit refuses NaN, infinity, strings and booleans here before predict runs (a 400);
+    # TensorSpec(..., allow_nan=True, allow_infinity=True) lets them through to the network.
     signature = Signature(
         inputs=[TensorSpec("input", "FP32", [-1, N_FEATURES])],
         outputs=[TensorSpec("class", "INT64", [-1]), TensorSpec("probabilities", "FP32", [-1, N_CLASSES])],
