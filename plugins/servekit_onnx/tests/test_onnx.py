@@ -123,3 +123,47 @@ def test_a_broken_file_fails_the_load_naming_it(tmp_path, servekit_app):
     client = servekit_app(tmp_path)
     status = client.get("/v1/models/m").get_json()["model_version_status"][0]
     assert status["state"] == "END" and "model.onnx" in status["status"]["error_message"]
+
+
+def test_a_graph_of_one_input_per_feature_takes_one_tensor_of_rows(tmp_path, servekit_app):
+    """A graph of one ``[-1, 1]`` input per feature (as skl2onnx makes from DataFrame columns):
+    a ``[rows, features]`` tensor under any name fills them, as the tree boosters' plugins take it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    names = ["a", "b", "c", "d"]
+    graph = helper.make_graph(
+        [helper.make_node("Concat", names, ["rows"], axis=1)],
+        "columns",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 1]) for n in names],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["N", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    onnx.save(model, tmp_path / "m" / "1" / "model.onnx")
+    client = servekit_app(tmp_path)
+    assert [t["shape"] for t in client.get("/v2/models/m").get_json()["inputs"]] == [[-1, 1]] * 4
+    columns = [
+        {"name": n, "datatype": "FP32", "shape": [5, 1], "data": ROWS[:, i].tolist()} for i, n in enumerate(names)
+    ]
+    by_feature = client.post("/v2/models/m/infer", json={"inputs": columns}).get_json()["outputs"]
+    rows = [{"name": "input", "datatype": "FP32", "shape": [5, 4], "data": ROWS.reshape(-1).tolist()}]
+    r = client.post("/v2/models/m/infer", json={"inputs": rows})
+    assert r.status_code == 200 and r.get_json()["outputs"] == by_feature
+    rows[0].update(shape=[4, 5])
+    r = client.post("/v2/models/m/infer", json={"inputs": rows})
+    assert r.status_code == 400 and "rows of 4 features" in r.get_json()["error"]
+
+
+def test_nan_is_refused_unless_options_allow_nan(tmp_path, servekit_app):
+    pytest.importorskip("skl2onnx")
+    sklearn_onnx(tmp_path / "strict" / "1")
+    sklearn_onnx(tmp_path / "missing" / "1")
+    (tmp_path / "missing" / "servekit.yaml").write_text("options: {allow_nan: true}\n")
+    client = servekit_app(tmp_path)
+    body = '{"instances": [[1, NaN, 2, 3]]}'
+    r = client.post("/v1/models/strict:predict", data=body, content_type="application/json")
+    assert r.status_code == 400 and "input 'X' contains NaN at row 0 column 1" in r.get_json()["error"]
+    r = client.post("/v1/models/missing:predict", data=body, content_type="application/json")
+    assert r.status_code == 200  # the graph's answer (a linear model's: NaN), as asked

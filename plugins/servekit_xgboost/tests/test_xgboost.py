@@ -145,6 +145,16 @@ def test_nan_is_a_missing_value(tmp_path, servekit_app):
     assert np.array_equal(np.asarray(out, np.float32), booster.predict(xgb.DMatrix(row)))
 
 
+def test_options_allow_nan_false_refuses_nan(tmp_path, servekit_app):
+    """A model trained without missing values, whose owner would rather see a client's NaN refused."""
+    save_xgboost(tmp_path / "m" / "1")
+    (tmp_path / "m" / "servekit.yaml").write_text("options: {allow_nan: false}\n")
+    client = servekit_app(tmp_path)
+    body = '{"instances": [[1, NaN, 2, 3]]}'
+    r = client.post("/v1/models/m:predict", data=body, content_type="application/json")
+    assert r.status_code == 400 and "input 'input' contains NaN at row 0 column 1" in r.get_json()["error"]
+
+
 def test_a_broken_file_fails_the_load_naming_it(tmp_path, servekit_app):
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "1" / "model.bst").write_bytes(b"\x00garbage")
