@@ -28,7 +28,7 @@ def load(path):
 
 @servekit.hookimpl
 def metadata(model):
-    return ModelMetadata(signatures={"serving_default": Signature(inputs=[TensorSpec("x", "FP32", None)])})
+    return ModelMetadata(signatures={"serving_default": Signature(inputs=[TensorSpec("x", "", None)])})
 
 @servekit.hookimpl
 def predict(inputs):

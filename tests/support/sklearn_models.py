@@ -57,8 +57,9 @@ def load(path):
 
 @servekit.hookimpl
 def metadata(model):
-    # a declared input: one V2/gRPC tensor arrives by name (a dict), so the answer keeps its name
-    return ModelMetadata(signatures={"serving_default": Signature(inputs=[TensorSpec("x", "FP32", None)])})
+    # a declared input: one V2/gRPC tensor arrives by name (a dict), so the answer keeps its name;
+    # of no datatype, as it echoes every one (a declared FP32 would refuse strings, booleans and NaN)
+    return ModelMetadata(signatures={"serving_default": Signature(inputs=[TensorSpec("x", "", None)])})
 
 
 @servekit.hookimpl

@@ -379,12 +379,12 @@ def check_values(mv: ModelVersion, inputs: Tensors, signature_name: str | None) 
     Every protocol's request comes through here, so a value is refused alike on
     V1, V2 and gRPC, whichever plugin serves the model.
 
-    A tensor the signature does not name is checked too when the model will read
-    it as its inputs: the one tensor a one-input signature gets under any name,
-    or the one tensor of rows a signature of one input per feature takes (as
-    KServe's and MLServer's runtimes take the first tensor as the feature
-    matrix), whose columns are named by the features.  A pipeline's steps check
-    their own inputs.
+    Unnamed rows (V1 ``instances``) are the input of a one-input signature.  A
+    tensor the signature does not name is left to the model, but for the one
+    tensor of rows that a signature of one input per feature takes under any
+    name (as KServe's and MLServer's runtimes take the first tensor as the
+    feature matrix): it is checked as the features, its columns named by them.
+    A pipeline's steps check their own inputs.
     """
     if isinstance(mv.model, pipeline.Pipeline):
         return
@@ -403,13 +403,10 @@ def check_values(mv: ModelVersion, inputs: Tensors, signature_name: str | None) 
         spec = specs.get(name)
         if spec is not None:
             _check_tensor(value, spec, f"input {name!r}")
-    if len(inputs) == 1:
+    if len(inputs) == 1 and len(declared) > 1:
         ((name, value),) = inputs.items()
         if name not in specs:
-            if len(declared) == 1:
-                _check_tensor(value, declared[0], f"input {name!r}")
-            else:
-                _check_rows(value, declared, f"input {name!r}")
+            _check_rows(value, declared, f"input {name!r}")
 
 
 def _check_rows(value: Any, declared: list[TensorSpec], label: str) -> None:
