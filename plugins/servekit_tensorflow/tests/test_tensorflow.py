@@ -196,8 +196,8 @@ def test_predict_other_signature(tf_server):
     [
         ({"signature_name": "nope", "instances": [1.0]}, "'nope' not found"),
         ({"inputs": {"y": [1.0]}}, "no input(s) y"),
-        ({"instances": ["a", "b"]}, "expects DT_FLOAT numbers"),
-        ({"instances": [True]}, "true/false"),
+        ({"instances": ["a", "b"]}, "expected numbers, found the string 'a' at row 0"),
+        ({"instances": [True]}, "expected numbers (FP32), found booleans"),
         ({"signature_name": "__saved_model_init_op", "instances": [1.0]}, "not found"),
     ],
 )
@@ -227,8 +227,8 @@ def test_strings_and_binary_outputs(tf_server):
     [
         ([1.5], "expects DT_INT32 integers"),
         ([2**40], "out of the range of DT_INT32"),
-        ([True], "true/false"),
-        (["7"], "expects DT_INT32 numbers, found strings"),
+        ([True], "expected numbers (INT32), found booleans"),
+        (["7"], "expected numbers, found the string '7'"),
     ],
 )
 def test_lossy_casts_are_refused(tf_server, count, fragment):

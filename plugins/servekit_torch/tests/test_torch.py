@@ -149,7 +149,7 @@ def test_v1_metadata_names_inputs_by_forward_arguments(torch_server):
         ("ep_clf", {"instances": [[1.0, 2.0, 3.0]]}, 400, "shape [1, 3] does not match the model's shape [-1, 4]"),
         ("ts_clf", {"instances": [[1.0, 2.0, 3.0]]}, 400, "shapes cannot be multiplied"),
         ("sd_clf", {"instances": [[1, 2, 3, 4]]}, 400, "send floats"),
-        ("ep_clf", {"instances": [["a", "b", "c", "d"]]}, 400, "numeric or boolean"),
+        ("ep_clf", {"instances": [["a", "b", "c", "d"]]}, 400, "expected numbers, found the string 'a'"),
         ("sd_embed", {"inputs": {"ids": [[1.5, 2, 3, 0, 0]], "weights": [[1.0] * 5]}}, 400, "would change"),
         ("sd_embed", {"inputs": {"ids": [[99, 2, 3, 0, 0]], "weights": [[1.0] * 5]}}, 400, "index out of range"),
     ],
