@@ -106,7 +106,6 @@ class OnnxModel:
             raise BadRequest(f"expected inputs {names}, found {sorted(inputs)}")
         return [(port, inputs[port.name]) for port in self.inputs]
 
-
     def _columns_of(self, item: tuple[str, Any]) -> list[tuple[Port, Any]]:
         """One tensor of rows for a graph of one input per feature: its columns, in the graph's order."""
         name, value = item

@@ -412,8 +412,10 @@ def check_values(mv: ModelVersion, inputs: Tensors, signature_name: str | None) 
 def _check_rows(value: Any, declared: list[TensorSpec], label: str) -> None:
     """One tensor of rows for a signature of one input per feature, when the features agree on what they take."""
     first = declared[0]
-    if any((s.datatype, s.allow_nan, s.allow_infinity) != (first.datatype, first.allow_nan, first.allow_infinity)
-           for s in declared):
+    if any(
+        (s.datatype, s.allow_nan, s.allow_infinity) != (first.datatype, first.allow_nan, first.allow_infinity)
+        for s in declared
+    ):
         return
     arr = np.asarray(value)
     columns = [s.name for s in declared] if arr.ndim == 2 and arr.shape[1] == len(declared) else None
