@@ -21,7 +21,8 @@ from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as pb
 from servekit.protocols.grpc.protos.tensorflow_serving.apis import predict_pb2
 
 #: how the V2 gRPC fields are spelled in the REST protocol's JSON, or where they travel instead
-REST_SPELLING = {"contents": "data", "model_name": None, "model_version": None, "raw_input_contents": None}
+#: (the model's name and version travel in the path; KServe's client repeats the name in the body)
+REST_SPELLING = {"contents": "data", "raw_input_contents": None}
 
 
 def rest_names(message) -> set[str]:
@@ -106,6 +107,17 @@ def test_mlservers_numpy_content_type_says_what_servekit_does_and_passes():
     }
     with pytest.raises(BadRequest, match="'content_type' 'np' is not supported by this server for a BYTES tensor"):
         v2.decode_infer_request(json.dumps(text).encode())
+
+
+def test_the_model_a_kserve_client_names_in_the_body_must_be_the_paths():
+    body = {"id": "1", "model_name": "m", "inputs": [INPUT]}  # as KServe's InferRequest.to_rest writes it
+    decoded = v2.decode_infer_request(json.dumps(body).encode())
+    decoded.check_addressed("m", "1")
+    with pytest.raises(BadRequest, match="'model_name' is 'm', but it was sent to model 'other'"):
+        decoded.check_addressed("other", "1")
+    versioned = v2.decode_infer_request(json.dumps({**body, "model_version": "2"}).encode())
+    with pytest.raises(BadRequest, match="'model_version' is '2', but version 1 answers it"):
+        versioned.check_addressed("m", "1")
 
 
 def test_the_parameters_servekit_reads_and_unset_scheduling_pass():

@@ -93,7 +93,7 @@ def test_in_effect_on_a_served_model(plugin_install, tmp_path):
             server.url + "/v1/models/iris:predict", json={"instances": [[5.1, 3.5, 1.4, 0.2]]}, timeout=30
         )
         assert answer.status_code == 200, answer.text
-        bad = requests.post(server.url + "/v1/models/iris:predict", json={"instances": [["x"]]}, timeout=30)
+        bad = requests.post(server.url + "/v1/models/iris:predict", json={"instances": [[1.0, 2.0]]}, timeout=30)
         assert bad.status_code == 400
         counts = requests.get(server.url + "/-/request_counter", timeout=30).json()
     assert counts == {"predictions": {"iris": 1}, "failures": {"iris": 1}}

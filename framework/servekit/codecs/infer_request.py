@@ -66,6 +66,17 @@ class InferRequest:
     #: gRPC: the client sent typed ``contents``, so the answer carries them too (KServe's
     #: client reads only those); the decoder reads it from the message, the encoder obeys it
     typed_contents: bool = False
+    #: the model name and version the body itself names, if any (KServe's client writes
+    #: ``model_name``); the protocol holds them to the path's (:meth:`check_addressed`)
+    addressed: tuple[str | None, str | None] = (None, None)
+
+    def check_addressed(self, name: str, version: str, *aliases: str) -> None:
+        """Refuse a body that names another model or version than the one it was sent to."""
+        model_name, model_version = self.addressed
+        if model_name is not None and model_name not in (name, *aliases):
+            raise BadRequest(f"the request's 'model_name' is {model_name!r}, but it was sent to model {name!r}")
+        if model_version not in (None, "", version):
+            raise BadRequest(f"the request's 'model_version' is {model_version!r}, but version {version} answers it")
 
     @property
     def output_names(self) -> list[str] | None:

@@ -432,12 +432,20 @@ def decode_infer_request(
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest(f"'id' must be a string, found {request_id!r}")
     outputs = _requested_outputs(doc.get("outputs"))
-    return InferRequest(inputs, request_id, parameters, outputs, signature_of(parameters))
+    decoded = InferRequest(inputs, request_id, parameters, outputs, signature_of(parameters))
+    for key in ("model_name", "model_version"):
+        value = doc.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"'{key}' must be a string, found {value!r}")
+    decoded.addressed = (doc.get("model_name"), doc.get("model_version"))
+    return decoded
 
 
 #: the members of the V2 JSON objects (the protocol's ``$inference_request``,
-#: ``$request_input`` and ``$request_output``); any other is refused, naming it
-REQUEST_KEYS = ("id", "parameters", "inputs", "outputs")
+#: ``$request_input`` and ``$request_output``); any other is refused, naming it.
+#: KServe's client also writes ``model_name`` (and KServe's types ``model_version``) into
+#: the body: they must name the path's model (:attr:`InferRequest.addressed`)
+REQUEST_KEYS = ("id", "parameters", "inputs", "outputs", "model_name", "model_version")
 INPUT_KEYS = ("name", "shape", "datatype", "parameters", "data")
 OUTPUT_KEYS = ("name", "parameters")
 #: a one-input request: the input's members and the request's

@@ -103,6 +103,7 @@ def infer_answer(
     mv = dp.resolve(name, version)
     with tracing.span("servekit.decode"):
         req = codec.decode_infer_request(body, header_length, dp.shared_memory)
+    req.check_addressed(name, str(mv.version), mv.name)
     if explain:
         check_inputs(mv, req.inputs, req.signature_name)
         outputs = _explanation_tensors(
