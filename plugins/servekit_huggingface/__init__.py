@@ -4,11 +4,13 @@ Causal language models answer completions and chat (``complete``, streaming
 through transformers' streamer) and explain a prompt with per-token
 attributions (``explain``); encoders answer embeddings (``embed``).  Both expose
 their tokenizer (``tokenizer``), which gives chat its template and usage its
-token counts.  torch and transformers are imported only when such a folder
+token counts.  ``*ForSequenceClassification`` folders score (query, text) pairs
+(one label: rerank and score) or classify texts (several labels) through
+``predict`` (:mod:`.cross_encoder`); encoders answer ``predict`` with embeddings too.  torch and transformers are imported only when such a folder
 loads, so the plugin costs nothing to a server without one.
 
 ``servekit.yaml`` settings: ``device`` (auto, cpu, cuda, cuda:N) and
-``options``: ``task`` (generate | embed), ``dtype`` (auto | float32 | float16 |
+``options``: ``task`` (generate | embed | score | classify), ``dtype`` (auto | float32 | float16 |
 bfloat16); for causal LMs ``continuous_batching`` (default true), ``max_num_seqs``,
 ``max_batched_tokens``, ``max_queued``, ``prefix_caching``, ``prefix_cache_mb`` (:mod:`.causal`,
 :mod:`.prefix_cache`) and, without continuous batching,
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import servekit
+from servekit.errors import BadRequest
 from servekit.types import ModelMetadata
 
 from .loader import LoadError, load_folder
@@ -55,8 +58,24 @@ def unload(model: Any) -> bool:
 
 
 @servekit.hookimpl
-def metadata() -> ModelMetadata:
-    return ModelMetadata(platform="huggingface")
+def metadata(model: Any) -> ModelMetadata:
+    """Encoders and classifiers name their tensors (text in, embeddings or scores out)."""
+    return model.metadata() if hasattr(model, "metadata") else ModelMetadata(platform="huggingface")
+
+
+@servekit.hookimpl
+def predict(inputs: Any, parameters: dict[str, Any], model: Any) -> Any | None:
+    """Scores (cross-encoders, classifiers) or embeddings (encoders) for ``text`` inputs."""
+    if hasattr(model, "predict"):
+        return model.predict(inputs, parameters)
+    if hasattr(model, "embed"):
+        from .cross_encoder import _texts_of
+
+        texts, pairs = _texts_of(inputs)
+        if pairs is not None:
+            raise BadRequest("an embedding model takes 'text' alone, not 'text_pair'")
+        return {"embedding": model.embed(texts, parameters)}
+    return None
 
 
 @servekit.hookimpl
@@ -70,8 +89,8 @@ def complete(request: Any, model: Any) -> Any | None:
 
 
 @servekit.hookimpl
-def embed(texts: list[str], model: Any) -> Any | None:
-    return model.embed(texts) if hasattr(model, "embed") else None
+def embed(texts: list[str], parameters: dict[str, Any], model: Any) -> Any | None:
+    return model.embed(texts, parameters) if hasattr(model, "embed") else None
 
 
 @servekit.hookimpl

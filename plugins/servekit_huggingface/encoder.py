@@ -19,6 +19,7 @@ Imported only when such a model loads (torch and transformers are heavy).
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from servekit.errors import BadRequest
+from servekit.types import ModelMetadata, Signature, TensorSpec
 
 #: sentence-transformers' pooling keys, in the order it concatenates them
 POOLING_KEYS = {
@@ -49,49 +51,107 @@ class Encoder:
         self.truncate = bool(options.get("truncate", False))
         self.batch_size = int(options.get("batch_size", 32))
         self.dimension = int(getattr(model.config, "hidden_size", 0)) * len(self.pooling)
+        self.prompts = _sentence_transformers_prompts(path)
+        self._left_tokenizer: Any = None
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """Vectors for ``texts``, in forward passes of ``batch_size`` texts of similar length."""
-        rows = self._ids(texts)
+    def metadata(self) -> ModelMetadata:
+        """Text in (``text``, BYTES), one vector per text out (``embedding``, FP32)."""
+        signature = Signature(
+            inputs=[TensorSpec("text", "BYTES", [-1])],
+            outputs=[TensorSpec("embedding", "FP32", [-1, self.dimension])],
+        )
+        return ModelMetadata(signatures={"serving_default": signature}, platform="huggingface")
+
+    def embed(self, texts: list[str], parameters: dict[str, Any] | None = None) -> np.ndarray:
+        """Vectors for ``texts``, in forward passes of ``batch_size`` texts of similar length.
+
+        ``parameters`` may carry TEI's ``normalize``, ``truncate``, ``truncation_direction``
+        and ``prompt_name`` (a key of the sentence-transformers ``prompts``); unset, the
+        model's options decide.
+        """
+        parameters = parameters or {}
+        texts = self._prompted(texts, parameters.get("prompt_name"))
+        rows = self._ids(texts, parameters)
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length buckets: little padding
         vectors = np.zeros((0, self.dimension), dtype=np.float32) if not rows else None
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
-            part = self._batch([rows[i] for i in chunk])
+            part = self._batch([rows[i] for i in chunk], _flag(parameters, "normalize", self.normalize))
             if vectors is None:
                 vectors = np.empty((len(rows), part.shape[1]), dtype=part.dtype)
             vectors[chunk] = part
         assert vectors is not None
         return vectors
 
-    def _ids(self, texts: list[str]) -> list[list[int]]:
+    def _prompted(self, texts: list[str], prompt_name: Any) -> list[str]:
+        if prompt_name is None:
+            return texts
+        if prompt_name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise BadRequest(
+                f"prompt_name {prompt_name!r} is not among the model's sentence-transformers prompts ({known})",
+                param="prompt_name",
+            )
+        prefix = self.prompts[prompt_name]
+        return [prefix + text for text in texts]
+
+    def _ids(self, texts: list[str], parameters: dict[str, Any] | None = None) -> list[list[int]]:
         """Each input's token ids: as sent (token-id inputs), else the tokenizer's, every text of a
         (merged) batch in one tokenizer call; checked against the limit."""
+        parameters = parameters or {}
+        truncate = _flag(parameters, "truncate", self.truncate)
+        left = str(parameters.get("truncation_direction") or "right").lower() == "left"
         rows: list[Any] = [getattr(text, "token_ids", None) for text in texts]
         strings = [i for i, ids in enumerate(rows) if ids is None]
         if strings:
-            limit = {"truncation": True, "max_length": self.max_length} if self.truncate else {}
-            for i, ids in zip(strings, self.tokenizer([texts[i] for i in strings], **limit)["input_ids"]):
+            limit = {"truncation": True, "max_length": self.max_length} if truncate else {}
+            tokenizer = self._left() if left and truncate else self.tokenizer
+            for i, ids in zip(strings, tokenizer([texts[i] for i in strings], **limit)["input_ids"]):
                 rows[i] = ids
         for index, ids in enumerate(rows):
             if len(ids) > self.max_length:
-                if not self.truncate:
+                if not truncate:
                     raise BadRequest(
                         f"input {index} has {len(ids)} tokens; the model takes at most {self.max_length}",
                         param="input",
                     )
-                rows[index] = ids[: self.max_length]
+                rows[index] = ids[-self.max_length :] if left else ids[: self.max_length]
         return [list(ids) for ids in rows]
 
-    def _batch(self, rows: list[list[int]]) -> np.ndarray:
+    def _left(self) -> Any:
+        if self._left_tokenizer is None:
+            left = copy.deepcopy(self.tokenizer)
+            left.truncation_side = "left"
+            self._left_tokenizer = left
+        return self._left_tokenizer
+
+    def _batch(self, rows: list[list[int]], normalize: bool = True) -> np.ndarray:
         encoded = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt").to(self.device)
         with torch.inference_mode():
             hidden = self.model(**encoded).last_hidden_state
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             vectors = torch.cat([_pool(mode, hidden, mask) for mode in self.pooling], dim=-1).float()
-            if self.normalize:
+            if normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
         return vectors.cpu().numpy()
+
+
+def _flag(parameters: dict[str, Any], key: str, default: bool) -> bool:
+    value = parameters.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{key}' must be true or false, found {value!r}", param=key)
+    return value
+
+
+def _sentence_transformers_prompts(path: Path) -> dict[str, str]:
+    """The folder's sentence-transformers ``prompts`` (``config_sentence_transformers.json``)."""
+    config = path / "config_sentence_transformers.json"
+    if not config.is_file():
+        return {}
+    prompts = json.loads(config.read_text()).get("prompts") or {}
+    return {str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {}
 
 
 def _pool(mode: str, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -3,8 +3,11 @@
 A folder is ours when it holds ``config.json`` with a ``model_type``, safetensors
 weights and tokenizer files.  Causal language models (architectures ending in
 ``ForCausalLM`` / ``LMHeadModel``) serve completions and chat; everything else
-(encoders, sentence-transformers folders) serves embeddings.  ``options.task``
-(``generate`` or ``embed``) overrides the guess.  Nothing is fetched from a hub:
+(encoders, sentence-transformers folders) serves embeddings, except a
+``*ForSequenceClassification`` folder (or a sentence-transformers CrossEncoder):
+with one label it scores pairs (``score``: rerank and score), with several it
+classifies (``classify``).  ``options.task`` (``generate``, ``embed``, ``score``
+or ``classify``) overrides the guess.  Nothing is fetched from a hub:
 loading is ``local_files_only`` and ``trust_remote_code`` stays off.
 """
 
@@ -18,7 +21,8 @@ from servekit.types import ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "tokenizer.model")
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
-TASKS = ("generate", "embed")
+TASKS = ("generate", "embed", "score", "classify")
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -57,12 +61,24 @@ def task_of(path: Path, hf_config: dict[str, Any], options: dict[str, Any]) -> s
         if task not in TASKS:
             raise LoadError(f"options.task must be one of {', '.join(TASKS)}, found {task!r}")
         return task
+    architectures = hf_config.get("architectures") or []
+    if _is_cross_encoder(path) or any(str(a).endswith(CLASSIFIER_SUFFIX) for a in architectures):
+        labels = hf_config.get("num_labels") or len(hf_config.get("id2label") or {}) or 2
+        return "score" if labels == 1 else "classify"
     if (path / "modules.json").is_file():
         return "embed"
-    architectures = hf_config.get("architectures") or []
     if any(str(a).endswith(CAUSAL_SUFFIXES) for a in architectures):
         return "generate"
     return "embed"
+
+
+def _is_cross_encoder(path: Path) -> bool:
+    """A sentence-transformers ``CrossEncoder`` folder (its config names the model type)."""
+    config = path / "config_sentence_transformers.json"
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("model_type") == "CrossEncoder"
+    except (OSError, ValueError):
+        return False
 
 
 def pick_device(requested: str) -> str:
@@ -109,7 +125,7 @@ def pick_dtype(options: dict[str, Any], device: str) -> Any:
 
 
 def load_folder(path: Path, config: ModelConfig, name: str = "model", version: int = 1) -> Any | None:
-    """The loaded model (:class:`CausalLM` or :class:`Encoder`), or ``None`` for another plugin's folder."""
+    """The loaded model (:class:`CausalLM`, :class:`Encoder` or :class:`SequenceClassifier`), or ``None`` for another plugin's folder."""
     if config.plugin not in (None, "huggingface"):
         return None
     hf_config = read_hf_config(path)
@@ -135,6 +151,15 @@ def load_folder(path: Path, config: ModelConfig, name: str = "model", version: i
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
         causal = model.to(device).eval()  # type: ignore[arg-type]  # transformers' typing of .to
         return CausalLM(causal, tokenizer, device, options, name, version)
+    if task in ("score", "classify"):
+        from .cross_encoder import SequenceClassifier
+
+        classifier = transformers.AutoModelForSequenceClassification.from_pretrained(
+            path, local_files_only=True, dtype=dtype
+        )
+        if task == "score" and classifier.config.num_labels != 1:
+            raise LoadError(f"options.task score needs a model with one label, this one has {classifier.config.num_labels}")
+        return SequenceClassifier(classifier.to(device).eval(), tokenizer, device, path, task, options)
     from .encoder import Encoder
 
     model = transformers.AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype)
