@@ -31,6 +31,10 @@ METRICS = "/metrics"
 PROMETHEUS_METRICS = "/monitoring/prometheus/metrics"
 GENERIC_PREDICT = "/predict"
 GENERIC_EXPLAIN = "/explain"
+#: Hugging Face text-embeddings-inference's routes (``/predict`` is GENERIC_PREDICT's, told apart by its body)
+TEI_ROUTES = ("/embed", "/rerank", "/tokenize", "/decode", "/info", "/health")
+#: vLLM's score and its Jina/Cohere-compatible rerank
+SCORE_ROUTES = ("/score", "/v1/score", "/v1/rerank", "/v2/rerank")
 #: the status page, the OpenAPI document and its viewer
 PAGES = ("/", "/docs", "/openapi.json")
 
@@ -78,11 +82,12 @@ class Family:
     prefixes: tuple[str, ...] = ()
 
 
-#: Which protocol a path belongs to: the first family that holds it.  The probes come
-#: before the rest of V2, and OpenAI's ``/v1/models`` (exact) before TF Serving's
+#: Which protocol a path belongs to: the first family that holds it.  The probes (and
+#: the retrieval routes, ``/v2/rerank`` among them) come before the rest of V2, and OpenAI's ``/v1/models`` (exact) before TF Serving's
 #: ``/v1/models/NAME``; a path no family holds is ``other``.
 PROTOCOLS = (
     Family("health", prefixes=(V2_HEALTH,)),
+    Family("retrieval", frozenset(TEI_ROUTES + SCORE_ROUTES)),
     Family("v2", frozenset({V2_ROOT}), (V2_ROOT + "/",)),
     Family(
         "openai",

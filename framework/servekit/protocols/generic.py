@@ -1,5 +1,8 @@
 """Generic single-model paths (Deeploy V1): ``POST /predict`` and ``POST /explain``.
 
+A ``/predict`` body with TEI's ``inputs`` (and no ``instances``) is TEI's text
+classification, answered by :mod:`servekit.protocols.retrieval`.
+
 ``{"instances": ...}`` in, ``{"predictions": ...}`` / ``{"explanations": ...}`` out,
 against the one served model (or the one named with ``--model-name``).
 """
@@ -12,6 +15,7 @@ from servekit.codecs import tf_json
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
 from servekit.errors import BadRequest
+from servekit.protocols import retrieval
 from servekit.protocols.http import (
     Answer,
     check_fields,
@@ -56,6 +60,8 @@ def predict():
 def predict_answer(dp: DataPlane, raw: bytes, stream_query: str | None) -> Answer | Response:
     """``POST /predict`` from the raw body (Flask and the fast lane)."""
     body = parse_json_object(raw)
+    if "instances" not in body and "inputs" in body:  # TEI's /predict (text classification)
+        return retrieval.predict_answer(dp, body)
     check_fields(body, PREDICT_FIELDS, "/predict")
     mv = _only_model(dp)
     outputs = dp.predict(mv, _decode(body), parameters=parameters_of(body))

@@ -23,7 +23,7 @@ from servekit.dataplane.repository import ModelRepository
 from servekit.errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
 from servekit.folders.layout import discover, repository_roots
 from servekit.hooks import manager as plugins
-from servekit.protocols import generic, health, openai, triton_generate, v1, v2
+from servekit.protocols import generic, health, openai, retrieval, triton_generate, v1, v2
 from servekit.protocols.http import json_response
 from servekit.protocols.warmup import Warmer
 from servekit.server import fastlane, limits
@@ -79,7 +79,8 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     if settings.model_memory_budget > 0:
         dp.on_demand = control.ensure  # a model the budget unloaded loads again for its request
 
-    for blueprint in (health.bp, v1.bp, v2.bp, triton_generate.bp, generic.bp, openai.bp, openapi.bp, status_page.bp):
+    blueprints = (health.bp, v1.bp, v2.bp, triton_generate.bp, generic.bp, openai.bp, retrieval.bp)
+    for blueprint in (*blueprints, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
     _install_error_handlers(app)
     api_key = ApiKey.from_settings(settings)
