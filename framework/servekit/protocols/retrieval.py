@@ -141,7 +141,9 @@ def pick_model(dp: DataPlane, name: Any, kinds: tuple[str, ...], route: str) -> 
 
 def _refuse_unknown(body: dict[str, Any], known: tuple[str, ...], route: str) -> None:
     for key, value in body.items():
-        if key not in known and value is not None:
+        if key == "parameters" and isinstance(value, dict):  # huggingface_hub's task parameters, unset
+            _refuse_unknown({f"parameters.{k}": v for k, v in value.items()}, (), route)
+        elif key not in known and value is not None:
             raise BadRequest(f"'{key}' is not supported by servekit's {route}", param=key)
 
 
@@ -265,7 +267,11 @@ def tei_predict(dp: DataPlane, body: dict[str, Any]) -> Answer:
     _refuse_unknown(body, ("inputs", *TEI_SCORE_FIELDS), "/predict")
     single, items = _predict_inputs(body.get("inputs"))
     _check_batch(len(items), "inputs")
-    mv = pick_model(dp, body.get("model"), (CLASSIFIER, RERANKER), "/predict")
+    name = body.get("model")
+    try:  # a classifier first: with one classifier and one cross-encoder served, /predict classifies
+        mv = pick_model(dp, name, (CLASSIFIER,) if name is None else (CLASSIFIER, RERANKER), "/predict")
+    except WrongKind:
+        mv = pick_model(dp, name, (RERANKER,), "/predict")
     parameters = {
         "raw_scores": _bool(body, "raw_scores", False),
         "truncate": _bool(body, "truncate", None),
