@@ -158,7 +158,9 @@ def load_folder(path: Path, config: ModelConfig, name: str = "model", version: i
             path, local_files_only=True, dtype=dtype
         )
         if task == "score" and classifier.config.num_labels != 1:
-            raise LoadError(f"options.task score needs a model with one label, this one has {classifier.config.num_labels}")
+            raise LoadError(
+                f"options.task score needs a model with one label, this one has {classifier.config.num_labels}"
+            )
         return SequenceClassifier(classifier.to(device).eval(), tokenizer, device, path, task, options)
     from .encoder import Encoder
 

@@ -64,10 +64,16 @@ def test_embed_cuts_dimensions_then_normalises_as_tei(client):
 def test_the_model_is_named_with_model_and_a_wrong_kind_answers_teis_424(client):
     named = client.post("/predict", json={"inputs": ["q", "d"], "model": "reranker"})
     assert [p["label"] for p in named.get_json()] == ["LABEL_0"]
-    for body in ({"model": "writer", "query": "q", "texts": ["a"]}, {"model": "embedder", "query": "q", "texts": ["a"]}):
+    for body in (
+        {"model": "writer", "query": "q", "texts": ["a"]},
+        {"model": "embedder", "query": "q", "texts": ["a"]},
+    ):
         wrong = client.post("/rerank", json=body)
         assert wrong.status_code == 424
-        assert wrong.get_json() == {"error": f"model {body['model']!r} is not a reranker model; /rerank needs one", "error_type": "backend"}
+        assert wrong.get_json() == {
+            "error": f"model {body['model']!r} is not a reranker model; /rerank needs one",
+            "error_type": "backend",
+        }
     unknown = client.post("/rerank", json={"model": "nope", "query": "q", "texts": ["a"]})
     assert unknown.status_code == 404 and unknown.get_json()["error_type"] == "validation"
     vllm = client.post("/v2/rerank", json={"model": "writer", "query": "q", "documents": ["a"]})
@@ -132,7 +138,9 @@ def test_vllm_score_pairs_one_text_with_many_and_many_with_many(client):
 
 
 def test_jina_rerank_honours_top_n_and_return_documents(client):
-    answer = client.post("/rerank", json={"query": "q", "documents": ["a", "b", "c"], "top_n": 2, "return_documents": False})
+    answer = client.post(
+        "/rerank", json={"query": "q", "documents": ["a", "b", "c"], "top_n": 2, "return_documents": False}
+    )
     results = answer.get_json()["results"]
     assert len(results) == 2 and "document" not in results[0]
     assert results[0]["relevance_score"] >= results[1]["relevance_score"]
@@ -149,7 +157,9 @@ def test_tokenize_decode_info_and_health(client):
     outside = client.post("/decode", json={"ids": [10**7], "model": "embedder"})
     assert outside.status_code == 422
     info = client.get("/info?model=sentiment").get_json()
-    assert info["model_type"] == {"classifier": {"id2label": dict(zip("012", LABELS)), "label2id": {l: i for i, l in enumerate(LABELS)}}}
+    assert info["model_type"] == {
+        "classifier": {"id2label": dict(zip("012", LABELS)), "label2id": {label: i for i, label in enumerate(LABELS)}}
+    }
     assert info["max_client_batch_size"] == 32 and info["max_input_length"] == 64
     assert client.get("/info?model=embedder").get_json()["model_type"] == {"embedding": {"pooling": "mean"}}
     health = client.get("/health")

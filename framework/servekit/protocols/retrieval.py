@@ -250,7 +250,9 @@ def _predict_inputs(value: Any) -> tuple[bool, list[list[str]]]:
         return True, [[value]]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         if len(value) > 2:
-            raise BadRequest(f"`inputs` is a text or a pair [text, text_pair], found a list of {len(value)}", param="inputs")
+            raise BadRequest(
+                f"`inputs` is a text or a pair [text, text_pair], found a list of {len(value)}", param="inputs"
+            )
         return True, [value]
     if isinstance(value, list) and all(isinstance(v, list) for v in value):
         for item in value:
@@ -309,7 +311,9 @@ def _labels(mv: ModelVersion) -> list[str]:
 @answers(_tei_error)
 def tei_embed(dp: DataPlane, body: dict[str, Any]) -> Answer:
     _refuse_unknown(
-        body, ("inputs", "model", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions"), "/embed"
+        body,
+        ("inputs", "model", "normalize", "truncate", "truncation_direction", "prompt_name", "dimensions"),
+        "/embed",
     )
     texts = _strings(body, "inputs", single=True) if not _is_ids(body.get("inputs")) else None
     if texts is None:
@@ -418,7 +422,10 @@ def tei_info(dp: DataPlane, name: str | None) -> Answer:
     else:
         labels = _labels(mv)
         model_type = {
-            kind: {"id2label": {str(i): label for i, label in enumerate(labels)}, "label2id": {label: i for i, label in enumerate(labels)}}
+            kind: {
+                "id2label": {str(i): label for i, label in enumerate(labels)},
+                "label2id": {label: i for i, label in enumerate(labels)},
+            }
         }
     tokenizer = dp.tokenizer(mv)
     max_length = getattr(mv.model, "max_length", None) or getattr(tokenizer, "model_max_length", 512)

@@ -78,7 +78,10 @@ def test_a_several_label_folder_classifies_as_transformers_pipeline(folders):
 
 
 def test_options_task_overrides_the_guess(folders, tmp_path):
-    assert loader.load_folder(folders["classifier"], ModelConfig(options={"task": "embed"})).__class__.__name__ == "Encoder"
+    assert (
+        loader.load_folder(folders["classifier"], ModelConfig(options={"task": "embed"})).__class__.__name__
+        == "Encoder"
+    )
     with pytest.raises(loader.LoadError, match="one label"):
         loader.load_folder(folders["classifier"], ModelConfig(options={"task": "score"}))
     with pytest.raises(loader.LoadError, match="classify"):
@@ -124,7 +127,9 @@ def test_encoders_take_teis_embedding_settings_per_request(prompted_minilm):
     model = loader.load_folder(prompted_minilm, ModelConfig())
     reference = SentenceTransformer(str(prompted_minilm), device="cpu")
     prompted = model.embed(["deep learning"], {"prompt_name": "query"})
-    np.testing.assert_allclose(prompted, reference.encode(["deep learning"], prompt_name="query", normalize_embeddings=True), atol=1e-5)
+    np.testing.assert_allclose(
+        prompted, reference.encode(["deep learning"], prompt_name="query", normalize_embeddings=True), atol=1e-5
+    )
     unnormalized = model.embed(["deep learning"], {"normalize": False})
     assert abs(float(np.linalg.norm(unnormalized)) - 1.0) > 1e-3
     with pytest.raises(BadRequest, match="prompt_name 'passage'"):
