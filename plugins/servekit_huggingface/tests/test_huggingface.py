@@ -133,7 +133,7 @@ def test_task_is_guessed_and_can_be_set(gpt, minilm, gpt_dir):
     as_encoder = loader.load_folder(gpt_dir, ModelConfig(options={"task": "embed"}))
     assert type(as_encoder).__name__ == "Encoder"
     with pytest.raises(loader.LoadError, match="options.task"):
-        loader.load_folder(gpt_dir, ModelConfig(options={"task": "classify"}))
+        loader.load_folder(gpt_dir, ModelConfig(options={"task": "rank"}))
 
 
 # -- generation ------------------------------------------------------------------------------
