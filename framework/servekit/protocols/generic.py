@@ -1,7 +1,8 @@
 """Generic single-model paths (Deeploy V1): ``POST /predict`` and ``POST /explain``.
 
 A ``/predict`` body with TEI's ``inputs`` (and no ``instances``) is TEI's text
-classification, answered by :mod:`servekit.protocols.retrieval`.
+classification: the server hands it to :func:`servekit.protocols.retrieval.predict_answer`
+(``text_predict``; protocols do not import each other).
 
 ``{"instances": ...}`` in, ``{"predictions": ...}`` / ``{"explanations": ...}`` out,
 against the one served model (or the one named with ``--model-name``).
@@ -9,13 +10,15 @@ against the one served model (or the one named with ``--model-name``).
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, request
+from collections.abc import Callable
+from typing import Any
+
+from flask import Blueprint, Response, current_app, request
 
 from servekit.codecs import tf_json
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
 from servekit.errors import BadRequest
-from servekit.protocols import retrieval
 from servekit.protocols.http import (
     Answer,
     check_fields,
@@ -29,6 +32,9 @@ from servekit.protocols.http import (
 from servekit.protocols.streaming import predict_answer as answer_of
 
 bp = Blueprint("generic", __name__)
+
+#: ``app.extensions`` key of the handler for TEI's ``/predict`` bodies (``inputs``)
+TEXT_PREDICT = "servekit.text_predict"
 
 
 def _only_model(dp: DataPlane) -> ModelVersion:
@@ -53,15 +59,21 @@ def _decode(body):
 
 @bp.post("/predict")
 def predict():
-    answer = predict_answer(dataplane(), request.get_data(cache=False), request.args.get("stream"))
+    text_predict = current_app.extensions.get(TEXT_PREDICT)
+    answer = predict_answer(dataplane(), request.get_data(cache=False), request.args.get("stream"), text_predict)
     return answer.response() if isinstance(answer, Answer) else answer
 
 
-def predict_answer(dp: DataPlane, raw: bytes, stream_query: str | None) -> Answer | Response:
-    """``POST /predict`` from the raw body (Flask and the fast lane)."""
+def predict_answer(
+    dp: DataPlane,
+    raw: bytes,
+    stream_query: str | None,
+    text_predict: Callable[[DataPlane, dict[str, Any]], Answer] | None = None,
+) -> Answer | Response:
+    """``POST /predict`` from the raw body (Flask and the fast lane); TEI's body goes to ``text_predict``."""
     body = parse_json_object(raw)
-    if "instances" not in body and "inputs" in body:  # TEI's /predict (text classification)
-        return retrieval.predict_answer(dp, body)
+    if text_predict is not None and "instances" not in body and "inputs" in body:
+        return text_predict(dp, body)
     check_fields(body, PREDICT_FIELDS, "/predict")
     mv = _only_model(dp)
     outputs = dp.predict(mv, _decode(body), parameters=parameters_of(body))

@@ -82,6 +82,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     blueprints = (health.bp, v1.bp, v2.bp, triton_generate.bp, generic.bp, openai.bp, retrieval.bp)
     for blueprint in (*blueprints, openapi.bp, status_page.bp):
         app.register_blueprint(blueprint)
+    app.extensions[generic.TEXT_PREDICT] = retrieval.predict_answer  # TEI's /predict bodies
     _install_error_handlers(app)
     api_key = ApiKey.from_settings(settings)
     if api_key is not None:

@@ -38,7 +38,7 @@ from servekit.codecs.v2 import HEADER_LENGTH
 from servekit.dataplane.data_plane import DataPlane
 from servekit.errors import ServekitError, render, retry_headers
 from servekit.observability.logging import current_request_id
-from servekit.protocols import generic, v1, v2
+from servekit.protocols import generic, retrieval, v1, v2
 from servekit.protocols.http import Answer
 from servekit.routes import GENERIC_PREDICT, V1_TARGET, V2_INFER
 from servekit.server.auth import ApiKey
@@ -132,7 +132,9 @@ class FastLane:
             target = m["target"]
             return lambda environ, _path, body: v1.infer_answer(self.dp, target, body, stream_query(environ))
         if path == GENERIC_PREDICT:
-            return lambda environ, _path, body: generic.predict_answer(self.dp, body, stream_query(environ))
+            return lambda environ, _path, body: generic.predict_answer(
+                self.dp, body, stream_query(environ), retrieval.predict_answer
+            )
         return None
 
 
