@@ -14,11 +14,11 @@ pytestmark = pytest.mark.slow  # the models need torch
 pytest.importorskip("torch")
 
 
-def make_client(*paths):
+def make_client(*paths, **settings):
     from servekit.server.app import create_app
     from servekit.server.settings import Settings
 
-    app = create_app(Settings(paths=[str(p) for p in paths], poll_interval=0), start=False)
+    app = create_app(Settings(paths=[str(p) for p in paths], poll_interval=0, **settings), start=False)
     app.extensions["servekit"].repository.load_now()
     return app
 
@@ -84,8 +84,10 @@ def test_several_models_that_fit_and_none_named_is_a_4xx_naming_them(app, tmp_pa
     root = tmp_path / "models"
     build_sequence_classifier(root / "first")
     build_sequence_classifier(root / "second", seed=2)
-    two = make_client(root)
+    two = make_client(root, fast_lane=False)  # Flask's own routes, /predict among them
     try:
+        classified = two.test_client().post("/predict", json={"inputs": ["q", "d"], "model": "first"})
+        assert [p["label"] for p in classified.get_json()] == ["LABEL_0"]
         answer = two.test_client().post("/rerank", json={"query": "q", "texts": ["a"]})
         assert answer.status_code == 422
         assert "first, second" in answer.get_json()["error"]
