@@ -38,6 +38,7 @@ from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
 from servekit.errors import BadRequest, ServekitError, openai_error
 from servekit.protocols.http import Answer, dataplane, json_answer, parse_json_object
+from servekit.version import __version__
 
 bp = Blueprint("retrieval", __name__)
 
@@ -290,10 +291,8 @@ def tei_predict(dp: DataPlane, body: dict[str, Any]) -> Answer:
         scores = scores_of(dp, mv, [items[i][0] for i in rows], pairs, parameters)
         scores = scores.reshape(len(rows), -1)
         for row, values in zip(rows, scores):
-            ranked = sorted(
-                ({"score": float(s), "label": labels[j] if j < len(labels) else str(j)} for j, s in enumerate(values)),
-                key=lambda p: -p["score"],
-            )
+            best_first = sorted(enumerate(values.tolist()), key=lambda pair: -pair[1])
+            ranked = [{"score": score, "label": labels[j] if j < len(labels) else str(j)} for j, score in best_first]
             results.append((row, ranked))
     results.sort(key=lambda item: item[0])
     predictions = [ranked for _, ranked in results]
@@ -342,7 +341,7 @@ def tei_embed(dp: DataPlane, body: dict[str, Any]) -> Answer:
         vectors = vectors[:, :dimensions]
         if normalize:  # Matryoshka: cut, then normalise (as TEI does)
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.where(norms == 0, 1, norms)
+            vectors = (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
     return json_answer(vectors.astype(np.float32).tolist())
 
 
@@ -418,19 +417,18 @@ def tei_info(dp: DataPlane, name: str | None) -> Answer:
     mv = pick_model(dp, name, ANY_TEXT_MODEL, "/info")
     kind = kind_of(mv)
     if kind == EMBEDDER:
-        model_type: dict[str, Any] = {"embedding": {"pooling": "mean"}}
+        pooling = (getattr(mv.model, "pooling", None) or ["mean"])[0]  # the Hugging Face encoder's first mode
+        model_type: dict[str, Any] = {"embedding": {"pooling": "last_token" if pooling == "lasttoken" else pooling}}
     else:
         labels = _labels(mv)
         model_type = {
-            kind: {
+            str(kind): {
                 "id2label": {str(i): label for i, label in enumerate(labels)},
                 "label2id": {label: i for i, label in enumerate(labels)},
             }
         }
     tokenizer = dp.tokenizer(mv)
     max_length = getattr(mv.model, "max_length", None) or getattr(tokenizer, "model_max_length", 512)
-    from servekit.version import __version__
-
     info = {
         "model_id": mv.name,
         "model_sha": None,
@@ -438,7 +436,7 @@ def tei_info(dp: DataPlane, name: str | None) -> Answer:
         "served_model_name": mv.name,
         "model_type": model_type,
         "max_concurrent_requests": 512,
-        "max_input_length": int(max_length),
+        "max_input_length": int(max_length or 512),
         "max_batch_tokens": 16384,
         "max_batch_requests": None,
         "max_client_batch_size": MAX_CLIENT_BATCH_SIZE,
@@ -457,7 +455,7 @@ def tei_info(dp: DataPlane, name: str | None) -> Answer:
 def _activation(body: dict[str, Any]) -> bool:
     """vLLM's ``use_activation`` (older ``activation``): false answers the raw logits."""
     use = _bool(body, "use_activation", None)
-    return _bool(body, "activation", True) if use is None else use
+    return bool(_bool(body, "activation", True)) if use is None else use
 
 
 @answers(_openai_error)
