@@ -89,8 +89,12 @@ def test_several_models_that_fit_and_none_named_is_a_4xx_naming_them(app, tmp_pa
         classified = two.test_client().post("/predict", json={"inputs": ["q", "d"], "model": "first"})
         assert [p["label"] for p in classified.get_json()] == ["LABEL_0"]
         answer = two.test_client().post("/rerank", json={"query": "q", "texts": ["a"]})
-        assert answer.status_code == 422
+        assert answer.status_code == 400
         assert "first, second" in answer.get_json()["error"]
+        vllm = two.test_client().post("/score", json={"text_1": "q", "text_2": ["a"]})
+        assert vllm.status_code == 400 and "first, second" in vllm.get_json()["error"]["message"]
+        no_classifier = two.test_client().post("/predict", json={"inputs": "q"})
+        assert no_classifier.status_code == 424
         named = two.test_client().post("/rerank", json={"query": "q", "texts": ["a"], "model": "second"})
         assert named.status_code == 200
     finally:

@@ -13,8 +13,8 @@ vLLM's ``POST /score`` (``/v1/score``) and its Jina/Cohere-compatible ``/rerank`
 
 The model: ``model`` in the body (``?model=`` on the GET routes); without it, the
 only served model of the kind the route needs (a cross-encoder for rerank and score,
-a classifier or cross-encoder for ``/predict``, an embedder for ``/embed``), and a
-4xx naming the candidates when several fit.  The kind is read from the model's
+a classifier with several labels for ``/predict``, where a named cross-encoder answers
+too, an embedder for ``/embed``), and a 400 naming the candidates when several fit.  The kind is read from the model's
 metadata, as the Hugging Face plugin writes it: ``text`` (and ``text_pair``) in;
 ``scores`` (``[n]``: cross-encoder, ``[n, labels]`` with labels: classifier) or
 ``embedding`` out.  Any model whose ``predict`` answers those tensors serves here.
@@ -56,12 +56,18 @@ class WrongKind(BadRequest):
     """The model cannot answer this route (TEI answers 424 ``backend``)."""
 
 
+class Ambiguous(BadRequest):
+    """Several served models fit a route and the request named none (400 on every route)."""
+
+
 # -- errors in each API's shape ----------------------------------------------------------------
 
 
 def _tei_error(exc: ServekitError) -> Answer:
     if isinstance(exc, Empty):
         status, kind = 400, "empty"
+    elif isinstance(exc, Ambiguous):
+        status, kind = 400, "validation"
     elif isinstance(exc, WrongKind):
         status, kind = 424, "backend"
     elif isinstance(exc, BadRequest):
@@ -134,7 +140,7 @@ def pick_model(dp: DataPlane, name: Any, kinds: tuple[str, ...], route: str) -> 
     if not fits:
         raise WrongKind(f"model is not a {' or '.join(kinds)} model: no served model answers {route}")
     names = ", ".join(sorted(mv.name for mv in fits))
-    raise BadRequest(f"several models answer {route} ({names}); name one with 'model'", param="model")
+    raise Ambiguous(f"several models answer {route} ({names}); name one with 'model'", param="model")
 
 
 # -- reading bodies --------------------------------------------------------------------------------
@@ -271,10 +277,8 @@ def tei_predict(dp: DataPlane, body: dict[str, Any]) -> Answer:
     single, items = _predict_inputs(body.get("inputs"))
     _check_batch(len(items), "inputs")
     name = body.get("model")
-    try:  # a classifier first: with one classifier and one cross-encoder served, /predict classifies
-        mv = pick_model(dp, name, (CLASSIFIER,) if name is None else (CLASSIFIER, RERANKER), "/predict")
-    except WrongKind:
-        mv = pick_model(dp, name, (RERANKER,), "/predict")
+    # unnamed, the only classifier (several labels); a cross-encoder answers when named
+    mv = pick_model(dp, name, (CLASSIFIER,) if name is None else (CLASSIFIER, RERANKER), "/predict")
     parameters = {
         "raw_scores": _bool(body, "raw_scores", False),
         "truncate": _bool(body, "truncate", None),
