@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import servekit
-from servekit.errors import BadRequest
 from servekit.types import ModelMetadata
 
 from .loader import LoadError, load_folder
@@ -66,16 +65,7 @@ def metadata(model: Any) -> ModelMetadata:
 @servekit.hookimpl
 def predict(inputs: Any, parameters: dict[str, Any], model: Any) -> Any | None:
     """Scores (cross-encoders, classifiers) or embeddings (encoders) for ``text`` inputs."""
-    if hasattr(model, "predict"):
-        return model.predict(inputs, parameters)
-    if hasattr(model, "embed"):
-        from .cross_encoder import _texts_of
-
-        texts, pairs = _texts_of(inputs)
-        if pairs is not None:
-            raise BadRequest("an embedding model takes 'text' alone, not 'text_pair'")
-        return {"embedding": model.embed(texts, parameters)}
-    return None
+    return model.predict(inputs, parameters) if hasattr(model, "predict") else None  # a causal LM: 501
 
 
 @servekit.hookimpl

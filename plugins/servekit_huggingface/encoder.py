@@ -62,6 +62,15 @@ class Encoder:
         )
         return ModelMetadata(signatures={"serving_default": signature}, platform="huggingface")
 
+    def predict(self, inputs: Any, parameters: dict[str, Any]) -> dict[str, np.ndarray]:
+        """V1/V2 ``predict``: the ``text`` tensor's embeddings as ``embedding``."""
+        from .cross_encoder import _texts_of
+
+        texts, pairs = _texts_of(inputs)
+        if pairs is not None:
+            raise BadRequest("an embedding model takes 'text' alone, not 'text_pair'")
+        return {"embedding": self.embed(texts, parameters)}
+
     def embed(self, texts: list[str], parameters: dict[str, Any] | None = None) -> np.ndarray:
         """Vectors for ``texts``, in forward passes of ``batch_size`` texts of similar length.
 

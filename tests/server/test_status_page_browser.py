@@ -78,7 +78,8 @@ def send(browser: Browser, model: str, endpoint: str) -> tuple[str, str, dict]:
 
 def test_each_model_offers_the_requests_it_serves(browser):
     assert offered(browser, "gpt") == ["/v1/chat/completions", "/v1/completions"]
-    assert offered(browser, "minilm") == ["/v1/embeddings"]
+    # an encoder answers V1/V2 predict with its embeddings too (text in, embedding out)
+    assert offered(browser, "minilm") == ["/v1/embeddings", "/v1/models/minilm:predict", "/v2/models/minilm/infer"]
     assert offered(browser, "linear") == ["/v1/models/linear:predict", "/v2/models/linear/infer"]
 
 

@@ -131,8 +131,9 @@ def served_hooks(mv: ModelVersion) -> list[str]:
     A hook answers when a plugin of the model implements it (wrappers, such as the
     batch-size metrics, answer nothing themselves).  A plugin that loads models of
     several kinds gives each model object the methods of its own kind (the Hugging
-    Face plugin: a causal LM has ``complete``, an encoder ``embed``), and its hooks
-    decline the others: such an object narrows the text APIs to its own.  A version in
+    Face plugin: a causal LM has ``complete``, an encoder ``embed`` and ``predict``, a
+    cross-encoder ``predict``), and its hooks decline the others: a plugin's object with
+    any of these methods narrows the APIs to its own (a ``model.py`` object, the text APIs).  A version in
     model hosts has its hooks there; a tokenizer copied back says it takes text.
     """
     if mv.loaded_by == "pipeline":
@@ -141,8 +142,10 @@ def served_hooks(mv: ModelVersion) -> list[str]:
         takes_text = _implements(mv.hooks, "tokenizer")
         return ["predict", "complete", "embed"] if takes_text else ["predict"]
     found = [hook for hook in API_HOOKS if _implements(mv.hooks, hook)]
-    own = {hook for hook in ("complete", "embed") if callable(getattr(mv.model, hook, None))}
-    if own:
+    own = {hook for hook in API_HOOKS if callable(getattr(mv.model, hook, None))}
+    if own and mv.loaded_by and not mv.loaded_by.startswith("model.py:"):
+        return [hook for hook in found if hook in own]  # a plugin's object: its own methods, predict too
+    if own & {"complete", "embed"}:
         found = [hook for hook in found if hook == "predict" or hook in own]
     return found
 
