@@ -74,6 +74,12 @@ def test_the_model_is_named_with_model_and_a_wrong_kind_answers_teis_424(client)
             "error": f"model {body['model']!r} is not a reranker model; /rerank needs one",
             "error_type": "backend",
         }
+    generator = client.post("/embed", json={"model": "writer", "inputs": "q"})
+    assert (generator.status_code, generator.get_json()["error_type"]) == (424, "backend")
+    (tokens,) = client.post(
+        "/tokenize", json={"model": "writer", "inputs": "hello", "add_special_tokens": False}
+    ).get_json()
+    assert "".join(t["text"] for t in tokens) == "hello"
     unknown = client.post("/rerank", json={"model": "nope", "query": "q", "texts": ["a"]})
     assert unknown.status_code == 404 and unknown.get_json()["error_type"] == "validation"
     vllm = client.post("/v2/rerank", json={"model": "writer", "query": "q", "documents": ["a"]})

@@ -36,7 +36,7 @@ from flask import Blueprint, request
 
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
-from servekit.errors import BadRequest, ServekitError, openai_error
+from servekit.errors import BadRequest, NotImplementedByModel, ServekitError, openai_error
 from servekit.protocols.http import Answer, dataplane, json_answer, parse_json_object
 from servekit.version import __version__
 
@@ -68,7 +68,7 @@ def _tei_error(exc: ServekitError) -> Answer:
         status, kind = 400, "empty"
     elif isinstance(exc, Ambiguous):
         status, kind = 400, "validation"
-    elif isinstance(exc, WrongKind):
+    elif isinstance(exc, WrongKind | NotImplementedByModel):
         status, kind = 424, "backend"
     elif isinstance(exc, BadRequest):
         status, kind = 422, "validation"
@@ -118,13 +118,18 @@ def kind_of(mv: ModelVersion) -> str | None:
     return RERANKER if scores.shape is not None and len(scores.shape) == 1 else CLASSIFIER
 
 
-def pick_model(dp: DataPlane, name: Any, kinds: tuple[str, ...], route: str) -> ModelVersion:
-    """The model ``name`` names, else the only served model of one of ``kinds``."""
+def pick_model(dp: DataPlane, name: Any, kinds: tuple[str, ...], route: str, any_named: bool = False) -> ModelVersion:
+    """The model ``name`` names, else the only served model of one of ``kinds``.
+
+    With ``any_named``, a named model of any kind is taken (its hook, or its tokenizer,
+    answers or says it cannot): ``/embed`` for any model with an ``embed`` hook,
+    ``/tokenize`` and ``/decode`` for any model with a tokenizer.
+    """
     if name is not None:
         if not isinstance(name, str):
             raise BadRequest(f"'model' must be a string, found {name!r}", param="model")
         mv = dp.resolve(name)
-        if kind_of(mv) not in kinds:
+        if not any_named and kind_of(mv) not in kinds:
             raise WrongKind(f"model {name!r} is not a {' or '.join(kinds)} model; {route} needs one", param="model")
         return mv
     fits = []
@@ -329,7 +334,7 @@ def tei_embed(dp: DataPlane, body: dict[str, Any]) -> Answer:
     prompt_name = body.get("prompt_name")
     if prompt_name is not None and not isinstance(prompt_name, str):
         raise BadRequest(f"'prompt_name' must be a string, found {prompt_name!r}", param="prompt_name")
-    mv = pick_model(dp, body.get("model"), (EMBEDDER,), "/embed")
+    mv = pick_model(dp, body.get("model"), (EMBEDDER,), "/embed", any_named=True)
     parameters = {
         "normalize": False if dimensions is not None else normalize,
         "truncate": _bool(body, "truncate", None),
@@ -372,7 +377,7 @@ def tei_tokenize(dp: DataPlane, body: dict[str, Any]) -> Answer:
     if body.get("prompt_name") is not None:
         raise BadRequest("'prompt_name' is not supported by servekit's /tokenize", param="prompt_name")
     add_special = _bool(body, "add_special_tokens", True)
-    mv = pick_model(dp, body.get("model"), ANY_TEXT_MODEL, "/tokenize")
+    mv = pick_model(dp, body.get("model"), ANY_TEXT_MODEL, "/tokenize", any_named=True)
     tokenizer = _tokenizer_of(dp, mv)
     encoded = tokenizer(texts, add_special_tokens=add_special, return_offsets_mapping=True)
     special = set(getattr(tokenizer, "all_special_ids", []))
@@ -406,7 +411,7 @@ def tei_decode(dp: DataPlane, body: dict[str, Any]) -> Answer:
         raise BadRequest("'ids' must be a list of token ids or a list of such lists", param="ids")
     _check_batch(len(batch), "ids")
     skip = _bool(body, "skip_special_tokens", True)
-    mv = pick_model(dp, body.get("model"), ANY_TEXT_MODEL, "/decode")
+    mv = pick_model(dp, body.get("model"), ANY_TEXT_MODEL, "/decode", any_named=True)
     tokenizer = _tokenizer_of(dp, mv)
     size = len(tokenizer)
     for row in batch:
