@@ -31,6 +31,7 @@ from servekit.errors import BadRequest
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
 from .encoder import _model_max_length as model_max_length
+from .text_inputs import texts_of
 
 DIRECTIONS = ("right", "left")
 
@@ -62,7 +63,7 @@ class SequenceClassifier:
         return ModelMetadata(signatures={"serving_default": signature}, platform="huggingface")
 
     def predict(self, inputs: Any, parameters: dict[str, Any]) -> dict[str, np.ndarray]:
-        texts, pairs = _texts_of(inputs)
+        texts, pairs = texts_of(inputs)
         logits = self.logits(texts, pairs, parameters)
         raw = parameters.get("raw_scores", False)
         if not isinstance(raw, bool):
@@ -113,36 +114,6 @@ class SequenceClassifier:
                 self._left_tokenizer = copy.deepcopy(self.tokenizer)
                 self._left_tokenizer.truncation_side = "left"
             return self._left_tokenizer
-
-
-def _texts_of(inputs: Any) -> tuple[list[str], list[str] | None]:
-    """``text`` (and ``text_pair``) as lists of strings: named tensors, or one unnamed tensor of texts."""
-    if isinstance(inputs, dict):
-        unknown = sorted(set(inputs) - {"text", "text_pair"})
-        if unknown or "text" not in inputs:
-            raise BadRequest(f"expected the inputs 'text' and optionally 'text_pair', found {sorted(inputs)}")
-        texts = _strings(inputs["text"], "text")
-        pairs = _strings(inputs["text_pair"], "text_pair") if "text_pair" in inputs else None
-        if pairs is not None and len(pairs) != len(texts):
-            raise BadRequest(f"'text' has {len(texts)} rows but 'text_pair' has {len(pairs)}")
-        return texts, pairs
-    array = np.asarray(inputs, dtype=object)
-    if array.ndim == 2 and array.shape[1] == 2:  # V1 rows of [text, text_pair]
-        return _strings(array[:, 0], "text"), _strings(array[:, 1], "text_pair")
-    return _strings(array, "text"), None
-
-
-def _strings(values: Any, name: str) -> list[str]:
-    array = np.asarray(values, dtype=object).reshape(-1)
-    out = []
-    for value in array:
-        if isinstance(value, bytes):
-            out.append(value.decode("utf-8", errors="replace"))
-        elif isinstance(value, str):
-            out.append(value)
-        else:
-            raise BadRequest(f"input {name!r} must hold strings, found {type(value).__name__}")
-    return out
 
 
 def _configured_max_length(path: Path) -> int | None:

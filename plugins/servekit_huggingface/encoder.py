@@ -29,6 +29,8 @@ import torch
 from servekit.errors import BadRequest
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
+from .text_inputs import texts_of
+
 #: sentence-transformers' pooling keys, in the order it concatenates them
 POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -64,9 +66,7 @@ class Encoder:
 
     def predict(self, inputs: Any, parameters: dict[str, Any]) -> dict[str, np.ndarray]:
         """V1/V2 ``predict``: the ``text`` tensor's embeddings as ``embedding``."""
-        from .cross_encoder import _texts_of
-
-        texts, pairs = _texts_of(inputs)
+        texts, pairs = texts_of(inputs)
         if pairs is not None:
             raise BadRequest("an embedding model takes 'text' alone, not 'text_pair'")
         return {"embedding": self.embed(texts, parameters)}
