@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ class Encoder:
         self.dimension = int(getattr(model.config, "hidden_size", 0)) * len(self.pooling)
         self.prompts = _sentence_transformers_prompts(path)
         self._left_tokenizer: Any = None
+        self._lock = threading.Lock()
 
     def metadata(self) -> ModelMetadata:
         """Text in (``text``, BYTES), one vector per text out (``embedding``, FP32)."""
@@ -128,11 +130,13 @@ class Encoder:
         return [list(ids) for ids in rows]
 
     def _left(self) -> Any:
-        if self._left_tokenizer is None:
-            left = copy.deepcopy(self.tokenizer)
-            left.truncation_side = "left"
-            self._left_tokenizer = left
-        return self._left_tokenizer
+        """A copy of the tokenizer that truncates on the left (made once, on first use)."""
+        with self._lock:
+            if self._left_tokenizer is None:
+                left = copy.deepcopy(self.tokenizer)
+                left.truncation_side = "left"
+                self._left_tokenizer = left
+            return self._left_tokenizer
 
     def _batch(self, rows: list[list[int]], normalize: bool = True) -> np.ndarray:
         encoded = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt").to(self.device)

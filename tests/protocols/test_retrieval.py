@@ -173,6 +173,7 @@ def test_tokenize_decode_info_and_health(client):
         "classifier": {"id2label": dict(zip("012", LABELS)), "label2id": {label: i for i, label in enumerate(LABELS)}}
     }
     assert info["max_client_batch_size"] == 32 and info["max_input_length"] == 64
+    assert (info["model_dtype"], info["max_batch_requests"], info["max_batch_tokens"]) == ("float32", 32, 32 * 64)
     assert client.get("/info?model=embedder").get_json()["model_type"] == {"embedding": {"pooling": "mean"}}
     health = client.get("/health")
     assert (health.status_code, health.get_data()) == (200, b"")

@@ -32,7 +32,7 @@ from functools import wraps
 from typing import Any
 
 import numpy as np
-from flask import Blueprint, request
+from flask import Blueprint, current_app, request
 
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
@@ -437,17 +437,20 @@ def tei_info(dp: DataPlane, name: str | None) -> Answer:
             }
         }
     tokenizer = dp.tokenizer(mv)
-    max_length = getattr(mv.model, "max_length", None) or getattr(tokenizer, "model_max_length", 512)
+    max_length = int(getattr(mv.model, "max_length", None) or getattr(tokenizer, "model_max_length", None) or 512)
+    batch_rows = int(getattr(mv.model, "batch_size", None) or 32)
+    settings = current_app.extensions.get("servekit.settings")
     info = {
         "model_id": mv.name,
         "model_sha": None,
-        "model_dtype": "float32",
+        "model_dtype": str(getattr(getattr(mv.model, "model", None), "dtype", "float32")).removeprefix("torch."),
         "served_model_name": mv.name,
         "model_type": model_type,
-        "max_concurrent_requests": 512,
-        "max_input_length": int(max_length or 512),
-        "max_batch_tokens": 16384,
-        "max_batch_requests": None,
+        # what this server holds to: its threads per worker, the model's rows per forward pass
+        "max_concurrent_requests": int(getattr(settings, "threads", 16)),
+        "max_input_length": max_length,
+        "max_batch_tokens": batch_rows * max_length,
+        "max_batch_requests": batch_rows,
         "max_client_batch_size": MAX_CLIENT_BATCH_SIZE,
         "auto_truncate": bool(getattr(mv.model, "truncate", False)),
         "tokenization_workers": 1,
