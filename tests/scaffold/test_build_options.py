@@ -321,6 +321,7 @@ def test_the_servekit_wheel_is_the_same_bytes_each_build(tmp_path, monkeypatch):
     for attempt in ("a", "b"):
         into = tmp_path / attempt
         into.mkdir()
+        monkeypatch.setenv("SERVEKIT_CACHE_DIR", str(tmp_path / f"cache-{attempt}"))  # each one really built
         wheel = scaffold.build_wheel(source, into)
         digests.append(hashlib.sha256(wheel.read_bytes()).hexdigest())
         if attempt == "a":
@@ -328,3 +329,10 @@ def test_the_servekit_wheel_is_the_same_bytes_each_build(tmp_path, monkeypatch):
 
             time.sleep(2.1)  # a zip file's timestamps have a resolution of 2 s
     assert digests[0] == digests[1]
+
+    # the cache then answers for the same files: a second `servekit new` copies, builds nothing
+    (kept,) = (tmp_path / "cache-b" / "wheels").glob("*/servekit-*.whl")
+    kept.write_bytes(b"the kept wheel")
+    into = tmp_path / "c"
+    into.mkdir()
+    assert scaffold.build_wheel(source, into).read_bytes() == b"the kept wheel"

@@ -30,13 +30,17 @@ def quick_lane(markexpr: str) -> bool:
 #: longest first.  A parallel run hands them out first, so no worker starts one of them while the
 #: others are finishing: a module's tests run in one worker, and one started last is the run's tail.
 LONG_POLES = (
-    "tests/scaffold/test_scaffold.py",  # 266 s: every container template baked and its tests run
-    "tests/control/test_control_plane.py",  # 239 s: load/unload cycles under load, per engine
-    "tests/server/test_engines.py",  # 182 s: the protocol suites under each engine
-    "tests/e2e/test_security_fuzz.py",  # 91 s: schemathesis over every operation
-    "tests/e2e/test_scaleout_rehearsal.py",  # 64 s
-    "tests/scaffold/test_docker_image.py",  # 63 s: a real image build
+    "tests/scaffold/test_scaffold.py",  # 300 s: every container template baked and its tests run
+    "tests/scaffold/test_docker_image.py",  # 250 s: real image builds, offline ones included
+    "tests/server/test_engines.py",  # 160 s: the protocol suites under each engine
+    "tests/e2e/test_security_fuzz.py",  # 125 s: schemathesis over every operation
+    "tests/control/test_control_plane.py",  # 120 s: load/unload cycles under load, per engine
+    "tests/e2e/test_generated_container_inputs.py",  # 90 s: every framework's container baked and trained
+    "tests/e2e/test_scaleout_rehearsal.py",  # 70 s
+    "tests/e2e/test_frameworks_serving.py",  # 65 s
+    "tests/observability/test_generation_signals.py",  # 60 s: a real Prometheus over two placements
     "tests/storage/test_storage.py",  # 56 s
+    "tests/scaffold/test_fresh_install.py",  # 55 s: fresh virtualenvs run the docs' commands
 )
 
 

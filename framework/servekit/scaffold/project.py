@@ -16,6 +16,7 @@ it into the build context and the Dockerfile installs that wheel.
 from __future__ import annotations
 
 import collections
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -245,49 +246,97 @@ WHEEL_EPOCH = "315532800"
 
 
 def build_wheel(source: Path, into: Path) -> Path:
-    """``pip wheel --no-deps`` of a servekit source tree; returns the wheel, moved into ``into``.
+    """``pip wheel --no-deps`` of a servekit source tree; returns the wheel, copied into ``into``.
 
-    The wheel is reproducible (``SOURCE_DATE_EPOCH``, unless the environment sets its own).
+    The wheel is reproducible (``SOURCE_DATE_EPOCH``, unless the environment sets its own), so a
+    wheel built once from the same files is kept in :func:`wheel_cache` and copied from there:
+    ``servekit new`` and ``servekit build`` build one only when the source changed.
     """
     if not (source / "pyproject.toml").is_file():
         raise ScaffoldError(f"servekit's source tree {source} is gone; pass --wheel PATH to a servekit wheel")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q"]
     if _setuptools_major() >= SETUPTOOLS_NEEDED:
         command.append("--no-build-isolation")  # the build backend is here: build offline
+    epoch = os.environ.get("SOURCE_DATE_EPOCH") or WHEEL_EPOCH
+    names = _source_files(source)
+    cache = _cache_folder(source, names, epoch) if names is not None else None
+    kept = sorted(cache.glob("servekit-*.whl")) if cache is not None and cache.is_dir() else []
+    if kept:
+        return Path(shutil.copy2(kept[0], into / kept[0].name))
     with tempfile.TemporaryDirectory(prefix="servekit-wheel-") as tmp:
-        out, tree = Path(tmp) / "dist", _source_copy(source, Path(tmp) / "src")
-        env = {**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH") or WHEEL_EPOCH}
+        out, tree = Path(tmp) / "dist", _source_copy(source, Path(tmp) / "src", names)
+        env = {**os.environ, "SOURCE_DATE_EPOCH": epoch}
         result = subprocess.run([*command, "-w", str(out), str(tree)], capture_output=True, text=True, env=env)
         wheels = sorted(out.glob("servekit-*.whl"))
         if result.returncode != 0 or not wheels:
             last = (result.stderr.strip().splitlines() or ["no wheel written"])[-1]
             raise ScaffoldError(f"building a servekit wheel from {source} failed: {last}")
+        if cache is not None:
+            _keep(wheels[0], cache)
         return Path(shutil.move(str(wheels[0]), into / wheels[0].name))
 
 
 _NOT_SOURCE = (".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
 
 
-def _source_copy(source: Path, into: Path) -> Path:
+def wheel_cache() -> Path:
+    """Where built servekit wheels are kept: ``$SERVEKIT_CACHE_DIR/wheels``, else the user's cache."""
+    root = os.environ.get("SERVEKIT_CACHE_DIR")
+    if not root:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "servekit")
+    return Path(root) / "wheels"
+
+
+def _cache_folder(source: Path, names: list[str], epoch: str) -> Path:
+    """The cache's folder for the wheel of these files (their names and bytes, the build's settings)."""
+    digest = hashlib.sha256(f"{sys.version_info[:2]} {_setuptools_major()} {epoch} {__version__}".encode())
+    for name in sorted(names):
+        path = source / name
+        if path.is_symlink():
+            digest.update(f"{name} -> {os.readlink(path)}\0".encode())
+        elif path.is_file():
+            digest.update(f"{name}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return wheel_cache() / digest.hexdigest()[:32]
+
+
+def _keep(wheel: Path, folder: Path) -> None:
+    """Copy a built wheel into its cache folder (atomically: another process may build the same one)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{wheel.name}.{os.getpid()}"
+        shutil.copy2(wheel, partial)
+        os.replace(partial, folder / wheel.name)
+    except OSError:
+        pass  # a cache that cannot be written only costs the next build
+
+
+def _source_files(source: Path) -> list[str] | None:
+    """The files of a git checkout: what git tracks or would track (``None`` outside git)."""
+    if not (source / ".git").exists() or not shutil.which("git"):
+        return None
+    listed = subprocess.run(
+        ["git", "-C", str(source), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode != 0:
+        return None
+    return [name for name in listed.stdout.split("\0") if name and os.path.lexists(source / name)]
+
+
+def _source_copy(source: Path, into: Path, names: list[str] | None = None) -> Path:
     """The source tree's files without build leftovers, copied to ``into``.
 
     setuptools builds inside the tree it is given and keeps stale files in
     ``build/``; a copy leaves the checkout untouched and the wheel exact.  In a
-    git checkout the files are what git tracks or would track.
+    git checkout (``names``, else :func:`_source_files`) the files are what git tracks or would track.
     """
-    listed = (
-        subprocess.run(
-            ["git", "-C", str(source), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-            text=True,
-        )
-        if (source / ".git").exists() and shutil.which("git")
-        else None
-    )
-    if listed is None or listed.returncode != 0:
+    names = names if names is not None else _source_files(source)
+    if names is None:
         shutil.copytree(source, into, symlinks=True, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
         return into
-    for name in filter(None, listed.stdout.split("\0")):
+    for name in names:
         origin, target = source / name, into / name
         if origin.is_symlink() or origin.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
