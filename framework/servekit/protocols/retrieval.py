@@ -561,11 +561,9 @@ def embed():
 @bp.post("/rerank")
 def rerank():
     """TEI's rerank (``texts``) or vLLM's Jina-compatible one (``documents``), told apart by the body."""
-    raw = request.get_data(cache=False)
-    try:
-        body = parse_json_object(raw)
-    except ServekitError as exc:
-        return _tei_error(exc).response()
+    body = _body(_tei_error)
+    if isinstance(body, Answer):
+        return body.response()
     if "documents" in body and "texts" not in body:
         return vllm_rerank(dataplane(), body, "/rerank").response()
     return tei_rerank(dataplane(), body).response()
