@@ -27,6 +27,9 @@ MIN_ROOM = 64
 class RoomyLayer(DynamicLayer):
     """A dynamic cache layer that writes each step into room kept ahead instead of concatenating."""
 
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         self.room: tuple[torch.Tensor, torch.Tensor] | None = None

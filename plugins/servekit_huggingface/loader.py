@@ -149,7 +149,7 @@ def load_folder(path: Path, config: ModelConfig, name: str = "model", version: i
         from .causal import CausalLM
 
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-        causal = model.to(device).eval()  # type: ignore[arg-type]  # transformers' typing of .to
+        causal = model.to(device).eval()
         return CausalLM(causal, tokenizer, device, options, name, version)
     if task in ("score", "classify"):
         from .cross_encoder import SequenceClassifier

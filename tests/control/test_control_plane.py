@@ -54,11 +54,13 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
-@pytest.fixture(params=[("gunicorn", "worker"), ("granian", "worker"), ("gunicorn", "process")], ids=str)
-def two_workers(request, tmp_path):
-    """Two workers under each engine, and again with every model in a model host."""
+@pytest.fixture(
+    scope="module", params=[("gunicorn", "worker"), ("granian", "worker"), ("gunicorn", "process")], ids=str
+)
+def served(request, tmp_path_factory):
+    """Two workers under each engine, and again with every model in a model host: one server each."""
     engine, placement = request.param
-    repo = tmp_path / "repo"
+    repo = tmp_path_factory.mktemp("repo")
     fit_iris(repo / "iris", 1)
     fit_iris(repo / "other", 1)
     server = ServerProcess(
@@ -72,6 +74,19 @@ def two_workers(request, tmp_path):
     ).start(timeout=180)
     yield server, repo
     server.stop()
+
+
+@pytest.fixture
+def two_workers(served):
+    """The engine's server; afterwards both models are loaded again from their folders (the tests
+    unload them, replace them through the API and kill workers)."""
+    server, repo = served
+    yield server, repo
+    for name in ("iris", "other"):
+        r = requests.post(f"{server.url}/v2/repository/models/{name}/load", timeout=120)
+        assert r.status_code == 200, f"{name} did not load again after the test: {r.text}"
+        assert set(statuses(server.url, f"/v2/models/{name}/ready", 10)) == {200}
+        assert requests.get(f"{server.url}/v2/models/{name}", timeout=30).json()["versions"] == ["1"]
 
 
 def test_unload_and_load_hold_in_every_worker(two_workers):

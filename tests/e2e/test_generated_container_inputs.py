@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,6 +119,19 @@ def assert_refused(response: requests.Response, what: str) -> None:
 
 def assert_answered(response: requests.Response, what: str) -> None:
     assert response.status_code == 200, f"{what}: {response.status_code} {response.text[:500]}"
+
+
+@pytest.mark.parametrize("model", FRAMEWORKS)
+def test_the_project_s_own_requests_answer(server, model):
+    """``servekit serve`` answers the requests the project ships (its README's examples)."""
+    project = Path(server.paths[0]) / model
+    for path, wire in (
+        ("v1-predict.json", f"/v1/models/{model}:predict"),
+        ("v2-infer.json", f"/v2/models/{model}/infer"),
+    ):
+        r = post(server, wire, (project / "requests" / path).read_text())
+        assert r.status_code == 200, (path, r.text)
+        assert r.json().get("predictions" if path.startswith("v1") else "outputs"), r.text
 
 
 @pytest.mark.parametrize("model", FRAMEWORKS)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from servekit.testing import ServerProcess, free_port
+from servekit.testing import free_port
 from servekit.version import __version__
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses
@@ -154,16 +154,9 @@ def test_container_template(tmp_path, framework):
     v1_body = json.loads((project / "requests" / "v1-predict.json").read_text())
     v2_body = json.loads((project / "requests" / "v2-infer.json").read_text())
 
-    # `servekit serve` answers V1 predict and V2 infer.
-    with ServerProcess(project, model_name=model, workers=1) as server:
-        answer = requests.post(f"{server.url}/v1/models/{model}:predict", json=v1_body, timeout=60)
-        assert answer.status_code == 200, answer.text
-        assert FIRST_PREDICTION[framework](answer.json()["predictions"][0]), answer.json()
-        infer = requests.post(f"{server.url}/v2/models/{model}/infer", json=v2_body, timeout=60)
-        assert infer.status_code == 200, infer.text
-        assert {o["name"] for o in infer.json()["outputs"]}
-
-    # The image's start command, run directly with the image's variables.
+    # The image's start command, run directly with the image's variables, answers the project's
+    # V1 and V2 requests (`servekit serve` serves every generated project in
+    # tests/e2e/test_generated_container_inputs.py).
     port = free_port()
     log = tmp_path / "gunicorn.log"
     with log.open("w") as sink:
@@ -176,6 +169,9 @@ def test_container_template(tmp_path, framework):
         answer = requests.post(f"{url}/v1/models/{model}:predict", json=v1_body, timeout=60)
         assert answer.status_code == 200, answer.text
         assert FIRST_PREDICTION[framework](answer.json()["predictions"][0]), answer.json()
+        infer = requests.post(f"{url}/v2/models/{model}/infer", json=v2_body, timeout=60)
+        assert infer.status_code == 200, infer.text
+        assert {o["name"] for o in infer.json()["outputs"]}
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)

@@ -71,14 +71,14 @@ class DataPlane:
         return self.readiness()[0]
 
     def readiness(self) -> tuple[bool, str]:
-        """Readiness and, when not ready, why."""
+        """Readiness and, when not ready, every reason why (a port not open yet and a failed model both)."""
         if self.draining:
             return False, "shutting down (SIGTERM): finishing in-flight requests"
-        for gate in self.readiness_gates:
-            reason = gate()
-            if reason:
-                return False, reason
-        return self.repository.readiness(self.strict_readiness)
+        reasons = [reason for gate in self.readiness_gates if (reason := gate())]
+        ready, reason = self.repository.readiness(self.strict_readiness)
+        if not ready:
+            reasons.append(reason)
+        return not reasons, "; ".join(reasons)
 
     def model_names(self) -> list[str]:
         return sorted(self.repository.models)
