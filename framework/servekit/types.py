@@ -279,6 +279,24 @@ FINISH_LENGTH = "length"
 
 
 @dataclass
+class Constraint:
+    """What a generated text must match (structured outputs): the model decodes under a grammar.
+
+    ``kind`` and ``value``: ``"json_schema"`` and the schema (a dict), ``"json_object"``
+    and ``None`` (any JSON object), ``"regex"`` and the pattern, ``"choice"`` and the
+    list of strings, ``"grammar"`` and an EBNF (GBNF) grammar's text.  ``param`` is the
+    request field it came from, which a refusal names.  A model that honours it says so
+    on its answer (``constrained=True`` on the :class:`GenerationResult` or on every
+    :class:`GenerationChunk` with text); the framework refuses an answer that does not
+    with a 400 naming ``param``, so a model that cannot never answers free text.
+    """
+
+    kind: str
+    value: Any
+    param: str
+
+
+@dataclass
 class GenerationRequest:
     """One text to generate.
 
@@ -312,6 +330,8 @@ class GenerationRequest:
     #: tokens of its step in ``top``.  A model that cannot must refuse (the framework
     #: answers a 400 when a result comes back without them)
     logprobs: int | None = None
+    #: the grammar the text must match (structured outputs, forced tool calls); ``None``: free text
+    constraint: Constraint | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -366,6 +386,8 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None
     #: where the time went, when the model measured it
     timing: GenerationTiming | None = None
+    #: the text was decoded under ``request.constraint`` (required when the request has one)
+    constrained: bool = False
 
 
 @dataclass
@@ -382,6 +404,8 @@ class GenerationChunk:
     logprobs: list[TokenLogprob] | None = None
     #: where the time went, when the model measured it (on a stream's last chunk)
     timing: GenerationTiming | None = None
+    #: the text was decoded under ``request.constraint`` (required when the request has one)
+    constrained: bool = False
 
 
 class Tokenizer(Protocol):

@@ -78,6 +78,8 @@ class CausalLM:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), None)
         self.pieces = TokenPieces(tokenizer)
         self.scheduler = self._scheduler(options, limit, name, version)
+        self._grammars: Any = None  # constrained.Grammars, made on the first constrained request
+        self._grammars_lock = threading.Lock()
 
     def _scheduler(self, options: dict[str, Any], limit: int | None, name: str, version: int) -> Scheduler | None:
         continuous = _flag(options, "continuous_batching")
@@ -103,6 +105,8 @@ class CausalLM:
     # -- one request ----------------------------------------------------------------
 
     def complete(self, request: GenerationRequest) -> GenerationResult | Iterator[GenerationChunk]:
+        if request.constraint is not None:
+            self._check_constrained(request)
         if self.scheduler is not None:
             seq, prompt_tokens = self._sequence(request)
             return self._streamed(seq, prompt_tokens) if request.stream else self._scheduled(seq, prompt_tokens)
@@ -110,6 +114,34 @@ class CausalLM:
         if request.stream:
             return self._stream(kwargs, prompt_tokens)
         return self._whole(kwargs, prompt_tokens)
+
+    def _check_constrained(self, request: GenerationRequest) -> None:
+        """Structured outputs run in the scheduler, and end with the end-of-text token."""
+        assert request.constraint is not None
+        param = request.constraint.param
+        if self.scheduler is None:
+            raise BadRequest(
+                f"'{param}' needs continuous batching (decoding under a grammar runs in the scheduler); "
+                "this model has options.continuous_batching: false",
+                param=param,
+            )
+        if request.options.get("ignore_eos"):
+            raise BadRequest(
+                f"'ignore_eos' cannot be used with '{param}': the grammar ends the text", param="ignore_eos"
+            )
+        if not self.eos_ids:
+            raise BadRequest(f"'{param}' needs a model with an end-of-text token", param=param)
+
+    def grammars(self) -> Any:
+        """The model's compiled grammars (:class:`.constrained.Grammars`), made on first use."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from .constrained import Grammars
+
+                output = self.model.get_output_embeddings()
+                vocab = int(output.weight.shape[0]) if output is not None else int(self.model.config.vocab_size)
+                self._grammars = Grammars(self.tokenizer, vocab, self.eos_ids)
+            return self._grammars
 
     def _prompt(self, request: GenerationRequest) -> Any:
         for key in ("presence_penalty", "frequency_penalty"):
@@ -217,13 +249,19 @@ class CausalLM:
         max_new = self._max_new_tokens(request, len(ids))
         penalty = request.options.get("repetition_penalty")
         stop = [s for s in request.stop if s]
+        choose: Any = Chooser(self._sampler(request), None if penalty is None else float(penalty), ids)
+        if request.constraint is not None:
+            from .constrained import ConstrainedChooser
+
+            choose = ConstrainedChooser(self.grammars(), request.constraint, choose)
         seq = Sequence(
             prompt_ids=ids,
             max_new=max_new,
-            choose=Chooser(self._sampler(request), None if penalty is None else float(penalty), ids),
+            choose=choose,
             stopped=StopTail(self.tokenizer, stop) if stop else None,
             eos_ids=frozenset() if request.options.get("ignore_eos") else frozenset(self.eos_ids),
             logprobs=request.logprobs,
+            constrained=request.constraint is not None,
         )
         return seq, len(ids)
 
@@ -250,6 +288,7 @@ class CausalLM:
             len(seq.tokens),
             logprobs=logprobs,
             timing=GenerationTiming(*seq.timing),
+            constrained=seq.constrained,
         )
 
     def _streamed(self, seq: Sequence, prompt_tokens: int) -> Iterator[GenerationChunk]:
@@ -263,12 +302,22 @@ class CausalLM:
                 logprobs = self._logprobs(seq.logprobs, seq.scores[scored : len(text.ids)])
                 if piece or logprobs:
                     yield GenerationChunk(
-                        piece, prompt_tokens=prompt_tokens, completion_tokens=len(text.ids), logprobs=logprobs
+                        piece,
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=len(text.ids),
+                        logprobs=logprobs,
+                        constrained=seq.constrained,
                     )
             rest = self._logprobs(seq.logprobs, [])
             timing = GenerationTiming(*seq.timing)
             yield GenerationChunk(
-                text.rest(), seq.finish_reason, prompt_tokens, len(seq.tokens), logprobs=rest, timing=timing
+                text.rest(),
+                seq.finish_reason,
+                prompt_tokens,
+                len(seq.tokens),
+                logprobs=rest,
+                timing=timing,
+                constrained=seq.constrained,
             )
         finally:
             seq.cancel()  # client gone or stop sequence: the sequence leaves the batch at the next step

@@ -76,6 +76,8 @@ class Sequence:
     logprobs: int | None = None
     #: one :data:`Score` per token in ``tokens`` when ``logprobs`` is set
     scores: list[Score] = field(default_factory=list)
+    #: ``choose`` keeps the tokens inside the request's grammar (structured outputs)
+    constrained: bool = False
     #: the names of the prompt's full blocks (:func:`.prefix_cache.block_names`), once the scheduler asked
     blocks: list[bytes] | None = None
     #: when (``time.monotonic``) it was submitted, joined the batch, and got its first and its last token

@@ -20,6 +20,7 @@ only renders them in its wire's shape.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from servekit.streams import close, is_stream
 from servekit.types import (
     FINISH_LENGTH,
     FINISH_STOP,
+    Constraint,
     GenerationChunk,
     GenerationRequest,
     GenerationResult,
@@ -45,6 +47,7 @@ from servekit.types import (
 )
 
 __all__ = [
+    "Constraint",
     "FINISH_LENGTH",
     "FINISH_STOP",
     "GenerationChunk",
@@ -76,13 +79,22 @@ def message_text(message: dict[str, Any]) -> str:
     return "".join(part["text"] for part in content)
 
 
-def format_chat(messages: list[dict[str, Any]], tokenizer: Any | None, template_kwargs: dict[str, Any]) -> str:
+def format_chat(
+    messages: list[dict[str, Any]],
+    tokenizer: Any | None,
+    template_kwargs: dict[str, Any],
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
     """The prompt for a chat: the tokenizer's chat template, else the plain fallback.
 
-    The fallback (for a model without a tokenizer or template) writes one
-    ``role: content`` line per message and ends with ``assistant:``.
+    ``tools`` (OpenAI's ``tools`` list) are handed to the template as ``tools=``, and an
+    assistant message's ``tool_calls`` arguments as objects (the templates' convention;
+    OpenAI sends them as JSON text).  The fallback (for a model without a tokenizer or
+    template) writes one ``role: content`` line per message and ends with ``assistant:``.
     """
-    plain = [{**m, "content": message_text(m)} for m in messages]
+    plain = [_template_message(m) for m in messages]
+    if tools:
+        template_kwargs = {**template_kwargs, "tools": tools}
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         try:
             text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **template_kwargs)
@@ -91,6 +103,27 @@ def format_chat(messages: list[dict[str, Any]], tokenizer: Any | None, template_
         return text if isinstance(text, str) else str(text)
     lines = [f"{m['role']}: {m['content']}" for m in plain]
     return "\n".join(lines + ["assistant:"])
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    plain = {**message, "content": message_text(message)}
+    calls = message.get("tool_calls")
+    if calls:
+        plain["tool_calls"] = [
+            {**call, "function": {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}}
+            for call in calls
+        ]
+    return plain
+
+
+def _arguments(arguments: Any) -> Any:
+    """A tool call's arguments as an object when they are JSON text (as the chat templates expect)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
 
 
 def count_tokens(text: str, tokenizer: Any | None) -> int:
@@ -235,6 +268,18 @@ def check_logprobs(request: GenerationRequest, text: str, logprobs: list[TokenLo
         raise BadRequest(NO_LOGPROBS, param="logprobs")
 
 
+def check_constraint(request: GenerationRequest, text: str, constrained: bool) -> None:
+    """A model that answered text without decoding under the request's constraint: a 400 naming the
+    field, never free text where a schema, a pattern or a tool call was asked for."""
+    constraint = request.constraint
+    if constraint is not None and text and not constrained:
+        raise BadRequest(
+            f"this model cannot decode under a grammar, so it cannot honour '{constraint.param}' "
+            "(its complete hook answered without the constraint); send the request without it",
+            param=constraint.param,
+        )
+
+
 def finish_reason(given: str | None, completion_tokens: int, max_tokens: int | None) -> str:
     if given in (FINISH_STOP, FINISH_LENGTH):
         return given
@@ -286,6 +331,8 @@ def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> C
 def make_choice(
     request: GenerationRequest, result: GenerationResult, tokenizer: Any | None, already_cut: bool = False
 ) -> Choice:
+    if not already_cut:  # a stream's pieces were checked as they came
+        check_constraint(request, result.text, result.constrained)
     text, stopped = (result.text, False) if already_cut else cut_at_stop(result.text, request.stop)
     logprobs = None
     if request.logprobs is not None:
@@ -325,6 +372,7 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
                     result.reasoning,
                     result.logprobs,
                     result.timing,
+                    result.constrained,
                 )
             ]
         )
@@ -338,6 +386,7 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
         for item in output:
             item = _as_chunk(item)
             check_logprobs(request, item.text, item.logprobs)
+            check_constraint(request, item.text, item.constrained)
             timing = item.timing or timing
             prompt_tokens = item.prompt_tokens if item.prompt_tokens is not None else prompt_tokens
             completion_tokens = item.completion_tokens if item.completion_tokens is not None else completion_tokens

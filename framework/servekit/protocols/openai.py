@@ -32,6 +32,7 @@ from werkzeug.exceptions import HTTPException
 from servekit.codecs import tf_json
 from servekit.dataplane import generation as gen
 from servekit.dataplane.repository import ModelVersion
+from servekit.dataplane.tool_calls import Delta, ToolCallStream, ToolUse
 from servekit.errors import (
     BadRequest,
     ModelFailure,
@@ -174,6 +175,10 @@ class Job:
     tokenizer: Any | None
     echo: bool = False
     messages: list[dict[str, Any]] | None = None
+    #: the grammar every choice is decoded under (structured outputs, a forced tool call)
+    constraint: gen.Constraint | None = None
+    #: the tools the model may call (chat), ``None`` when it may call none
+    tools: ToolUse | None = None
 
     def __post_init__(self) -> None:
         kind = "chatcmpl" if self.chat else "cmpl"
@@ -189,7 +194,7 @@ class Job:
         self.dataplane = dataplane()
 
     def requests(self) -> list[gen.GenerationRequest]:
-        return req.generation_requests(self.prompts, self.sampling, self.messages)
+        return req.generation_requests(self.prompts, self.sampling, self.messages, self.constraint)
 
     def index(self, generation: gen.GenerationRequest) -> int:
         return generation.prompt_index * self.sampling.n + generation.choice_index
@@ -225,8 +230,18 @@ def completions():
         raise BadRequest("completions with explanations do not support streaming", param="explain")
     prompts = req.prompts(body)
     sampling = req.completion_request(body, stream)
+    constraint = req.constraint(body)
     mv = resolve_model(body)
-    job = Job(mv, body, False, prompts, sampling, dataplane().tokenizer(mv), echo=req.boolean(body, "echo"))
+    job = Job(
+        mv,
+        body,
+        False,
+        prompts,
+        sampling,
+        dataplane().tokenizer(mv),
+        echo=req.boolean(body, "echo"),
+        constraint=constraint,
+    )
     if stream:
         return stream_job(job)
     payload = complete_job(job)
@@ -244,11 +259,23 @@ def chat_completions():
     if req.boolean(body, "explain"):
         raise BadRequest("explanations are supported on completions, not chat", param="explain")
     messages = req.messages(body)
+    req.check_tool_messages(messages)
     sampling = req.chat_request(body, stream)
+    constraint = req.constraint(body)
     mv = resolve_model(body)
     tokenizer = dataplane().tokenizer(mv)
-    prompt = gen.format_chat(messages, tokenizer, req.template_kwargs(body))
-    job = Job(mv, body, True, [prompt], sampling, tokenizer, messages=messages)
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    tools = req.tool_use(body, template, mv.config.options.get("tool_call_parser"))
+    forced = tools.constraint() if tools is not None else None
+    if forced is not None and constraint is not None:
+        raise BadRequest(
+            f"a forced tool call is decoded under its parameters' schema, so it cannot also follow '{constraint.param}'",
+            param=constraint.param,
+        )
+    prompt = gen.format_chat(messages, tokenizer, req.template_kwargs(body), tools.tools if tools else None)
+    job = Job(
+        mv, body, True, [prompt], sampling, tokenizer, messages=messages, constraint=forced or constraint, tools=tools
+    )
     if stream:
         return stream_job(job)
     return json_response(complete_job(job), headers=job.predictions.headers())
@@ -271,12 +298,20 @@ def complete_job(job: Job) -> dict[str, Any]:
 def whole_choice(job: Job, generation: gen.GenerationRequest, choice: gen.Choice) -> dict[str, Any]:
     """One choice of a whole answer: chat's ``message`` or completions' ``text`` (the prompt first with ``echo``)."""
     if job.chat:
-        message = {"role": "assistant", "content": choice.text, "refusal": None, "reasoning_content": choice.reasoning}
+        content: str | None = choice.text
+        reason = choice.finish_reason
+        message: dict[str, Any] = {"role": "assistant"}
+        if job.tools is not None:
+            content, calls = job.tools.parse(choice.text)
+            reason = job.tools.finish_reason(reason, calls)
+            if calls:
+                message["tool_calls"] = [call.as_openai() for call in calls]
+        message.update(content=content, refusal=None, reasoning_content=choice.reasoning)
         return {
             "index": job.index(generation),
             "message": message,
             "logprobs": logprobs_object(job, choice.logprobs),
-            "finish_reason": choice.finish_reason,
+            "finish_reason": reason,
         }
     return {
         "index": job.index(generation),
@@ -370,6 +405,7 @@ class StreamChunks:
         self.job = job
         self.extra = {"usage": None} if job.sampling.include_usage else {}
         self.plain: dict[int, PieceEvent] = {}  # by choice index
+        self.tool_streams: dict[int, ToolCallStream] = {}  # by choice index, when the model may call tools
 
     def render(self, item: gen.StreamEvent) -> bytes | None:
         if isinstance(item, gen.StreamPiece):
@@ -385,6 +421,8 @@ class StreamChunks:
     def opening(self, generation: gen.GenerationRequest) -> bytes | None:
         job, index = self.job, self.job.index(generation)
         self.plain[index] = PieceEvent(job, index, self.extra)
+        if job.tools is not None:
+            self.tool_streams[index] = ToolCallStream(job.tools)
         if job.chat:
             return event(
                 job.envelope(choices=[_chat_choice(index, {"role": "assistant", "content": ""})], **self.extra)
@@ -396,6 +434,9 @@ class StreamChunks:
     def piece(self, piece: gen.StreamPiece) -> bytes | None:
         """Text alone as prebuilt bytes; with reasoning or log-probabilities the whole object."""
         job, chunk, index = self.job, piece.chunk, self.job.index(piece.choice.request)
+        tools = self.tool_streams.get(index)
+        if tools is not None:
+            return self.tool_delta(index, tools.feed(chunk.text), chunk)
         if chunk.reasoning or (chunk.logprobs is not None and (chunk.text or chunk.logprobs)):
             rendered = _piece(job, index, chunk)
             rendered["logprobs"] = logprobs_object(job, chunk.logprobs, piece.offset)
@@ -410,8 +451,29 @@ class StreamChunks:
         choice = streamed.finished
         closing = _piece(job, index, gen.GenerationChunk())
         closing["finish_reason"] = choice.finish_reason
-        job.predictions.add({"index": index, "text": choice.text, "finish_reason": choice.finish_reason})
-        return event(job.envelope(choices=[closing], **self.extra))
+        head = b""
+        tools = self.tool_streams.get(index)
+        if tools is not None and job.tools is not None:
+            head = self.tool_delta(index, tools.finish(), gen.GenerationChunk()) or b""
+            closing["finish_reason"] = job.tools.finish_reason(choice.finish_reason, tools.calls)
+        job.predictions.add({"index": index, "text": choice.text, "finish_reason": closing["finish_reason"]})
+        return head + event(job.envelope(choices=[closing], **self.extra))
+
+    def tool_delta(self, index: int, delta: Delta, chunk: gen.GenerationChunk) -> bytes | None:
+        """A piece of a choice that may call tools: its content and calls' deltas (OpenAI's chunk)."""
+        message: dict[str, Any] = {}
+        if delta.content:
+            message["content"] = delta.content
+        if chunk.reasoning:
+            message["reasoning_content"] = chunk.reasoning
+        if delta.tool_calls:
+            message["tool_calls"] = delta.tool_calls
+        if not message and not chunk.logprobs:
+            return None
+        rendered = _chat_choice(index, message)
+        if chunk.logprobs is not None:
+            rendered["logprobs"] = logprobs_object(self.job, chunk.logprobs)
+        return event(self.job.envelope(choices=[rendered], **self.extra))
 
 
 class PieceEvent:

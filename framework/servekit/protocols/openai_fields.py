@@ -5,7 +5,7 @@ the test suite checks every one of them is listed here) and vLLM's extensions
 (its ``protocol.py`` request models).  A field is either honoured (read and
 acted on), or refused with a 400 naming it unless it holds a value that changes
 nothing (its default: ``null``, ``n`` for ``best_of``, ``"none"`` for
-``tool_choice``...).  A field neither list knows is refused as OpenAI refuses
+``function_call``...).  A field neither list knows is refused as OpenAI refuses
 it (``Unrecognized request argument supplied: X``); vLLM would drop it with a
 warning, which would answer something the client did not ask for.  The one
 exception: a completions request with ``"explain": true`` hands its other
@@ -32,10 +32,19 @@ _SAMPLING = frozenset(
     }
 )  # fmt: skip
 
-COMPLETION_HONOURED = _COMMON | _SAMPLING | {"prompt", "echo", "explain"}
+#: structured outputs: OpenAI's ``response_format``, vLLM's ``guided_*`` and ``structured_outputs``
+_STRUCTURED = frozenset(
+    {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
+)
+
+COMPLETION_HONOURED = _COMMON | _SAMPLING | _STRUCTURED | {"prompt", "echo", "explain"}
 #: (``explain`` is read to refuse it: explanations are answered on completions)
 CHAT_HONOURED = (
-    _COMMON | _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs", "explain"}
+    _COMMON
+    | _SAMPLING
+    | _STRUCTURED
+    | {"messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs", "explain"}
+    | {"tools", "tool_choice", "parallel_tool_calls"}
 )
 EMBEDDING_HONOURED = _COMMON | {"input", "dimensions", "encoding_format"}
 
@@ -52,14 +61,9 @@ _VLLM_GENERATION_REFUSED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,),
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
     "structural_tag": (None,),
     "guided_decoding_backend": (None,),
     "guided_whitespace_pattern": (None,),
-    "structured_outputs": (None,),
     "logits_processors": (None,),
     "return_tokens_as_token_ids": (None, False),
     "return_token_ids": (None, False),
@@ -79,19 +83,14 @@ COMPLETION_REFUSED: dict[str, tuple[Any, ...]] = {
     # vLLM's
     **_VLLM_GENERATION_REFUSED,
     "add_special_tokens": (None, True),
-    "response_format": (None, {"type": "text"}),
     "prompt_embeds": (None,),
 }
 
 CHAT_REFUSED: dict[str, tuple[Any, ...]] = {
     # OpenAI's
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None, True, False),  # no tools: nothing to call in parallel
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "prediction": (None,),

@@ -9,13 +9,16 @@ client asked for is silently dropped (the lists: :mod:`.openai_fields`).
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from servekit.dataplane.tool_calls import PARSERS, ToolUse, detect_parser
 from servekit.errors import BadRequest
 from servekit.protocols import openai_fields as fields
-from servekit.types import GenerationRequest
+from servekit.types import Constraint, GenerationRequest
 
 #: OpenAI's default ``max_tokens`` for the legacy completions endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -229,7 +232,10 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def generation_requests(
-    prompts: list[str], sampling: Sampling, messages: list[dict[str, Any]] | None = None
+    prompts: list[str],
+    sampling: Sampling,
+    messages: list[dict[str, Any]] | None = None,
+    constraint: Constraint | None = None,
 ) -> list[GenerationRequest]:
     """One request per (prompt, choice), in answer order: the ``complete`` hook writes one text at a time.
 
@@ -251,10 +257,210 @@ def generation_requests(
             choice_index=c,
             options=dict(s.options),
             logprobs=s.logprobs,
+            constraint=constraint,
         )
         for p, prompt in enumerate(prompts)
         for c in range(s.n)
     ]
+
+
+# -- structured outputs -----------------------------------------------------------------
+
+#: vLLM's structured-output fields (the older ``guided_*`` extra fields and the newer
+#: ``structured_outputs`` object's keys), by the constraint kind each asks for
+GUIDED_FIELDS = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}  # fmt: skip
+STRUCTURED_OUTPUTS_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+                           "json_object": "json_object"}  # fmt: skip
+
+
+def constraint(body: dict[str, Any]) -> Constraint | None:
+    """The grammar the text must match: ``response_format`` (OpenAI's), vLLM's ``guided_*`` fields or
+    its ``structured_outputs`` object; at most one of them."""
+    found: list[Constraint] = []
+    chosen = _response_format(body.get("response_format"))
+    if chosen is not None:
+        found.append(chosen)
+    for key, kind in GUIDED_FIELDS.items():
+        if body.get(key) is not None:
+            found.append(_constraint_value(kind, body[key], key))
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise BadRequest(
+                f"'structured_outputs' must be an object, found {_kind(outputs)}", param="structured_outputs"
+            )
+        for key, value in outputs.items():
+            where = f"structured_outputs.{key}"
+            if key not in STRUCTURED_OUTPUTS_KEYS:
+                if value in (None, False):
+                    continue
+                raise BadRequest(f"'{where}' is not supported by this server (found {value!r})", param=where)
+            if value is None or (key == "json_object" and value is False):
+                continue
+            found.append(_constraint_value(STRUCTURED_OUTPUTS_KEYS[key], value, where))
+    if len(found) > 1:
+        names = ", ".join(f"'{c.param}'" for c in found)
+        raise BadRequest(f"only one structured-output constraint may be sent; found {names}", param=found[1].param)
+    return found[0] if found else None
+
+
+def _response_format(value: Any) -> Constraint | None:
+    key = "response_format"
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{key}' must be an object, found {_kind(value)}", param=key)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_object", None, key)
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise BadRequest(f"'{key}.json_schema' must be an object, found {_kind(spec)}", param=key)
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise BadRequest(f"'{key}.json_schema.name' must be a non-empty string", param=key)
+        boolean(spec, "strict")  # the schema is always enforced, strict or not
+        schema = spec.get("schema")
+        if schema is None:  # OpenAI's schema is optional: any JSON object then
+            return Constraint("json_object", None, key)
+        return _constraint_value("json_schema", schema, key)
+    raise BadRequest(f"'{key}.type' must be text, json_object or json_schema, found {kind!r}", param=key)
+
+
+def _constraint_value(kind: str, value: Any, param: str) -> Constraint:
+    if kind == "json_schema":
+        if isinstance(value, str):  # vLLM takes a schema as JSON text too
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise BadRequest(f"'{param}' is not valid JSON: {exc}", param=param) from None
+        if not isinstance(value, (dict, bool)):
+            raise BadRequest(f"'{param}' must be a JSON schema (an object), found {_kind(value)}", param=param)
+    elif kind == "json_object":
+        if value is not True:
+            raise BadRequest(f"'{param}' must be true, found {value!r}", param=param)
+        value = None
+    elif kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise BadRequest(f"'{param}' must be a non-empty list of strings, found {_kind(value)}", param=param)
+    elif not isinstance(value, str) or not value:
+        raise BadRequest(f"'{param}' must be a non-empty string, found {_kind(value)}", param=param)
+    return Constraint(kind, value, param)
+
+
+# -- tools ----------------------------------------------------------------------------
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+
+
+def tool_use(body: dict[str, Any], chat_template: Any, parser_option: Any) -> ToolUse | None:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` (OpenAI's); ``None``: no tool may be called.
+
+    ``auto`` needs a parser for the model's family: the model's ``options.tool_call_parser``,
+    else the one its chat template shows (:func:`detect_parser`).
+    """
+    tools = _tools(body.get("tools"))
+    choice = body.get("tool_choice")
+    parallel = boolean(body, "parallel_tool_calls", default=True)
+    named = None
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        if (
+            choice.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise BadRequest(
+                '\'tool_choice\' must be none, auto, required or {"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        named = function["name"]
+        if named not in {t["function"]["name"] for t in tools}:
+            raise BadRequest(
+                f"'tool_choice' names the function {named!r}, which is not in 'tools'", param="tool_choice"
+            )
+        choice = "named"
+    elif choice is None:
+        choice = "auto" if tools else "none"
+    elif choice not in ("none", "auto", "required"):
+        raise BadRequest(
+            f"'tool_choice' must be none, auto, required or a named function, found {choice!r}", param="tool_choice"
+        )
+    if choice != "none" and not tools:
+        raise BadRequest(f"'tool_choice' is {choice!r} but the request has no 'tools'", param="tool_choice")
+    if choice == "none":
+        return None
+    parser = None
+    if choice == "auto":
+        if not chat_template:
+            raise BadRequest(
+                "this model has no chat template to present 'tools' with; send tool_choice 'required' or a named function",
+                param="tools",
+            )
+        if parser_option is not None and parser_option not in PARSERS:
+            raise BadRequest(
+                f"the model's options.tool_call_parser is {parser_option!r}; expected one of {', '.join(PARSERS)}",
+                param="tools",
+            )
+        parser = parser_option or detect_parser(chat_template)
+        if parser is None:
+            raise BadRequest(
+                "this model's chat template shows no tool-call format this server reads, so 'tool_choice': 'auto' "
+                "cannot find its calls; send 'required' or a named function, or set the model's "
+                f"options.tool_call_parser ({', '.join(PARSERS)})",
+                param="tool_choice",
+            )
+    return ToolUse(tools, choice, named, parallel, parser)
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise BadRequest(f"'tools' must be a list of tools, found {_kind(raw)}", param="tools")
+    names = set()
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise BadRequest(f"{where} must be {{'type': 'function', 'function': {{...}}}}", param="tools")
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise BadRequest(
+                f"{where}.function.name must be 1 to 64 letters, digits, _ or -, found {name!r}", param="tools"
+            )
+        if name in names:
+            raise BadRequest(f"{where}.function.name {name!r} appears twice", param="tools")
+        names.add(name)
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise BadRequest(f"{where}.function.parameters must be a JSON schema (an object)", param="tools")
+        boolean(function, "strict")
+    return raw
+
+
+def check_tool_messages(messages: list[dict[str, Any]]) -> None:
+    """Assistant ``tool_calls`` and ``tool`` messages in the history, as OpenAI shapes them."""
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if message.get("role") != "assistant" or not isinstance(calls, list):
+                raise BadRequest(f"{where}.tool_calls must be a list on an assistant message", param="messages")
+            for k, call in enumerate(calls):
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise BadRequest(
+                        f"{where}.tool_calls[{k}] must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
+                        param="messages",
+                    )
+                if not isinstance(function.get("arguments", ""), str):
+                    raise BadRequest(f"{where}.tool_calls[{k}].function.arguments must be JSON text", param="messages")
+        if message.get("role") == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise BadRequest(f"{where} (role tool) needs the 'tool_call_id' it answers", param="messages")
 
 
 # -- embeddings -----------------------------------------------------------------------
