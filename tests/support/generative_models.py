@@ -21,6 +21,17 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+#: A Hermes-style template (Qwen's and NousResearch's shape): it lists the tools, writes an
+#: assistant's calls as ``<tool_call>{...}</tool_call>`` and tool results as ``tool`` turns.
+HERMES_CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>You may call these tools; write each call as "
+    "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>:\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>{{ {'name': c['function']['name'], "
+    "'arguments': c['function']['arguments']} | tojson }}</tool_call>{% endfor %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 CORPUS = [
     "hello world, the quick brown fox jumps over the lazy dog.",
     "servekit serves models over many protocols; streams end with metadata.",
@@ -28,7 +39,7 @@ CORPUS = [
 ]
 
 
-def build_tiny_gpt2(folder: Path, n_positions: int = 256) -> Path:
+def build_tiny_gpt2(folder: Path, n_positions: int = 256, chat_template: str = CHAT_TEMPLATE) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -43,7 +54,7 @@ def build_tiny_gpt2(folder: Path, n_positions: int = 256) -> Path:
     )
     bpe.train_from_iterator(CORPUS * 20, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(folder)
     config = GPT2Config(
         vocab_size=len(tokenizer),
@@ -177,6 +188,48 @@ def tokenizer(model):
 @servekit.hookimpl
 def complete(request):
     return request.prompt
+"""
+
+#: A model.py whose chat template shows Hermes' tool-call format: once the prompt lists tools
+#: and no tool answered yet, it replies with a call to the first one (a city argument), after a
+#: few words; after a tool's answer it says "It is sunny." (streamed in 3-character pieces).
+#: It decodes under no grammar, so it cannot honour structured outputs.
+TOOL_MODEL_PY = """
+import json
+import servekit
+
+class HermesTokenizer:
+    chat_template = "... <tool_call>{json}</tool_call> ..."
+
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, tools=None, **kwargs):
+        head = "TOOLS:" + json.dumps([t["function"]["name"] for t in tools]) + "\\n" if tools else ""
+        return head + "".join(f"[{m['role']}]{m['content']}" for m in messages) + "[assistant]"
+
+class Tooly:
+    tokenizer = HermesTokenizer()
+
+@servekit.hookimpl
+def load():
+    return Tooly()
+
+@servekit.hookimpl
+def tokenizer(model):
+    return model.tokenizer
+
+@servekit.hookimpl
+def complete(request):
+    if request.prompt.startswith("TOOLS:") and "[tool]" not in request.prompt:
+        name = json.loads(request.prompt[6:request.prompt.index("\\n")])[0]
+        call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
+        text = "Let me look.<tool_call>" + call + "</tool_call>"
+    else:
+        text = "It is sunny."
+    if not request.stream:
+        return text
+    return (text[i:i + 3] for i in range(0, len(text), 3))
 """
 
 #: A streaming predict model.py.  ``parameters.mode``:
