@@ -210,7 +210,10 @@ def test_langchain_structured_output_and_a_two_turn_tool_loop(server):
     pet = llm.with_structured_output(Pet).invoke("a pet, please")
     assert isinstance(pet, Pet)
 
-    @tool
+    class City(BaseModel):
+        city: str = Field(max_length=12)  # bounded: a random model's string ends within max_tokens
+
+    @tool(args_schema=City)
     def get_weather(city: str) -> str:
         """The weather in a city."""
         return f"sunny in {city}"
