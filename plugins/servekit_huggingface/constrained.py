@@ -51,11 +51,11 @@ class Grammars:
         # character or bytes that are no UTF-8 (escapes such as \\n are backslash and letter), and
         # after a token that ends inside a character only the tokens that go on with it validly
         self.raw: list[bytes] = list(info.decoded_vocab)
-        never = [any(b < 0x20 for b in raw) or not _utf8_prefix(b"", raw) for raw in self.raw]
-        never += [False] * (vocab_size - len(never))
-        self.never_in_json = torch.tensor(never[:vocab_size], dtype=torch.bool)
-        self.continuing = [i for i, raw in enumerate(self.raw[:vocab_size]) if raw and 0x80 <= raw[0] < 0xC0]
-        self.after: dict[bytes, torch.Tensor] = {}  # tokens that break the character a tail starts
+        #: the tokens a JSON text may hold, as a bitmask in xgrammar's layout (ANDed into the grammar's)
+        self.json_tokens = _packed(
+            [not (any(b < 0x20 for b in raw) or not _utf8_prefix(b"", raw)) for raw in self.raw], vocab_size
+        )
+        self.after: dict[bytes, torch.Tensor] = {}  # the tokens that go on validly from a character's first bytes
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # our own cache, bounded by count
         self.compiled: OrderedDict[str, Any] = OrderedDict()
         self.lock = threading.Lock()
@@ -80,16 +80,13 @@ class Grammars:
                 self.compiled.popitem(last=False)
         return compiled
 
-    def broken_after(self, tail: bytes) -> torch.Tensor:
-        """The tokens that would make ``tail`` (a character's first bytes) no UTF-8."""
+    def going_on_from(self, tail: bytes) -> torch.Tensor:
+        """The tokens that keep ``tail`` (a character's first bytes) UTF-8, as a bitmask (kept per tail)."""
         found = self.after.get(tail)
         if found is None:
-            broken = torch.zeros(self.vocab_size, dtype=torch.bool)
-            for i, raw in enumerate(self.raw[: self.vocab_size]):
-                if not _utf8_prefix(tail, raw):
-                    broken[i] = True
+            packed = _packed([_utf8_prefix(tail, raw) for raw in self.raw], self.vocab_size)
             with self.lock:
-                found = self.after.setdefault(tail, broken)
+                found = self.after.setdefault(tail, packed)
         return found
 
     def _compile(self, constraint: Constraint) -> Any:
@@ -136,11 +133,12 @@ class ConstrainedChooser:
 
     def __call__(self, logits: torch.Tensor, tokens: list[int]) -> int:
         self.matcher.fill_next_token_bitmask(self.bitmask)
-        masked = logits.float().unsqueeze(0).clone()  # a copy: the batch's logits stay as the model gave them
-        self.xgr.apply_token_bitmask_inplace(masked, self.bitmask.to(masked.device), vocab_size=self.vocab_size)
         if self.json_text:
-            never = self.grammars.never_in_json if not self.tail else self.grammars.broken_after(self.tail)
-            masked[0, : self.vocab_size].masked_fill_(never.to(masked.device), float("-inf"))
+            grammars = self.grammars
+            self.bitmask &= grammars.json_tokens if not self.tail else grammars.going_on_from(self.tail)
+        # the row's own logits, masked in place (each row's are its own; their scores were taken before)
+        masked = logits.float().unsqueeze(0)
+        self.xgr.apply_token_bitmask_inplace(masked, self.bitmask.to(masked.device), vocab_size=self.vocab_size)
         token = self.choose(masked[0], tokens)
         if not self.matcher.accept_token(token):
             raise RuntimeError(f"the grammar refused token {token} its own mask allowed")
@@ -190,6 +188,15 @@ def _utf8_walk(data: bytes) -> int | None:
                 return None
         i += need + 1
     return n
+
+
+def _packed(allowed: list[bool], vocab_size: int) -> torch.Tensor:
+    """Token flags as a ``[1, words]`` int32 bitmask, bit ``i % 32`` of word ``i // 32`` (xgrammar's layout)."""
+    import numpy as np
+
+    flags = np.zeros(((vocab_size + 31) // 32) * 32, dtype=bool)
+    flags[: min(len(allowed), vocab_size)] = allowed[:vocab_size]
+    return torch.from_numpy(np.packbits(flags, bitorder="little").view("<i4").astype(np.int32)).unsqueeze(0)
 
 
 def _utf8_prefix(tail: bytes, raw: bytes) -> bool:
