@@ -25,7 +25,7 @@ CHAT_TEMPLATE = (
 #: assistant's calls as ``<tool_call>{...}</tool_call>`` and tool results as ``tool`` turns.
 HERMES_CHAT_TEMPLATE = (
     "{% if tools %}<|system|>You may call these tools; write each call as "
-    "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>:\n"
+    '<tool_call>{"name": ..., "arguments": ...}</tool_call>:\n'
     "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}"
     "{% for c in m.get('tool_calls') or [] %}<tool_call>{{ {'name': c['function']['name'], "
