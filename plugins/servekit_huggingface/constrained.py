@@ -55,7 +55,16 @@ class Grammars:
         self.json_tokens = _packed(
             [not (any(b < 0x20 for b in raw) or not _utf8_prefix(b"", raw)) for raw in self.raw], vocab_size
         )
-        self.after: dict[bytes, torch.Tensor] = {}  # the tokens that go on validly from a character's first bytes
+        # after a character's first bytes: the tokens that go on with it validly, by what the
+        # character still needs (seven kinds of state in all; only tokens opening with a
+        # continuation byte can, so only those are looked at)
+        continuing = [(i, raw) for i, raw in enumerate(self.raw[:vocab_size]) if raw and 0x80 <= raw[0] <= 0xBF]
+        self.after: dict[tuple[int, int, int], torch.Tensor] = {}
+        for state in _OPEN_STATES:
+            allowed = [False] * vocab_size
+            for i, raw in continuing:
+                allowed[i] = _goes_on(state, raw)
+            self.after[state] = _packed(allowed, vocab_size)
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # our own cache, bounded by count
         self.compiled: OrderedDict[str, Any] = OrderedDict()
         self.lock = threading.Lock()
@@ -81,13 +90,8 @@ class Grammars:
         return compiled
 
     def going_on_from(self, tail: bytes) -> torch.Tensor:
-        """The tokens that keep ``tail`` (a character's first bytes) UTF-8, as a bitmask (kept per tail)."""
-        found = self.after.get(tail)
-        if found is None:
-            packed = _packed([_utf8_prefix(tail, raw) for raw in self.raw], self.vocab_size)
-            with self.lock:
-                found = self.after.setdefault(tail, packed)
-        return found
+        """The tokens that keep ``tail`` (a character's first bytes) UTF-8, as a bitmask."""
+        return self.after[_open_state(tail)]
 
     def _compile(self, constraint: Constraint) -> Any:
         kind, value = constraint.kind, constraint.value
@@ -197,6 +201,31 @@ def _packed(allowed: list[bool], vocab_size: int) -> torch.Tensor:
     flags = np.zeros(((vocab_size + 31) // 32) * 32, dtype=bool)
     flags[: min(len(allowed), vocab_size)] = allowed[:vocab_size]
     return torch.from_numpy(np.packbits(flags, bitorder="little").view("<i4").astype(np.int32)).unsqueeze(0)
+
+
+def _open_state(tail: bytes) -> tuple[int, int, int]:
+    """What a character's first bytes still need: (bytes left, range of the next one)."""
+    lead = _lead(tail[0])
+    assert lead is not None
+    need, lo, hi = lead
+    taken = len(tail) - 1
+    return (need - taken, lo, hi) if taken == 0 else (need - taken, 0x80, 0xBF)
+
+
+#: every state :func:`_open_state` can answer
+_OPEN_STATES = sorted(
+    {(need, lo, hi) for b in range(0xC2, 0xF5) if (lead := _lead(b)) for need, lo, hi in [lead]}
+    | {(k, 0x80, 0xBF) for k in (1, 2)}
+)
+
+
+def _goes_on(state: tuple[int, int, int], raw: bytes) -> bool:
+    """Whether ``raw`` goes on validly from an open character in ``state``, and is UTF-8 after it."""
+    left, lo, hi = state
+    for k, b in enumerate(raw[:left]):
+        if not (lo <= b <= hi if k == 0 else 0x80 <= b <= 0xBF):
+            return False
+    return _utf8_walk(raw[left:]) is not None
 
 
 def _utf8_prefix(tail: bytes, raw: bytes) -> bool:
