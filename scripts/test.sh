@@ -4,6 +4,12 @@
 # TF Serving's client package depends on the full `tensorflow`; we run it beside
 # tensorflow-cpu, so it goes in without its dependencies.
 python -c "import tensorflow_serving" 2>/dev/null || python -m pip install --quiet --no-deps "tensorflow-serving-api>=2.15"
+# Structured outputs' grammar engine and the clients tested through it, without their pins: xgrammar
+# requires triton (286 MB, never imported on CPU), instructor jiter<0.15 and rich<15 (pip would take
+# openai back to 3.3 to fit), LiteLLM importlib-metadata<9. What they need that nothing else brings
+# is named (tests/e2e/test_structured_outputs.py).
+python -c "import xgrammar, instructor, litellm" 2>/dev/null || python -m pip install --quiet --no-deps \
+    "xgrammar>=0.2.9" apache-tvm-ffi "instructor>=1.17" docstring-parser "litellm>=1.110" fastuuid h2 hpack hyperframe
 # KServe's own client pins protobuf < 7 and much else, so it lives in a virtualenv of its own;
 # tests/e2e/test_kserve_client.py drives servekit with it.
 if [ ! -x .venv-kserve/bin/python ]; then

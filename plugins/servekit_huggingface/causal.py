@@ -132,15 +132,23 @@ class CausalLM:
         if not self.eos_ids:
             raise BadRequest(f"'{param}' needs a model with an end-of-text token", param=param)
 
-    def grammars(self) -> Any:
-        """The model's compiled grammars (:class:`.constrained.Grammars`), made on first use."""
+    def grammars(self, param: str) -> Any:
+        """The model's compiled grammars (:class:`.constrained.Grammars`), made on first use; a 400 naming
+        ``param`` where the grammar engine is not installed."""
         with self._grammars_lock:
             if self._grammars is None:
                 from .constrained import Grammars
 
                 output = self.model.get_output_embeddings()
                 vocab = int(output.weight.shape[0]) if output is not None else int(self.model.config.vocab_size)
-                self._grammars = Grammars(self.tokenizer, vocab, self.eos_ids)
+                try:
+                    self._grammars = Grammars(self.tokenizer, vocab, self.eos_ids)
+                except ImportError as exc:  # xgrammar is an extra of its own
+                    raise BadRequest(
+                        f"'{param}' needs a grammar engine this server lacks ({exc}): install "
+                        "servekit[structured-outputs] (docs/structured-outputs.md)",
+                        param=param,
+                    ) from None
             return self._grammars
 
     def _prompt(self, request: GenerationRequest) -> Any:
@@ -253,7 +261,7 @@ class CausalLM:
         if request.constraint is not None:
             from .constrained import ConstrainedChooser
 
-            choose = ConstrainedChooser(self.grammars(), request.constraint, choose)
+            choose = ConstrainedChooser(self.grammars(request.constraint.param), request.constraint, choose)
         seq = Sequence(
             prompt_ids=ids,
             max_new=max_new,

@@ -78,6 +78,7 @@ def strict_server(repo):
 @pytest.mark.slow
 def test_strict_readiness_keeps_a_server_with_a_failed_model_out_of_rotation(strict_server):
     url = strict_server.url
+
     # the status API shows every load's end a moment before the first load as a whole is done
     # (and the gRPC port open): until then the reason says so
     def settled():

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 pytestmark = pytest.mark.slow  # starts a real server
 
 openai = pytest.importorskip("openai")
+pytest.importorskip("xgrammar")  # the structured-outputs extra
 
 
 class Pet(BaseModel):
