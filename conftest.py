@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lanes import long_poles_first, quick_lane, wholly_slow
+from lanes import long_poles_first, marks_alone, quick_lane, wholly_slow
 from repo_paths import TF_DATA
 from sklearn_models import ECHO_MODEL, fit_iris, fit_regressor
 
@@ -47,9 +47,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The quick lane leaves out the modules whose tests are all slow, without importing them."""
+    """The quick lane leaves out the modules whose tests are all slow, and ``--alone`` those with no
+    test marked alone, without importing them."""
     module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
     if module and quick_lane(config.option.markexpr) and wholly_slow(collection_path):
+        return True
+    if module and config.getoption("alone") and not marks_alone(collection_path):
         return True
     return None
 

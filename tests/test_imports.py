@@ -477,3 +477,20 @@ def test_the_long_poles_the_parallel_run_starts_first_exist():
     assert all((REPO / path).is_file() for path in LONG_POLES), [p for p in LONG_POLES if not (REPO / p).is_file()]
     paths = ["tests/a.py", LONG_POLES[1], "tests/b.py", LONG_POLES[0]]
     assert [paths[i] for i in long_poles_first(paths)] == [LONG_POLES[0], LONG_POLES[1], "tests/a.py", "tests/b.py"]
+
+
+def test_the_alone_lane_imports_only_modules_that_mark_a_test_alone(tmp_path):
+    """``--alone`` skips importing a module with no alone mark, so a test marked alone must say so in its module."""
+    from lanes import marks_alone
+
+    modules = [*(REPO / "tests").rglob("test_*.py"), *(REPO / "plugins").rglob("test_*.py")]
+    marked = [p for p in modules if marks_alone(p)]
+    assert {p.relative_to(REPO).as_posix() for p in marked} >= {
+        "tests/observability/test_load_signal.py",
+        "tests/server/test_engines.py",
+    }
+    module = tmp_path / "test_x.py"
+    module.write_text("import pytest\n\npytestmark = [pytest.mark.slow, pytest.mark.alone]\n")
+    assert marks_alone(module)
+    module.write_text("import pytest\n\n\ndef test_x():\n    alone = 1\n")
+    assert not marks_alone(module)

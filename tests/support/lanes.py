@@ -21,6 +21,11 @@ def wholly_slow(path: Path) -> bool:
     return False
 
 
+def marks_alone(path: Path) -> bool:
+    """Whether the module may hold a test that needs the machine alone (it names the ``alone`` mark)."""
+    return "mark.alone" in path.read_text()
+
+
 def quick_lane(markexpr: str) -> bool:
     """Whether a run selects the quick lane: ``-m "not slow"``, however it is spaced."""
     return " ".join(markexpr.split()) == "not slow"
