@@ -32,7 +32,7 @@ PROMETHEUS_METRICS = "/monitoring/prometheus/metrics"
 GENERIC_PREDICT = "/predict"
 GENERIC_EXPLAIN = "/explain"
 #: Hugging Face text-embeddings-inference's routes (``/predict`` is GENERIC_PREDICT's, told apart by its body)
-TEI_ROUTES = ("/embed", "/rerank", "/tokenize", "/decode", "/info", "/health")
+TEI_ROUTES = ("/embed", "/rerank", "/similarity", "/tokenize", "/decode", "/info", "/health")
 #: vLLM's score and its Jina/Cohere-compatible rerank
 SCORE_ROUTES = ("/score", "/v1/score", "/v1/rerank", "/v2/rerank")
 #: the status page, the OpenAPI document and its viewer

@@ -101,6 +101,16 @@ def test_embeddings_equal_sentence_transformer_through_the_hub_client(server, fo
         assert float(np.dot(got, want) / np.linalg.norm(got) / np.linalg.norm(want)) > 0.9999
 
 
+def test_sentence_similarity_equals_sentence_transformers_through_the_hub_client(server, folders):
+    from huggingface_hub import InferenceClient
+    from sentence_transformers import SentenceTransformer, util
+
+    model = SentenceTransformer(str(folders / "embedder"), device="cpu")
+    expected = util.cos_sim(model.encode(PASSAGES[:1]), model.encode(PASSAGES[1:]))[0].tolist()
+    hub = InferenceClient(model=f"{server.url}/similarity").sentence_similarity(PASSAGES[0], PASSAGES[1:])
+    assert hub == pytest.approx(expected, abs=1e-4)
+
+
 def test_langchain_huggingface_endpoint_embeddings_talk_to_servekit(server, folders):
     # langchain-huggingface pins huggingface-hub<2, which transformers 5 refuses: not in the
     # test extra (pip install --no-deps langchain-huggingface adds it; it runs on hub 2)

@@ -158,6 +158,31 @@ def test_jina_rerank_honours_top_n_and_return_documents(client):
     assert results[0]["relevance_score"] >= results[1]["relevance_score"]
 
 
+def test_similarity_is_the_cosine_of_the_embeddings_and_refuses_what_it_cannot_read(client):
+    import numpy as np
+
+    sentences = ["a cat sat", "the stock fell", "a kitten sat"]
+    body = {"inputs": {"source_sentence": "a cat sits", "sentences": sentences}, "parameters": {"truncate": True}}
+    similarity = client.post("/similarity", json=body).get_json()
+    vectors = np.asarray(client.post("/embed", json={"inputs": ["a cat sits", *sentences]}).get_json())
+    np.testing.assert_allclose(similarity, vectors[1:] @ vectors[0], atol=1e-5)
+    assert similarity[2] > similarity[1]
+    for wrong, field, status in [
+        ({"inputs": {"source_sentence": "a", "sentences": []}}, "inputs.sentences", 400),
+        ({"inputs": {"source_sentence": 1, "sentences": ["b"]}}, "inputs.source_sentence", 422),
+        ({"inputs": {"source_sentence": "a", "sentences": ["b"], "other": 1}}, "inputs.other", 422),
+        ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"top_k": 2}}, "parameters.top_k", 422),
+        ({"inputs": {"source_sentence": "a", "sentences": ["b"] * 32}}, "batch size 33", 422),
+        ({"inputs": ["a", "b"]}, "inputs", 422),
+    ]:
+        answer = client.post("/similarity", json=wrong)
+        assert answer.status_code == status and field in answer.get_json()["error"], (wrong, answer.get_json())
+    wrong_kind = client.post(
+        "/similarity", json={"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": "reranker"}
+    )
+    assert wrong_kind.status_code == 424
+
+
 def test_tokenize_decode_info_and_health(client):
     (tokens,) = client.post("/tokenize", json={"inputs": "hello world", "model": "embedder"}).get_json()
     assert [t["text"] for t in tokens] == ["[CLS]", "hello", "world", "[SEP]"]

@@ -2,7 +2,7 @@
 
 Hugging Face's text-embeddings-inference (TEI): ``POST /embed``, ``/rerank`` (with
 ``texts``), ``/predict`` (with ``inputs``; ``/predict`` with ``instances`` stays the
-generic route), ``/tokenize``, ``/decode``; ``GET /info`` and ``/health``.  Errors take
+generic route), ``/similarity``, ``/tokenize``, ``/decode``; ``GET /info`` and ``/health``.  Errors take
 TEI's shape, ``{"error": message, "error_type": kind}``, with its statuses: an
 empty batch 400 (``empty``), a field it cannot read, too many inputs or an input
 past the model's length 422 (``validation``), a model of the wrong kind 424
@@ -354,6 +354,47 @@ def tei_embed(dp: DataPlane, body: dict[str, Any]) -> Answer:
     return json_answer(vectors.astype(np.float32).tolist())
 
 
+@answers(_tei_error)
+def tei_similarity(dp: DataPlane, body: dict[str, Any]) -> Answer:
+    """TEI's ``/similarity`` (huggingface_hub's sentence similarity): the cosine similarity of
+    ``inputs.source_sentence`` to each of ``inputs.sentences``, from the model's embeddings."""
+    _refuse_unknown({k: v for k, v in body.items() if k != "parameters"}, ("inputs", "model"), "/similarity")
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise BadRequest(f"'parameters' must be an object, found {parameters!r}", param="parameters")
+    _refuse_unknown(
+        {f"parameters.{k}": v for k, v in parameters.items()},
+        ("parameters.truncate", "parameters.truncation_direction", "parameters.prompt_name"),
+        "/similarity",
+    )
+    inputs = body.get("inputs")
+    if not isinstance(inputs, dict):
+        raise BadRequest("'inputs' must be an object with 'source_sentence' and 'sentences'", param="inputs")
+    _refuse_unknown(
+        {f"inputs.{k}": v for k, v in inputs.items()}, ("inputs.source_sentence", "inputs.sentences"), "/similarity"
+    )
+    source = _string({"inputs.source_sentence": inputs.get("source_sentence")}, "inputs.source_sentence")
+    sentences = _strings({"inputs.sentences": inputs.get("sentences")}, "inputs.sentences")
+    if not sentences:
+        raise Empty("`inputs.sentences` cannot be empty", param="inputs.sentences")
+    _check_batch(len(sentences) + 1, "inputs.sentences")  # the source sentence is embedded with them
+    prompt_name = parameters.get("prompt_name")
+    if prompt_name is not None and not isinstance(prompt_name, str):
+        raise BadRequest(f"'prompt_name' must be a string, found {prompt_name!r}", param="parameters.prompt_name")
+    mv = pick_model(dp, body.get("model"), (EMBEDDER,), "/similarity", any_named=True)
+    options = {
+        "normalize": True,
+        "truncate": _bool(parameters, "truncate", None),
+        "truncation_direction": _direction(parameters),
+        "prompt_name": prompt_name,
+    }
+    vectors = np.asarray(dp.embed(mv, [source, *sentences], {k: v for k, v in options.items() if v is not None}))
+    vectors = vectors.astype(np.float64)
+    norms = np.linalg.norm(vectors, axis=1)
+    similarity = vectors[1:] @ vectors[0] / np.where(norms[1:] * norms[0] == 0, 1, norms[1:] * norms[0])
+    return json_answer(similarity.astype(np.float32).tolist())
+
+
 def _is_ids(value: Any) -> bool:
     items = value if isinstance(value, list) else [value]
     return any(isinstance(v, int) or (isinstance(v, list) and v and isinstance(v[0], int)) for v in items)
@@ -567,6 +608,12 @@ def rerank():
     if "documents" in body and "texts" not in body:
         return vllm_rerank(dataplane(), body, "/rerank").response()
     return tei_rerank(dataplane(), body).response()
+
+
+@bp.post("/similarity")
+def similarity():
+    body = _body(_tei_error)
+    return (body if isinstance(body, Answer) else tei_similarity(dataplane(), body)).response()
 
 
 @bp.post("/tokenize")
