@@ -180,6 +180,8 @@ PROTOCOL_HELPERS = {
     "servekit.protocols.streaming",
     "servekit.protocols.openai_requests",
     "servekit.protocols.openai_fields",
+    "servekit.protocols.openai_responses",
+    "servekit.protocols.vllm_tokens",
     "servekit.protocols.generate_requests",
     "servekit.protocols.v2_documents",
     "servekit.protocols.tf_documents",

@@ -33,15 +33,15 @@ GENERIC_PREDICT = "/predict"
 GENERIC_EXPLAIN = "/explain"
 #: Hugging Face text-embeddings-inference's routes (``/predict`` is GENERIC_PREDICT's, told apart by its body)
 TEI_ROUTES = ("/embed", "/rerank", "/similarity", "/tokenize", "/decode", "/info", "/health")
-#: vLLM's score and its Jina/Cohere-compatible rerank
-SCORE_ROUTES = ("/score", "/v1/score", "/v1/rerank", "/v2/rerank")
+#: vLLM's score, its Jina/Cohere-compatible rerank and its detokenize (its tokenize is TEI's route)
+SCORE_ROUTES = ("/score", "/v1/score", "/v1/rerank", "/v2/rerank", "/detokenize")
 #: the status page, the OpenAPI document and its viewer
 PAGES = ("/", "/docs", "/openapi.json")
 
 #: The OpenAI API is served under each of these prefixes ...
 OPENAI_PREFIXES = ("/v1", "/openai/v1", "")
 #: ... at each of these routes ...
-OPENAI_ROUTES = ("/completions", "/chat/completions", "/embeddings", "/models")
+OPENAI_ROUTES = ("/completions", "/chat/completions", "/responses", "/embeddings", "/models")
 #: ... and everything under ``/openai/``, and OpenAI's model document bare at ``/models/NAME``.
 OPENAI_ROOT = "/openai/"
 OPENAI_MODEL = "/models/"

@@ -332,6 +332,12 @@ class GenerationRequest:
     logprobs: int | None = None
     #: the grammar the text must match (structured outputs, forced tool calls); ``None``: free text
     constraint: Constraint | None = None
+    #: ``None``: the prompt's tokens are not scored.  ``N`` (0 or more): the model returns
+    #: each prompt token's :class:`TokenLogprob` (the first one's ``logprob`` is ``None``:
+    #: nothing predicts it) with the ``N`` most likely tokens of its position in ``top``, in
+    #: the result's ``prompt_logprobs`` (completions' ``echo`` with ``logprobs``, vLLM's
+    #: ``prompt_logprobs``).  A model that cannot is answered a 400 naming the field
+    prompt_logprobs: int | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -350,9 +356,14 @@ class TokenLogprob:
     """
 
     token: str
-    logprob: float
+    #: ``None`` only for a prompt's first token, which nothing predicts
+    logprob: float | None
     bytes: list[int] | None = None
     top: list[TokenLogprob] = field(default_factory=list)
+    #: the token's id and its rank among its step's tokens (1: the most likely), when the
+    #: model knows them (vLLM's ``prompt_logprobs`` answer them)
+    token_id: int | None = None
+    rank: int | None = None
 
 
 @dataclass
@@ -388,6 +399,8 @@ class GenerationResult:
     timing: GenerationTiming | None = None
     #: the text was decoded under ``request.constraint`` (required when the request has one)
     constrained: bool = False
+    #: one entry per prompt token, when the request asked (``request.prompt_logprobs``)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -406,6 +419,8 @@ class GenerationChunk:
     timing: GenerationTiming | None = None
     #: the text was decoded under ``request.constraint`` (required when the request has one)
     constrained: bool = False
+    #: the prompt's scored tokens (``request.prompt_logprobs``): on a stream's first chunk
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class Tokenizer(Protocol):
@@ -429,3 +444,7 @@ class TokenIds(str):
         made = super().__new__(cls, text)
         made.token_ids = list(token_ids)
         return made
+
+    def __getnewargs__(self) -> tuple[str, list[int]]:  # type: ignore[override]
+        """Pickled with its ids (a model host receives the request pickled)."""
+        return str(self), self.token_ids

@@ -49,6 +49,7 @@ from transformers.generation.streamers import BaseStreamer
 from . import prefix_cache
 from .options import positive_option
 from .scheduler import Scheduler, Score, Sequence, check_cache
+from .token_rules import PromptScore, TokenRules
 
 #: ``max_tokens`` when a chat request sets none and the model has no known context length
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -77,6 +78,8 @@ class CausalLM:
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids), None)
         self.pieces = TokenPieces(tokenizer)
+        #: the ids a request may name (the tokenizer's, within the model's logits)
+        self.vocabulary = min(len(tokenizer), int(getattr(model.config, "vocab_size", None) or len(tokenizer)))
         self.scheduler = self._scheduler(options, limit, name, version)
         self._grammars: Any = None  # constrained.Grammars, made on the first constrained request
         self._grammars_lock = threading.Lock()
@@ -160,7 +163,14 @@ class CausalLM:
         ignore_eos = request.options.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise BadRequest(f"'ignore_eos' must be true or false, found {ignore_eos!r}", param="ignore_eos")
+        token_ids = getattr(request.prompt, "token_ids", None)
+        if token_ids is not None:  # a prompt sent as token ids is read as sent
+            ids = torch.tensor([token_ids], dtype=torch.long)
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         return self.tokenizer(request.prompt, return_tensors="pt", add_special_tokens=not request.is_chat)
+
+    def _rules(self, request: GenerationRequest) -> TokenRules | None:
+        return TokenRules.of(request.options, self.vocabulary, self.eos_ids)
 
     def _sampler(self, request: GenerationRequest) -> Sampler | None:
         """The request's sampler (its own generator, seeded from ``seed``); ``None`` for greedy decoding."""
@@ -179,6 +189,18 @@ class CausalLM:
 
     def _generate_kwargs(self, request: GenerationRequest) -> tuple[dict[str, Any], int]:
         options = request.options
+        for key, asked in (
+            ("prompt_logprobs", request.prompt_logprobs is not None),
+            ("max_tokens", request.max_tokens == 0),
+            ("stop_token_ids", bool(options.get("stop_token_ids"))),
+        ):
+            if asked:
+                raise BadRequest(
+                    f"'{key}' (or 'echo' with 'logprobs', 'max_tokens': 0) needs continuous batching; "
+                    "this model runs with options.continuous_batching: false",
+                    param="echo" if key == "prompt_logprobs" and request.logprobs is not None else key,
+                )
+        rules = self._rules(request)
         encoded = self._prompt(request)
         prompt_tokens = int(encoded["input_ids"].shape[1])
         max_new = self._max_new_tokens(request, prompt_tokens)
@@ -194,6 +216,8 @@ class CausalLM:
         }
         if options.get("repetition_penalty") is not None:
             kwargs["repetition_penalty"] = float(options["repetition_penalty"])
+        if rules is not None:
+            processors = [RulesProcessor(rules, prompt_tokens), *processors]
         if request.logprobs is not None:
             kwargs["_recorder"] = recorder = LogprobRecorder(request.logprobs)
             processors = [recorder, *self._own_processors(kwargs, prompt_tokens), *processors]
@@ -257,7 +281,9 @@ class CausalLM:
         max_new = self._max_new_tokens(request, len(ids))
         penalty = request.options.get("repetition_penalty")
         stop = [s for s in request.stop if s]
-        choose: Any = Chooser(self._sampler(request), None if penalty is None else float(penalty), ids)
+        rules = self._rules(request)
+        stop_ids = rules.stop_ids if rules is not None else frozenset()
+        choose: Any = Chooser(self._sampler(request), None if penalty is None else float(penalty), ids, rules)
         if request.constraint is not None:
             from .constrained import ConstrainedChooser
 
@@ -267,11 +293,26 @@ class CausalLM:
             max_new=max_new,
             choose=choose,
             stopped=StopTail(self.tokenizer, stop) if stop else None,
-            eos_ids=frozenset() if request.options.get("ignore_eos") else frozenset(self.eos_ids),
+            # ignore_eos leaves the stop token ids (vLLM's rule)
+            eos_ids=(frozenset() if request.options.get("ignore_eos") else frozenset(self.eos_ids)) | stop_ids,
             logprobs=request.logprobs,
             constrained=request.constraint is not None,
+            prompt_logprobs=request.prompt_logprobs,
         )
         return seq, len(ids)
+
+    def _text_ids(self, seq: Sequence, ids: list[int]) -> list[int]:
+        """The ids whose text the answer holds: a stop token id's is left out (as vLLM leaves it)."""
+        if not ids or ids[-1] not in seq.eos_ids:
+            return ids
+        return ids[:-1]
+
+    def _prompt_logprobs(self, seq: Sequence) -> list[TokenLogprob] | None:
+        """The prompt's scored tokens as the framework's entries, the first one unscored."""
+        if seq.prompt_logprobs is None:
+            return None
+        first = self.pieces.token(seq.prompt_ids[0])
+        return [first, *(self.pieces.prompt_entry(score) for score in seq.prompt_scores)]
 
     def _logprobs(self, asked: int | None, scores: list[Score]) -> list[TokenLogprob] | None:
         """The framework's entries for scored tokens (``None`` when the request asked for none)."""
@@ -287,7 +328,8 @@ class CausalLM:
                 pass
         finally:
             seq.cancel()  # raised while waiting (unload, failure): the scheduler drops it
-        text = IncrementalText.joined(self.tokenizer, seq.tokens)  # as a stream of the same tokens says it
+        # as a stream of the same tokens says it
+        text = IncrementalText.joined(self.tokenizer, self._text_ids(seq, seq.tokens))
         logprobs = self._logprobs(seq.logprobs, seq.scores)
         return GenerationResult(
             text,
@@ -297,24 +339,30 @@ class CausalLM:
             logprobs=logprobs,
             timing=GenerationTiming(*seq.timing),
             constrained=seq.constrained,
+            prompt_logprobs=self._prompt_logprobs(seq),
         )
 
     def _streamed(self, seq: Sequence, prompt_tokens: int) -> Iterator[GenerationChunk]:
         assert self.scheduler is not None
         self.scheduler.submit(seq)
         text = IncrementalText(self.tokenizer)
+        prompt_scored = self._prompt_logprobs  # the first chunk carries them (scored before the first token)
         try:
+            produced = 0
             for group in seq.tokens_as_produced(self.scheduler.alive):
-                scored = len(text.ids)
-                piece = text.add(group)
-                logprobs = self._logprobs(seq.logprobs, seq.scores[scored : len(text.ids)])
-                if piece or logprobs:
+                scored = produced
+                produced += len(group)
+                piece = text.add(self._text_ids(seq, group))  # an ending id is a group's last
+                logprobs = self._logprobs(seq.logprobs, seq.scores[scored:produced])
+                first_scored = seq.prompt_logprobs is not None and produced == len(group)
+                if piece or logprobs or first_scored:
                     yield GenerationChunk(
                         piece,
                         prompt_tokens=prompt_tokens,
-                        completion_tokens=len(text.ids),
+                        completion_tokens=produced,
                         logprobs=logprobs,
                         constrained=seq.constrained,
+                        prompt_logprobs=prompt_scored(seq) if first_scored else None,
                     )
             rest = self._logprobs(seq.logprobs, [])
             timing = GenerationTiming(*seq.timing)
@@ -326,6 +374,7 @@ class CausalLM:
                 logprobs=rest,
                 timing=timing,
                 constrained=seq.constrained,
+                prompt_logprobs=prompt_scored(seq) if produced == 0 else None,  # max_tokens: 0
             )
         finally:
             seq.cancel()  # client gone or stop sequence: the sequence leaves the batch at the next step
@@ -455,6 +504,17 @@ class Sampler(LogitsProcessor):
         return torch.multinomial(probs, 1, generator=self.generator)
 
 
+class RulesProcessor(LogitsProcessor):
+    """``generate``'s side of a request's :class:`~.token_rules.TokenRules` (one row)."""
+
+    def __init__(self, rules: TokenRules, prompt_tokens: int):
+        self.rules, self.prompt_tokens = rules, prompt_tokens
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        generated = input_ids[0, self.prompt_tokens :].tolist()
+        return self.rules(scores[0], generated).unsqueeze(0).to(scores.dtype)
+
+
 class LogprobRecorder(LogitsProcessor):
     """``generate``'s side of log-probabilities: the raw log-softmax of each step, scored once chosen.
 
@@ -528,9 +588,22 @@ class TokenPieces:
         chosen.top = top
         return chosen
 
+    def prompt_entry(self, score: PromptScore) -> TokenLogprob:
+        """A scored prompt token (with its rank, as vLLM's ``prompt_logprobs`` answer it)."""
+        token, logprob, rank, ids, values = score
+        chosen = self._entry(token, logprob)
+        chosen.rank = rank
+        chosen.top = [self._entry(i, v) for i, v in zip(ids, values)]
+        return chosen
+
+    def token(self, id_: int) -> TokenLogprob:
+        """A token nothing scored (a prompt's first)."""
+        text, raw = self.piece(id_)
+        return TokenLogprob(text, None, list(raw), token_id=id_)
+
     def _entry(self, id_: int, logprob: float) -> TokenLogprob:
         text, raw = self.piece(id_)
-        return TokenLogprob(text, logprob, list(raw))
+        return TokenLogprob(text, logprob, list(raw), token_id=id_)
 
     def _bytes(self, id_: int) -> bytes:
         text = self.tokenizer.decode([id_])
@@ -553,12 +626,17 @@ class Chooser:
     :class:`Sampler`, applied to one row at a time.
     """
 
-    def __init__(self, sampler: Sampler | None, penalty: float | None, prompt_ids: list[int]):
+    def __init__(
+        self, sampler: Sampler | None, penalty: float | None, prompt_ids: list[int], rules: TokenRules | None = None
+    ):
         self.sampler = sampler
         self.penalty = None if penalty is None else RepetitionPenaltyLogitsProcessor(penalty)
         self.prompt_ids = prompt_ids
+        self.rules = rules  # logit_bias, allowed_token_ids, min_tokens (:mod:`.token_rules`), applied first
 
     def __call__(self, logits: torch.Tensor, tokens: list[int]) -> int:
+        if self.rules is not None:
+            logits = self.rules(logits, tokens)
         if self.sampler is None and self.penalty is None:
             return int(logits.argmax())
         scores = logits.float().unsqueeze(0)

@@ -45,6 +45,7 @@ import torch
 from servekit.errors import ModelFailure, NotReady, TooManyRequests
 
 from .prefix_cache import PrefixCache, block_names
+from .token_rules import PromptScore, score_prompt
 
 log = logging.getLogger("servekit.huggingface")
 
@@ -78,6 +79,10 @@ class Sequence:
     scores: list[Score] = field(default_factory=list)
     #: ``choose`` keeps the tokens inside the request's grammar (structured outputs)
     constrained: bool = False
+    #: ``None``: the prompt is not scored; ``N``: each prompt token's score, with its position's ``N`` most
+    #: likely, in ``prompt_scores`` (computed in the prefill pass, which then starts from no cached prefix)
+    prompt_logprobs: int | None = None
+    prompt_scores: list[PromptScore] = field(default_factory=list)
     #: the names of the prompt's full blocks (:func:`.prefix_cache.block_names`), once the scheduler asked
     blocks: list[bytes] | None = None
     #: when (``time.monotonic``) it was submitted, joined the batch, and got its first and its last token
@@ -319,7 +324,7 @@ class Scheduler:
     def _computed(self, seq: Sequence) -> int:
         """The prompt tokens a joining sequence's prefill computes: those the prefix cache does not hold
         (vLLM's scheduler charges a step's budget the same way)."""
-        if self.prefix_cache is None:
+        if self.prefix_cache is None or seq.prompt_logprobs is not None:  # a scored prompt is computed whole
             return len(seq.prompt_ids)
         if seq.blocks is None:
             seq.blocks = block_names(seq.prompt_ids)
@@ -348,7 +353,7 @@ class Scheduler:
                 for seq in group:
                     seq.events.put(_failure(exc))
                 continue
-            staying = self._advance(group, logits)
+            staying = self._advance_prefilled(group, logits)
             if staying and len(staying) < len(group):
                 cache.batch_select_indices(torch.tensor(staying, device=logits.device))
             with self.lock:  # counted once: in the batch or still joining, never both
@@ -399,6 +404,22 @@ class Scheduler:
             self.gauges.token_gaps(gaps)
         return staying
 
+    def _advance_prefilled(self, group: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """:meth:`_advance` for a prefilled group, but a sequence asked for no new token (``max_tokens: 0``,
+        its prompt scored) ends here."""
+        ended = [i for i, seq in enumerate(group) if seq.max_new <= 0]
+        if not ended:
+            return self._advance(group, logits)
+        for i in ended:
+            group[i].finish_reason = "length"
+            group[i].events.put(None)
+        rows = [i for i in range(len(group)) if i not in ended]
+        if not rows:
+            return []
+        index = torch.tensor(rows, device=logits.device)
+        staying = self._advance([group[i] for i in rows], logits.index_select(0, index))
+        return [rows[k] for k in staying]
+
     def _done(self, seq: Sequence) -> None:
         """A sequence that produced tokens leaves the batch: its timing goes to the gauges."""
         if self.gauges is not None and seq.first_token is not None:
@@ -406,20 +427,21 @@ class Scheduler:
 
     def _groups(self, joining: list[Sequence]) -> list[tuple[list[Sequence], int]]:
         """The joining sequences by prompt length and cached tokens (in order of each group's first)."""
-        groups: dict[tuple[int, int], list[Sequence]] = {}
+        groups: dict[tuple[int, int, bool], list[Sequence]] = {}
         for seq in joining:
             if seq.cancelled:
                 continue
             cached = 0
-            if self.prefix_cache is not None:
+            if self.prefix_cache is not None and seq.prompt_logprobs is None:  # a scored prompt is computed whole
                 if seq.blocks is None:
                     seq.blocks = block_names(seq.prompt_ids)
                 cached = self.prefix_cache.cached(seq.prompt_ids, seq.blocks)
                 if self.gauges is not None:
                     self.gauges.prefix_queried.inc(len(seq.prompt_ids))
                     self.gauges.prefix_hit.inc(cached)
-            groups.setdefault((len(seq.prompt_ids), cached), []).append(seq)
-        return [(group, cached) for (_, cached), group in groups.items()]
+            scored = seq.prompt_logprobs is not None
+            groups.setdefault((len(seq.prompt_ids), cached, scored), []).append(seq)
+        return [(group, cached) for (_, cached, _), group in groups.items()]
 
     def _cached_start(self, group: list[Sequence], cached: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The group's first ``cached`` tokens' keys and values, every layer (none when nothing is cached)."""
@@ -442,8 +464,11 @@ class Scheduler:
         for layer, (keys, values) in enumerate(start):
             cache.update(keys, values, layer)
         cached = start[0][0].shape[-2] if start else 0
-        logits = self.forward(ids[:, cached:], torch.ones_like(ids), cache)
+        scoring = [(row, seq) for row, seq in enumerate(group) if seq.prompt_logprobs is not None]
+        logits = self.forward(ids[:, cached:], torch.ones_like(ids), cache, every_position=bool(scoring))
         self.prefills += 1
+        for row, seq in scoring:  # every position's logits: the group was computed from its first token
+            seq.prompt_scores = score_prompt(logits[row], seq.prompt_ids, seq.prompt_logprobs or 0)
         if self.prefix_cache is not None:
             for row, seq in enumerate(group):
                 self.prefix_cache.keep(seq.blocks or [], cache, row)
@@ -505,7 +530,8 @@ class ScoredRows:
 
 
 def forward_of(model: Any) -> Callable[..., torch.Tensor]:
-    """``forward(ids, mask, cache, **kw) -> logits`` of the last position, filling ``cache`` in place.
+    """``forward(ids, mask, cache, **kw) -> logits`` of the last position (of every position with
+    ``every_position``: a scored prompt's prefill), filling ``cache`` in place.
 
     Transformers 5 names the cache argument ``cache`` (``past_key_values`` before).
     """
@@ -515,8 +541,11 @@ def forward_of(model: Any) -> Callable[..., torch.Tensor]:
     name = "cache" if "cache" in parameters else "past_key_values"
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
 
-    def forward(ids: torch.Tensor, mask: torch.Tensor, cache: Any, **kwargs: Any) -> torch.Tensor:
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **{name: cache}, **last_only, **kwargs)
+    def forward(
+        ids: torch.Tensor, mask: torch.Tensor, cache: Any, every_position: bool = False, **kwargs: Any
+    ) -> torch.Tensor:
+        keep = {} if every_position else last_only
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, **{name: cache}, **keep, **kwargs)
         return out.logits
 
     return forward

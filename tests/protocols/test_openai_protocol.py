@@ -185,7 +185,7 @@ def test_completion_explain_refuses_streaming(client):
     [
         ({"prompt": 3}, "prompt", "string or a non-empty list"),
         ({"prompt": []}, "prompt", "string or a non-empty list"),
-        ({"prompt": [1, 2, 3]}, "prompt", "token-id prompts"),
+        ({"prompt": [1, 2, 3]}, "prompt", "no tokenizer, so it cannot read token ids"),
         ({}, "prompt", "no 'prompt'"),
         ({"prompt": "x", "temperature": 3}, "temperature", "between 0 and 2"),
         ({"prompt": "x", "temperature": "hot"}, "temperature", "must be a number"),
@@ -199,7 +199,7 @@ def test_completion_explain_refuses_streaming(client):
         ({"prompt": "x", "logprobs": 21}, "logprobs", "between 0 and 20"),
         ({"prompt": "x", "logprobs": -1}, "logprobs", "between 0 and 20"),
         ({"prompt": "x", "logprobs": True}, "logprobs", "integer"),
-        ({"prompt": "x", "logprobs": 2, "echo": True}, "echo", "'echo' with 'logprobs' is not supported"),
+        ({"prompt": "x", "logprobs": 2, "echo": True}, "logprobs", "does not return log-probabilities"),
         ({"prompt": "x", "best_of": 3}, "best_of", "not supported"),
         ({"prompt": "x", "seed": "s"}, "seed", "integer"),
     ],

@@ -207,6 +207,8 @@ class Choice:
     logprobs: list[TokenLogprob] | None = None
     #: where the time went, when the model measured it
     timing: GenerationTiming | None = None
+    #: one per prompt token when the request asked for them (``request.prompt_logprobs``), else ``None``
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 # -- log-probabilities ----------------------------------------------------------------
@@ -215,6 +217,16 @@ class Choice:
 NO_LOGPROBS = (
     "this model does not return log-probabilities (its complete hook gave none); send the request without 'logprobs'"
 )
+
+
+def check_prompt_logprobs(request: GenerationRequest, scored: list[TokenLogprob] | None, field: str) -> None:
+    """A model asked to score the prompt that answered without its scores: a 400 naming ``field``."""
+    if request.prompt_logprobs is not None and scored is None:
+        raise BadRequest(
+            f"this model does not score the prompt's tokens (its complete hook gave no prompt_logprobs); "
+            f"send the request without '{field}'",
+            param=field,
+        )
 
 
 def token_length(entry: TokenLogprob) -> int:
@@ -304,8 +316,10 @@ def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> C
         pieces: list[str] = []
         reasoning: list[str] = []
         logprobs: list[TokenLogprob] | None = None if request.logprobs is None else []
+        prompt_scored: list[TokenLogprob] | None = None
         last = GenerationChunk()
         for chunk in stream_pieces(request, output):
+            prompt_scored = chunk.prompt_logprobs if chunk.prompt_logprobs is not None else prompt_scored
             pieces.append(chunk.text)
             reasoning.append(chunk.reasoning or "")
             if logprobs is not None:
@@ -321,6 +335,7 @@ def collect(request: GenerationRequest, output: Any, tokenizer: Any | None) -> C
                 "".join(reasoning) or None,
                 logprobs,
                 last.timing,
+                prompt_logprobs=prompt_scored,
             ),
             tokenizer,
             already_cut=True,
@@ -350,7 +365,16 @@ def make_choice(
         result.prompt_tokens if result.prompt_tokens is not None else count_tokens(request.prompt, tokenizer)
     )
     reason = FINISH_STOP if stopped else finish_reason(result.finish_reason, completion_tokens, request.max_tokens)
-    return Choice(text, reason, prompt_tokens, completion_tokens, result.reasoning, logprobs, result.timing)
+    return Choice(
+        text,
+        reason,
+        prompt_tokens,
+        completion_tokens,
+        result.reasoning,
+        logprobs,
+        result.timing,
+        result.prompt_logprobs,
+    )
 
 
 def stream_pieces(request: GenerationRequest, output: Any) -> Generator[GenerationChunk, None, None]:
@@ -373,6 +397,7 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
                     result.logprobs,
                     result.timing,
                     result.constrained,
+                    result.prompt_logprobs,
                 )
             ]
         )
@@ -382,9 +407,11 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
     reason: str | None = None
     prompt_tokens = completion_tokens = None
     timing: GenerationTiming | None = None
+    prompt_scored: list[TokenLogprob] | None = None  # handed on with the next chunk
     try:
         for item in output:
             item = _as_chunk(item)
+            prompt_scored = item.prompt_logprobs if item.prompt_logprobs is not None else prompt_scored
             check_logprobs(request, item.text, item.logprobs)
             check_constraint(request, item.text, item.constrained)
             timing = item.timing or timing
@@ -399,15 +426,39 @@ def stream_pieces(request: GenerationRequest, output: Any) -> Generator[Generati
                 logprobs = track.release(sent)
             if scanner.stopped:
                 yield GenerationChunk(
-                    text, FINISH_STOP, prompt_tokens, completion_tokens, item.reasoning, logprobs, timing
+                    text,
+                    FINISH_STOP,
+                    prompt_tokens,
+                    completion_tokens,
+                    item.reasoning,
+                    logprobs,
+                    timing,
+                    prompt_logprobs=prompt_scored,
                 )
                 return
-            if text or item.reasoning or logprobs:
-                yield GenerationChunk(text, None, prompt_tokens, completion_tokens, item.reasoning, logprobs)
+            if text or item.reasoning or logprobs or prompt_scored is not None:
+                yield GenerationChunk(
+                    text,
+                    None,
+                    prompt_tokens,
+                    completion_tokens,
+                    item.reasoning,
+                    logprobs,
+                    prompt_logprobs=prompt_scored,
+                )
+                prompt_scored = None
     finally:
         close(output)  # stop sequence, client gone or done: the model stops generating
     rest = None if track is None else track.rest()
-    yield GenerationChunk(scanner.flush(), reason, prompt_tokens, completion_tokens, logprobs=rest, timing=timing)
+    yield GenerationChunk(
+        scanner.flush(),
+        reason,
+        prompt_tokens,
+        completion_tokens,
+        logprobs=rest,
+        timing=timing,
+        prompt_logprobs=prompt_scored,
+    )
 
 
 def _as_chunk(item: Any) -> GenerationChunk:
@@ -531,9 +582,12 @@ class StreamedChoice:
         self.last = GenerationChunk()
         self.offset = 0  # where the next token's text starts (completions' text_offset)
         self.sent_tokens = 0  # the tokens the per-piece counts reported so far
+        self.prompt_logprobs: list[TokenLogprob] | None = None
 
     def add(self, chunk: GenerationChunk) -> StreamPiece:
         piece = StreamPiece(self, chunk, self.offset)
+        if chunk.prompt_logprobs is not None:
+            self.prompt_logprobs = chunk.prompt_logprobs
         self.texts.append(chunk.text)
         self.last = chunk
         if chunk.logprobs:
@@ -555,7 +609,12 @@ class StreamedChoice:
         """The choice as a whole answer has it (finish reason, token counts); counted when first asked."""
         last = self.last
         result = GenerationResult(
-            self.text, last.finish_reason, last.prompt_tokens, last.completion_tokens, timing=last.timing
+            self.text,
+            last.finish_reason,
+            last.prompt_tokens,
+            last.completion_tokens,
+            timing=last.timing,
+            prompt_logprobs=self.prompt_logprobs,
         )
         return make_choice(self.request, result, self.tokenizer, already_cut=True)
 

@@ -1,4 +1,4 @@
-"""The OpenAI API: completions, chat completions, embeddings and the model list.
+"""The OpenAI API: completions, chat completions, responses, embeddings and the model list.
 
 Mounted under ``/v1``, ``/openai/v1`` and without prefix, so the official
 ``openai`` client works with ``base_url`` set to any of them.  The protocol is
@@ -15,6 +15,7 @@ chunks when ``"stream": true``.  Errors answer in OpenAI's shape
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import logging
 import time
@@ -43,6 +44,7 @@ from servekit.errors import (
 )
 from servekit.observability.request_log import REQUEST_LOG_HEADER, predictions
 from servekit.protocols import openai_requests as req
+from servekit.protocols import openai_responses as responses_api
 from servekit.protocols.http import dataplane, json_object, json_response
 from servekit.protocols.streaming import error_message, event, first_item, sse_response
 from servekit.protocols.tf_documents import model_status
@@ -228,20 +230,16 @@ def completions():
     explain = req.boolean(body, "explain")
     if explain and stream:
         raise BadRequest("completions with explanations do not support streaming", param="explain")
-    prompts = req.prompts(body)
+    sent = req.prompts(body)
     sampling = req.completion_request(body, stream)
     constraint = req.constraint(body)
     mv = resolve_model(body)
-    job = Job(
-        mv,
-        body,
-        False,
-        prompts,
-        sampling,
-        dataplane().tokenizer(mv),
-        echo=req.boolean(body, "echo"),
-        constraint=constraint,
-    )
+    tokenizer = dataplane().tokenizer(mv)
+    prompts = [p for p in sent if isinstance(p, str)]
+    if not prompts:  # token ids: the model reads them as sent (the text is their decoding)
+        prompts = token_inputs(mv, tokenizer, [p for p in sent if isinstance(p, list)], "prompt")
+    token_rules_need_ids(mv, tokenizer, sampling)
+    job = Job(mv, body, False, prompts, sampling, tokenizer, echo=req.boolean(body, "echo"), constraint=constraint)
     if stream:
         return stream_job(job)
     payload = complete_job(job)
@@ -256,6 +254,14 @@ def completions():
 def chat_completions():
     body = json_object()
     stream = req.boolean(body, "stream")
+    job = chat_job(body, stream)
+    if stream:
+        return stream_job(job)
+    return json_response(complete_job(job), headers=job.predictions.headers())
+
+
+def chat_job(body: dict[str, Any], stream: bool) -> Job:
+    """A chat request, checked, its model resolved and its prompt formatted (the Responses API's too)."""
     if req.boolean(body, "explain"):
         raise BadRequest("explanations are supported on completions, not chat", param="explain")
     messages = req.messages(body)
@@ -264,6 +270,7 @@ def chat_completions():
     constraint = req.constraint(body)
     mv = resolve_model(body)
     tokenizer = dataplane().tokenizer(mv)
+    token_rules_need_ids(mv, tokenizer, sampling)
     template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     tools = req.tool_use(body, template, mv.config.options.get("tool_call_parser"))
     forced = tools.constraint() if tools is not None else None
@@ -273,12 +280,21 @@ def chat_completions():
             param=constraint.param,
         )
     prompt = gen.format_chat(messages, tokenizer, req.template_kwargs(body), tools.tools if tools else None)
-    job = Job(
+    return Job(
         mv, body, True, [prompt], sampling, tokenizer, messages=messages, constraint=forced or constraint, tools=tools
     )
-    if stream:
-        return stream_job(job)
-    return json_response(complete_job(job), headers=job.predictions.headers())
+
+
+def token_rules_need_ids(mv: ModelVersion, tokenizer: Any | None, sampling: req.Sampling) -> None:
+    """``logit_bias`` and vLLM's token rules act on the model's tokens: a model without a tokenizer has none."""
+    if tokenizer is not None:
+        return
+    for key in req.TOKEN_RULES:
+        if key in sampling.options:
+            raise BadRequest(
+                f"model {mv.name!r} has no tokenizer, so it cannot apply '{key}' (a rule on its vocabulary's tokens)",
+                param=key,
+            )
 
 
 def complete_job(job: Job) -> dict[str, Any]:
@@ -289,10 +305,18 @@ def complete_job(job: Job) -> dict[str, Any]:
         raise
     except Exception as exc:  # raised while reading a streaming model's generator
         raise gen.model_failure(job.mv.name, exc) from exc
+    field = "echo" if job.sampling.echo_logprobs is not None else "prompt_logprobs"
+    for generation, finished in generated.choices:
+        gen.check_prompt_logprobs(generation, finished.prompt_logprobs, field)
     choices = [whole_choice(job, generation, choice) for generation, choice in generated.choices]
     for choice in choices:
         job.predictions.add(choice)
-    return job.envelope(choices=choices, usage=usage_object(generated.usage))
+    extra: dict[str, Any] = {}
+    if job.chat and job.sampling.prompt_logprobs is not None:  # vLLM answers chat's at the top
+        extra["prompt_logprobs"] = prompt_logprobs_object(
+            generated.choices[0][1].prompt_logprobs, job.sampling.prompt_logprobs
+        )
+    return job.envelope(choices=choices, usage=usage_object(generated.usage), **extra)
 
 
 def whole_choice(job: Job, generation: gen.GenerationRequest, choice: gen.Choice) -> dict[str, Any]:
@@ -313,12 +337,18 @@ def whole_choice(job: Job, generation: gen.GenerationRequest, choice: gen.Choice
             "logprobs": logprobs_object(job, choice.logprobs),
             "finish_reason": reason,
         }
-    return {
+    entries = choice.logprobs
+    if job.sampling.echo_logprobs is not None:  # the prompt's tokens first, then the generated ones
+        entries = _top_cut(choice.prompt_logprobs or [], job.sampling.echo_logprobs) + (entries or [])
+    answered = {
         "index": job.index(generation),
         "text": generation.prompt + choice.text if job.echo else choice.text,
-        "logprobs": logprobs_object(job, choice.logprobs),
+        "logprobs": logprobs_object(job, entries),
         "finish_reason": choice.finish_reason,
     }
+    if job.sampling.prompt_logprobs is not None:
+        answered["prompt_logprobs"] = prompt_logprobs_object(choice.prompt_logprobs, job.sampling.prompt_logprobs)
+    return answered
 
 
 # -- log-probabilities -----------------------------------------------------------------------
@@ -336,17 +366,46 @@ def logprobs_object(job: Job, entries: list[gen.TokenLogprob] | None, offset: in
         return None
     if job.chat:
         return {"content": [_chat_logprob(e, True) for e in entries], "refusal": None}
-    tops = []
+    tops: list[dict[str, float] | None] = []
     for entry in entries:
+        if entry.logprob is None:  # a prompt's first token: nothing predicts it (OpenAI's null)
+            tops.append(None)
+            continue
         top = {t.token: _floor(t.logprob) for t in entry.top}
         top.setdefault(entry.token, _floor(entry.logprob))  # the chosen token is always there (OpenAI's rule)
         tops.append(top)
     return {
         "tokens": [e.token for e in entries],
-        "token_logprobs": [_floor(e.logprob) for e in entries],
+        "token_logprobs": [None if e.logprob is None else _floor(e.logprob) for e in entries],
         "top_logprobs": tops,
         "text_offset": gen.text_offsets(entries, offset),
     }
+
+
+def _top_cut(entries: list[gen.TokenLogprob], top: int) -> list[gen.TokenLogprob]:
+    """The entries with ``top`` alternatives each (the model scored as many as the most any field asked)."""
+    return [dataclasses.replace(e, top=e.top[:top]) for e in entries]
+
+
+def prompt_logprobs_object(entries: list[gen.TokenLogprob] | None, top: int) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: ``null`` for the first token, then for each token a map from token id
+    (a string, as JSON keys are) to ``{"logprob", "rank", "decoded_token"}``: the token's own and its
+    position's ``top`` most likely."""
+    out: list[dict[str, Any] | None] = []
+    for entry in entries or []:
+        if entry.logprob is None:
+            out.append(None)
+            continue
+        ranked: dict[str, Any] = {}
+        for rank, alternative in enumerate(entry.top[:top], start=1):
+            ranked[str(alternative.token_id)] = _vllm_logprob(alternative, rank)
+        ranked.setdefault(str(entry.token_id), _vllm_logprob(entry, entry.rank))
+        out.append(ranked)
+    return out
+
+
+def _vllm_logprob(entry: gen.TokenLogprob, rank: int | None) -> dict[str, Any]:
+    return {"logprob": _floor(entry.logprob), "rank": rank, "decoded_token": entry.token}
 
 
 def _chat_logprob(entry: gen.TokenLogprob, with_top: bool) -> dict[str, Any]:
@@ -360,7 +419,9 @@ def _chat_logprob(entry: gen.TokenLogprob, with_top: bool) -> dict[str, Any]:
     return item
 
 
-def _floor(value: float) -> float:
+def _floor(value: float | None) -> float:
+    if value is None:  # only a prompt's first token has none, and it is answered as null before this
+        return LOGPROB_FLOOR
     return float(value) if value > LOGPROB_FLOOR else LOGPROB_FLOOR  # -inf and NaN too
 
 
@@ -369,12 +430,45 @@ def _floor(value: float) -> float:
 
 def stream_job(job: Job) -> Any:
     """SSE chunks for every choice in turn; the first piece is produced before the headers."""
+    head, events = start_stream(job)
+    return sse_response(_job_events(job, head, events), {REQUEST_LOG_HEADER: job.predictions.request_log_id})
+
+
+def start_stream(job: Job) -> tuple[list[gen.StreamEvent], Generator[gen.StreamEvent, None, None]]:
+    """The stream's first events (its first choice started, its first piece) and the rest."""
     events = job.dataplane.generate_stream(job.mv, job.requests(), job.body, tokenizer=job.tokenizer)
     with capability(job.mv, "chat" if job.chat else "complete"):
         started = next(events)  # the first choice's call: a model that refuses answers an ordinary error
     has_first, piece = first_item(events, "complete")
-    head = [started, piece] if has_first else [started]
-    return sse_response(_job_events(job, head, events), {REQUEST_LOG_HEADER: job.predictions.request_log_id})
+    if isinstance(piece, gen.StreamPiece):  # prompt scores come with the first piece: else a 400, before the 200
+        field = "echo" if job.sampling.echo_logprobs is not None else "prompt_logprobs"
+        try:
+            gen.check_prompt_logprobs(piece.choice.request, piece.chunk.prompt_logprobs, field)
+        except BadRequest:
+            close(events)
+            raise
+    return ([started, piece] if has_first else [started]), events
+
+
+# -- the Responses API ----------------------------------------------------------------------
+
+
+@route("/responses", ["POST"])
+def responses():
+    """OpenAI's Responses API, stateless, answered as the chat it translates to (:mod:`.openai_responses`)."""
+    body = json_object()
+    stream = req.boolean(body, "stream")
+    with responses_api.renamed():
+        job = chat_job(responses_api.chat_body(body), stream)
+    answer = responses_api.Answer(body, job.mv.name)
+    if stream:
+        head, events = start_stream(job)
+        rendered = responses_api.Events(answer, lambda e, offset: logprobs_object(job, e, offset), job.predictions)
+        streamed = responses_api.stream_events(rendered, head, events, error_body)
+        return sse_response(streamed, {REQUEST_LOG_HEADER: job.predictions.request_log_id})
+    with responses_api.renamed():
+        completion = complete_job(job)
+    return json_response(responses_api.whole(answer, completion), headers=job.predictions.headers())
 
 
 def _job_events(
@@ -406,6 +500,8 @@ class StreamChunks:
         self.extra = {"usage": None} if job.sampling.include_usage else {}
         self.plain: dict[int, PieceEvent] = {}  # by choice index
         self.tool_streams: dict[int, ToolCallStream] = {}  # by choice index, when the model may call tools
+        #: where each choice's generated text starts in its answered text (after an echoed prompt)
+        self.shift: dict[int, int] = {}
 
     def render(self, item: gen.StreamEvent) -> bytes | None:
         if isinstance(item, gen.StreamPiece):
@@ -427,7 +523,7 @@ class StreamChunks:
             return event(
                 job.envelope(choices=[_chat_choice(index, {"role": "assistant", "content": ""})], **self.extra)
             )
-        if job.echo:
+        if job.echo and job.sampling.echo_logprobs is None:  # with logprobs: echoed with its scores, first piece
             return event(job.envelope(choices=[_text_choice(index, generation.prompt)], **self.extra))
         return None
 
@@ -437,13 +533,28 @@ class StreamChunks:
         tools = self.tool_streams.get(index)
         if tools is not None:
             return self.tool_delta(index, tools.feed(chunk.text), chunk)
+        scored = b"" if chunk.prompt_logprobs is None else self.scored_prompt(piece)
         if chunk.reasoning or (chunk.logprobs is not None and (chunk.text or chunk.logprobs)):
             rendered = _piece(job, index, chunk)
-            rendered["logprobs"] = logprobs_object(job, chunk.logprobs, piece.offset)
-            return event(job.envelope(choices=[rendered], **self.extra))
+            rendered["logprobs"] = logprobs_object(job, chunk.logprobs, piece.offset + self.shift.get(index, 0))
+            return scored + event(job.envelope(choices=[rendered], **self.extra))
         if chunk.text:
-            return self.plain[index](chunk.text)
-        return None
+            return scored + self.plain[index](chunk.text)
+        return scored or None
+
+    def scored_prompt(self, piece: gen.StreamPiece) -> bytes:
+        """A completion choice's scored prompt, before its first text: the echoed prompt with its
+        ``logprobs`` (``echo``), and vLLM's ``prompt_logprobs`` when asked."""
+        job, generation, index = self.job, piece.choice.request, self.job.index(piece.choice.request)
+        entries = piece.chunk.prompt_logprobs or []
+        opening = _text_choice(index, "")
+        if job.sampling.echo_logprobs is not None:
+            opening["text"] = generation.prompt
+            opening["logprobs"] = logprobs_object(job, _top_cut(entries, job.sampling.echo_logprobs))
+            self.shift[index] = len(generation.prompt)
+        if job.sampling.prompt_logprobs is not None:
+            opening["prompt_logprobs"] = prompt_logprobs_object(entries, job.sampling.prompt_logprobs)
+        return event(job.envelope(choices=[opening], **self.extra))
 
     def closing(self, streamed: gen.StreamedChoice) -> bytes:
         """A choice's finish reason; the request log gets the choice's whole text."""
@@ -548,7 +659,7 @@ def embeddings():
     return json_response(payload, headers=handed.headers())
 
 
-def token_inputs(mv: ModelVersion, tokenizer: Any | None, rows: list[list[int]]) -> list[str]:
+def token_inputs(mv: ModelVersion, tokenizer: Any | None, rows: list[list[int]], key: str = "input") -> list[str]:
     """Token-id inputs as :class:`~servekit.dataplane.generation.TokenIds`, checked against the vocabulary.
 
     As vLLM does, ids are taken in the model's own vocabulary; a model without a
@@ -556,16 +667,16 @@ def token_inputs(mv: ModelVersion, tokenizer: Any | None, rows: list[list[int]])
     """
     if tokenizer is None:
         raise BadRequest(
-            f"model {mv.name!r} has no tokenizer, so it cannot read token ids; send the input as text",
-            param="input",
+            f"model {mv.name!r} has no tokenizer, so it cannot read token ids; send the {key} as text",
+            param=key,
         )
     size = gen.vocabulary_size(tokenizer)
     for i, ids in enumerate(rows):
         bad = next((t for t in ids if not 0 <= t < size), None)
         if bad is not None:
             raise BadRequest(
-                f"'input' item {i}: token id {bad} is outside the model's vocabulary (0..{size - 1})",
-                param="input",
+                f"'{key}' item {i}: token id {bad} is outside the model's vocabulary (0..{size - 1})",
+                param=key,
             )
     return [gen.TokenIds(tokenizer.decode(ids), ids) for ids in rows]
 

@@ -29,6 +29,8 @@ _SAMPLING = frozenset(
         "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream", "stream_options",
         "presence_penalty", "frequency_penalty", "logprobs",
         "top_k", "min_p", "repetition_penalty", "ignore_eos",
+        # token rules and prompt scoring (OpenAI's logit_bias, vLLM's others)
+        "logit_bias", "min_tokens", "stop_token_ids", "allowed_token_ids", "prompt_logprobs",
     }
 )  # fmt: skip
 
@@ -52,14 +54,10 @@ EMBEDDING_HONOURED = _COMMON | {"input", "dimensions", "encoding_format"}
 _VLLM_GENERATION_REFUSED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0),
-    "stop_token_ids": (None, []),
     "include_stop_str_in_output": (None, False),
-    "min_tokens": (None, 0),
     "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True),
     "truncate_prompt_tokens": (None,),
-    "prompt_logprobs": (None,),
-    "allowed_token_ids": (None,),
     "bad_words": (None, []),
     "structural_tag": (None,),
     "guided_decoding_backend": (None,),
@@ -78,7 +76,6 @@ _VLLM_GENERATION_REFUSED: dict[str, tuple[Any, ...]] = {
 COMPLETION_REFUSED: dict[str, tuple[Any, ...]] = {
     # OpenAI's
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
     "best_of": (None, SAME_AS_N),
     # vLLM's
     **_VLLM_GENERATION_REFUSED,
@@ -88,7 +85,6 @@ COMPLETION_REFUSED: dict[str, tuple[Any, ...]] = {
 
 CHAT_REFUSED: dict[str, tuple[Any, ...]] = {
     # OpenAI's
-    "logit_bias": (None, {}),
     "functions": (None, []),
     "function_call": (None, "none"),
     "modalities": (None, ["text"]),

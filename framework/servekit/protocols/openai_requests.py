@@ -18,7 +18,7 @@ from typing import Any
 from servekit.dataplane.tool_calls import PARSERS, ToolUse, detect_parser
 from servekit.errors import BadRequest
 from servekit.protocols import openai_fields as fields
-from servekit.types import Constraint, GenerationRequest
+from servekit.types import Constraint, GenerationRequest, TokenIds
 
 #: OpenAI's default ``max_tokens`` for the legacy completions endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -104,6 +104,16 @@ class Sampling:
     options: dict[str, Any] = field(default_factory=dict)
     #: ``None``: no log-probabilities asked; ``N``: each token's, with its step's ``N`` most likely
     logprobs: int | None = None
+    #: completions' ``echo`` with ``logprobs``: the prompt's tokens scored, with ``N`` most likely each
+    echo_logprobs: int | None = None
+    #: vLLM's ``prompt_logprobs``
+    prompt_logprobs: int | None = None
+
+    @property
+    def scored_prompt(self) -> int | None:
+        """What the model is asked to score the prompt with (the most alternatives either field wants)."""
+        asked = [n for n in (self.echo_logprobs, self.prompt_logprobs) if n is not None]
+        return max(asked) if asked else None
 
 
 def sampling(
@@ -120,6 +130,12 @@ def sampling(
     boolean(body, "ignore_eos")  # vLLM's: generate max_tokens even past the end-of-text token
     if body.get("repetition_penalty") == 0:
         raise BadRequest("'repetition_penalty' must be greater than 0", param="repetition_penalty")
+    options.update(token_options(body))
+    limit = default_max_tokens if max_tokens is None else max_tokens
+    if limit is not None and options.get("min_tokens", 0) > limit:
+        raise BadRequest(
+            f"'min_tokens' ({options['min_tokens']}) must be at most '{max_tokens_key}' ({limit})", param="min_tokens"
+        )
     return Sampling(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         temperature=number(body, "temperature", lo=0, hi=2),
@@ -143,18 +159,22 @@ def _top_p(body: dict[str, Any]) -> float | None:
 # -- completions ----------------------------------------------------------------------
 
 
-def prompts(body: dict[str, Any]) -> list[str]:
-    """``prompt`` as a list: a string, or a non-empty list of strings (token ids are refused)."""
+def prompts(body: dict[str, Any]) -> list[str] | list[list[int]]:
+    """``prompt`` as a list: a string or a non-empty list of strings, or token ids (a list of ints:
+    one prompt; a list of such lists: several), which come back as lists of ints."""
     if "prompt" not in body:
-        raise BadRequest("request has no 'prompt'; expected a string or a list of strings", param="prompt")
+        raise BadRequest("request has no 'prompt'; expected a string, a list of strings or token ids", param="prompt")
     prompt = body["prompt"]
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) for p in prompt):
-        raise BadRequest("token-id prompts are not supported; send the prompt as text", param="prompt")
-    raise BadRequest(f"'prompt' must be a string or a non-empty list of strings, found {_kind(prompt)}", param="prompt")
+        return _token_ids(prompt, "prompt")
+    raise BadRequest(
+        f"'prompt' must be a string or a non-empty list of strings (or of token ids), found {_kind(prompt)}",
+        param="prompt",
+    )
 
 
 def completion_request(body: dict[str, Any], stream: bool) -> Sampling:
@@ -162,14 +182,74 @@ def completion_request(body: dict[str, Any], stream: bool) -> Sampling:
     explain = boolean(body, "explain")  # the explain hook takes the other fields as its parameters
     fields.check_fields(body, fields.COMPLETION_HONOURED, fields.COMPLETION_REFUSED, n=n, pass_unknown=explain)
     logprobs = number(body, "logprobs", lo=0, hi=MAX_LOGPROBS, integer=True)
-    if logprobs is not None and boolean(body, "echo"):
-        raise BadRequest(
-            "'echo' with 'logprobs' is not supported: this server does not score the prompt's tokens",
-            param="echo",
-        )
-    chosen = sampling(body, stream, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+    echo = boolean(body, "echo")
+    if body.get("max_tokens") == 0 and not isinstance(body["max_tokens"], bool):
+        if not echo:  # OpenAI's legacy rule: nothing to generate makes sense only to echo (and score) the prompt
+            raise BadRequest("'max_tokens' must be at least 1; 0 is allowed only with 'echo': true", param="max_tokens")
+        body = {**body, "max_tokens": None}
+        chosen = sampling(body, stream)
+        chosen.max_tokens = 0
+    else:
+        chosen = sampling(body, stream, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
     chosen.logprobs = logprobs
+    chosen.echo_logprobs = logprobs if echo else None
+    chosen.prompt_logprobs = prompt_logprobs(body)
     return chosen
+
+
+def prompt_logprobs(body: dict[str, Any], streams: bool = True) -> int | None:
+    """vLLM's ``prompt_logprobs``: each prompt token's log-probability and its position's N most likely
+    (streamed with a choice's first chunk where ``streams``, else a whole answer only)."""
+    wanted = number(body, "prompt_logprobs", lo=0, hi=MAX_LOGPROBS, integer=True)
+    if wanted is not None and not streams and boolean(body, "stream"):
+        raise BadRequest(
+            "'prompt_logprobs' is answered whole on chat, not streamed: send it with 'stream': false",
+            param="prompt_logprobs",
+        )
+    return wanted
+
+
+# -- token rules ----------------------------------------------------------------------
+
+#: the token rules' fields, handed to the model in ``options``
+TOKEN_RULES = ("logit_bias", "min_tokens", "stop_token_ids", "allowed_token_ids")
+
+
+def token_options(body: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``logit_bias`` and vLLM's ``min_tokens``, ``stop_token_ids`` and ``allowed_token_ids``,
+    checked and handed to the model in ``options`` (``logit_bias`` with its keys as integers).
+
+    Ids are checked against the model's vocabulary by the model, which knows it.
+    """
+    options: dict[str, Any] = {}
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise BadRequest(
+                f"'logit_bias' must be an object of token ids to numbers, found {_kind(bias)}", param="logit_bias"
+            )
+        parsed: dict[int, float] = {}
+        for key, value in bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise BadRequest(
+                    f"'logit_bias' keys must be token ids (integers as strings), found {key!r}", param="logit_bias"
+                ) from None
+            parsed[token] = number({"logit_bias": value}, "logit_bias", lo=-100, hi=100)
+        if parsed:
+            options["logit_bias"] = parsed
+    min_tokens = number(body, "min_tokens", lo=0, integer=True)
+    if min_tokens:
+        options["min_tokens"] = min_tokens
+    for key in ("stop_token_ids", "allowed_token_ids"):
+        ids = body.get(key)
+        if ids is None or (key == "stop_token_ids" and ids == []):
+            continue
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise BadRequest(f"'{key}' must be a non-empty list of token ids (integers), found {ids!r}", param=key)
+        options[key] = list(ids)
+    return options
 
 
 # -- chat -----------------------------------------------------------------------------
@@ -211,6 +291,7 @@ def chat_request(body: dict[str, Any], stream: bool) -> Sampling:
         raise BadRequest("'max_tokens' and 'max_completion_tokens' disagree; send one", param="max_completion_tokens")
     chosen = sampling(body, stream, max_tokens_key=key)
     chosen.logprobs = chat_logprobs(body)
+    chosen.prompt_logprobs = prompt_logprobs(body, streams=False)
     return chosen
 
 
@@ -232,7 +313,7 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def generation_requests(
-    prompts: list[str],
+    prompts: list[str] | list[TokenIds],
     sampling: Sampling,
     messages: list[dict[str, Any]] | None = None,
     constraint: Constraint | None = None,
@@ -258,6 +339,7 @@ def generation_requests(
             options=dict(s.options),
             logprobs=s.logprobs,
             constraint=constraint,
+            prompt_logprobs=s.scored_prompt,
         )
         for p, prompt in enumerate(prompts)
         for c in range(s.n)
@@ -494,13 +576,13 @@ def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
     return EmbeddingRequest(texts, number(body, "dimensions", lo=1, integer=True), encoding == "base64", token_ids)
 
 
-def _token_ids(raw: list[Any]) -> list[list[int]]:
+def _token_ids(raw: list[Any], key: str = "input") -> list[list[int]]:
     """``[101, 2023]`` (one input) or ``[[101, 2023], [101]]`` (several), as lists of ints."""
     rows = [raw] if all(isinstance(t, int) for t in raw) else raw
     for i, row in enumerate(rows):
         if not isinstance(row, list) or not row or not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
             raise BadRequest(
-                f"'input' item {i} must be a non-empty list of token ids (integers), found {_kind(row)}",
-                param="input",
+                f"'{key}' item {i} must be a non-empty list of token ids (integers), found {_kind(row)}",
+                param=key,
             )
     return [list(row) for row in rows]

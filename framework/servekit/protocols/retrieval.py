@@ -9,7 +9,8 @@ past the model's length 422 (``validation``), a model of the wrong kind 424
 (``backend``).
 
 vLLM's ``POST /score`` (``/v1/score``) and its Jina/Cohere-compatible ``/rerank``
-(with ``documents``), ``/v1/rerank`` and ``/v2/rerank``; errors take OpenAI's shape.
+(with ``documents``), ``/v1/rerank`` and ``/v2/rerank``, and its ``/tokenize`` (with
+``prompt`` or ``messages``) and ``/detokenize`` (:mod:`.vllm_tokens`); errors take OpenAI's shape.
 
 The model: ``model`` in the body (``?model=`` on the GET routes); without it, the
 only served model of the kind the route needs (a cross-encoder for rerank and score,
@@ -37,6 +38,7 @@ from flask import Blueprint, current_app, request
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
 from servekit.errors import BadRequest, NotImplementedByModel, ServekitError, openai_error
+from servekit.protocols import vllm_tokens
 from servekit.protocols.http import Answer, dataplane, json_answer, parse_json_object
 from servekit.version import __version__
 
@@ -618,8 +620,20 @@ def similarity():
 
 @bp.post("/tokenize")
 def tokenize():
+    """TEI's tokenize (``inputs``) or vLLM's (``prompt`` or ``messages``), told apart by the body."""
     body = _body(_tei_error)
-    return (body if isinstance(body, Answer) else tei_tokenize(dataplane(), body)).response()
+    if isinstance(body, Answer):
+        return body.response()
+    if vllm_tokens.is_vllm_tokenize(body):
+        return vllm_tokens.tokenize(dataplane(), body).response()
+    return tei_tokenize(dataplane(), body).response()
+
+
+@bp.post("/detokenize")
+def detokenize():
+    """vLLM's detokenize (TEI's is ``/decode``)."""
+    body = _body(_openai_error)
+    return (body if isinstance(body, Answer) else vllm_tokens.detokenize(dataplane(), body)).response()
 
 
 @bp.post("/decode")

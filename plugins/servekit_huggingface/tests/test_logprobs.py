@@ -304,7 +304,7 @@ def test_bad_logprobs_values_are_400s_through_the_client(client):
     messages = [{"role": "user", "content": "hi"}]
     cases = [
         lambda: client.completions.create(model="gpt", prompt="hi", logprobs=21),
-        lambda: client.completions.create(model="gpt", prompt="hi", logprobs=2, echo=True),
+        lambda: client.completions.create(model="gpt", prompt="hi", logprobs=2, echo=True, max_tokens=-1),
         lambda: client.chat.completions.create(model="gpt", messages=messages, logprobs=True, top_logprobs=21),
         lambda: client.chat.completions.create(model="gpt", messages=messages, top_logprobs=3),
     ]
@@ -312,3 +312,26 @@ def test_bad_logprobs_values_are_400s_through_the_client(client):
         with pytest.raises(openai.BadRequestError) as info:
             case()
         assert info.value.status_code == 400
+
+
+def test_a_token_id_prompt_scored_whole_and_streamed(client, hf):
+    """Token ids and the prompt's scores cross from a model host as they come from the worker."""
+    model, tokenizer = hf
+    ids = tokenizer("the quick brown fox")["input_ids"]
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    wanted = [float(expected[j - 1, ids[j]]) for j in range(1, len(ids))]
+    whole = client.completions.create(
+        model="gpt", prompt=ids, echo=True, logprobs=1, max_tokens=0, extra_body={"prompt_logprobs": 1}
+    ).choices[0]
+    assert whole.text == "the quick brown fox" and whole.logprobs.token_logprobs[0] is None
+    assert whole.logprobs.token_logprobs[1:] == pytest.approx(wanted, abs=TOLERANCE)
+    assert [p[str(t)]["logprob"] for p, t in zip(whole.model_extra["prompt_logprobs"][1:], ids[1:])] == pytest.approx(
+        wanted, abs=TOLERANCE
+    )
+    (first, *_) = [
+        c
+        for c in client.completions.create(model="gpt", prompt=ids, echo=True, logprobs=1, max_tokens=0, stream=True)
+        if c.choices
+    ]
+    assert first.choices[0].logprobs.token_logprobs[1:] == pytest.approx(wanted, abs=TOLERANCE)

@@ -1,0 +1,73 @@
+"""The official ``openai`` client's ``responses.create``, whole and streamed, against a real
+``servekit serve``.  The model is ``ECHO_MODEL_PY`` (it replies "You said: <prompt>" in
+4-character pieces; "think" adds reasoning), so every text is predictable.
+"""
+
+from __future__ import annotations
+
+import pytest
+from generative_models import ECHO_MODEL_PY, write_model
+
+pytestmark = pytest.mark.slow  # starts a real server
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    from servekit.testing import ServerProcess
+
+    base = tmp_path_factory.mktemp("responses")
+    write_model(base / "echo", ECHO_MODEL_PY)
+    with ServerProcess(base) as srv:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_responses_create(client):
+    response = client.responses.create(
+        model="echo",
+        instructions="be brief",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
+        temperature=0,
+        top_p=1,
+    )
+    assert response.status == "completed" and response.incomplete_details is None
+    assert response.output_text == "You said: system: be brief\nuser: hello\nassistant:"
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    assert response.usage.output_tokens == 13
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+
+
+def test_responses_create_cut_by_max_output_tokens(client):
+    response = client.responses.create(model="echo", input="hello", max_output_tokens=2)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text == "You said"
+
+
+def test_responses_create_streamed(client):
+    events = list(client.responses.create(model="echo", input="think hello", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == "You said: user: think hello\nassistant:"
+    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert reasoning == "pondering"
+    final = events[-1].response
+    assert final.output_text == text and [item.type for item in final.output] == ["reasoning", "message"]
+
+
+def test_the_stream_helper_gathers_the_final_response(client):
+    with client.responses.stream(model="echo", input="hello") as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "You said: user: hello\nassistant:"
+
+
+def test_state_is_refused(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="echo", input="hi", previous_response_id="resp_123")
+    assert info.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="echo", input="hi", store=True)
+    assert info.value.body["param"] == "store"
