@@ -258,8 +258,9 @@ def test_function_tools_and_text_format_are_handed_to_chat_in_its_shape():
     ]
 
 
-def test_tools_are_refused_while_chat_refuses_them(client):
-    """Until chat serves tools, the Responses API passes chat's refusal on, in its own names."""
+def test_chats_refusal_of_tools_or_a_format_is_passed_on_in_the_responses_names(client):
+    """The echo model has no chat template to read tool calls with, and decodes under no grammar:
+    chat refuses ``tools`` and ``response_format``; the Responses API answers with its own names."""
     r = post(client, {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]})
     assert r.status_code == 400 and r.json["error"]["param"] == "tools"
     r = post(client, {"input": "x", "text": {"format": {"type": "json_object"}}})

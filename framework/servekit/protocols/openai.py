@@ -463,7 +463,9 @@ def responses():
     answer = responses_api.Answer(body, job.mv.name)
     if stream:
         head, events = start_stream(job)
-        rendered = responses_api.Events(answer, lambda e, offset: logprobs_object(job, e, offset), job.predictions)
+        rendered = responses_api.Events(
+            answer, lambda e, offset: logprobs_object(job, e, offset), job.predictions, job.tools
+        )
         streamed = responses_api.stream_events(rendered, head, events, error_body)
         return sse_response(streamed, {REQUEST_LOG_HEADER: job.predictions.request_log_id})
     with responses_api.renamed():

@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from servekit.dataplane import generation as gen
+from servekit.dataplane.tool_calls import ToolCallStream, ToolUse
 from servekit.errors import BadRequest
 from servekit.protocols import openai_fields as fields
 from servekit.protocols.streaming import event
@@ -360,8 +361,13 @@ class Events:
     """The Responses stream's events, numbered: a reasoning item while reasoning arrives (opened at its
     first piece), then the message (opened at the first text, or at the end)."""
 
-    def __init__(self, answer: Answer, render_logprobs: RenderLogprobs, predictions: Any):
+    def __init__(
+        self, answer: Answer, render_logprobs: RenderLogprobs, predictions: Any, tools: ToolUse | None = None
+    ):
         self.answer = answer
+        #: the model's text read for tool calls (chat's parser), when it may call tools
+        self.tool_stream = ToolCallStream(tools) if tools is not None else None
+        self.call: dict[str, Any] | None = None  # the function call item being streamed
         self.render_logprobs = render_logprobs
         self.predictions = predictions  # each finished choice is handed to the request log
         self.numbers = itertools.count()
@@ -389,18 +395,34 @@ class Events:
                 yield self.send("response.reasoning_text.delta", **self.part(self.reasoning_id, delta=chunk.reasoning))
             logprobs = self.render_logprobs(chunk.logprobs, item.offset)
             entries = (logprobs or {}).get("content") or []
-            if chunk.text or entries:
+            calls: list[dict[str, Any]] = []
+            text = chunk.text
+            if self.tool_stream is not None:
+                found = self.tool_stream.feed(chunk.text)
+                text, calls = found.content, found.tool_calls
+            if text or entries:
                 yield from self.open_message()
-                self.text.append(chunk.text)
+                self.text.append(text)
                 self.logprobs.extend(entries)
-                delta = self.part(self.answer.message_id, delta=chunk.text, logprobs=entries)
+                delta = self.part(self.answer.message_id, delta=text, logprobs=entries)
                 yield self.send("response.output_text.delta", **delta)
+            yield from self.tool_calls(calls)
         elif isinstance(item, gen.ChoiceEnded):
             choice = item.choice.finished
             self.predictions.add({"index": 0, "text": choice.text, "finish_reason": choice.finish_reason})
             self.status = _status(choice.finish_reason)
-            yield from self.open_message()
-            yield from self.close_message()
+            if self.tool_stream is not None:
+                rest = self.tool_stream.finish()
+                if rest.content:
+                    yield from self.open_message()
+                    self.text.append(rest.content)
+                    delta = self.part(self.answer.message_id, delta=rest.content, logprobs=[])
+                    yield self.send("response.output_text.delta", **delta)
+                yield from self.tool_calls(rest.tool_calls)
+                yield from self.close_call()
+            if self.message_open or not any(item["type"] == "function_call" for item in self.output):
+                yield from self.open_message()
+                yield from self.close_message()
         elif isinstance(item, gen.StreamEnded):
             usage = usage_object(item.usage.prompt_tokens, item.usage.completion_tokens)
             kind = "response.incomplete" if self.status == "incomplete" else "response.completed"
@@ -436,14 +458,50 @@ class Events:
         part = output_text("", None)
         yield self.send("response.content_part.added", **self.part(self.answer.message_id, part=part))
 
-    def close_message(self) -> Iterator[bytes]:
+    def tool_calls(self, deltas: list[dict[str, Any]]) -> Iterator[bytes]:
+        """Chat's ``tool_calls`` deltas as function call items: each opened when its call starts (the
+        message before it closed), its arguments streamed, closed when the next starts or the text ends."""
+        for delta in deltas:
+            function = delta.get("function") or {}
+            if "id" in delta:  # a call starts
+                if self.message_open:
+                    yield from self.close_message("completed")
+                    self.answer.message_id = f"msg_{uuid.uuid4().hex}"  # text after the call: a new message
+                yield from self.close_call()
+                self.call = {
+                    "type": "function_call",
+                    "id": f"fc_{uuid.uuid4().hex}",
+                    "call_id": delta["id"],
+                    "name": function.get("name"),
+                    "arguments": "",
+                    "status": "in_progress",
+                }
+                yield self.send("response.output_item.added", output_index=len(self.output), item=dict(self.call))
+            arguments = function.get("arguments") or ""
+            if arguments and self.call is not None:
+                self.call["arguments"] += arguments
+                where = {"item_id": self.call["id"], "output_index": len(self.output)}
+                yield self.send("response.function_call_arguments.delta", **where, delta=arguments)
+
+    def close_call(self) -> Iterator[bytes]:
+        if self.call is None:
+            return
+        call, self.call = self.call, None
+        call["status"] = "completed"
+        where = {"item_id": call["id"], "output_index": len(self.output)}
+        yield self.send("response.function_call_arguments.done", **where, name=call["name"], arguments=call["arguments"])
+        yield self.send("response.output_item.done", output_index=len(self.output), item=call)
+        self.output.append(call)
+
+    def close_message(self, status: str | None = None) -> Iterator[bytes]:
         text, message_id = "".join(self.text), self.answer.message_id
         yield self.send("response.output_text.done", **self.part(message_id, text=text, logprobs=self.logprobs))
         part = output_text(text, self.logprobs)
         yield self.send("response.content_part.done", **self.part(message_id, part=part))
-        done = self.answer.message(text, self.status, self.logprobs)
+        done = self.answer.message(text, status or self.status, self.logprobs)
         yield self.send("response.output_item.done", output_index=len(self.output), item=done)
         self.output.append(done)
+        self.message_open, self.text, self.logprobs = False, [], []
 
 
 def stream_events(
