@@ -361,9 +361,7 @@ class Events:
     """The Responses stream's events, numbered: a reasoning item while reasoning arrives (opened at its
     first piece), then the message (opened at the first text, or at the end)."""
 
-    def __init__(
-        self, answer: Answer, render_logprobs: RenderLogprobs, predictions: Any, tools: ToolUse | None = None
-    ):
+    def __init__(self, answer: Answer, render_logprobs: RenderLogprobs, predictions: Any, tools: ToolUse | None = None):
         self.answer = answer
         #: the model's text read for tool calls (chat's parser), when it may call tools
         self.tool_stream = ToolCallStream(tools) if tools is not None else None
@@ -489,7 +487,9 @@ class Events:
         call, self.call = self.call, None
         call["status"] = "completed"
         where = {"item_id": call["id"], "output_index": len(self.output)}
-        yield self.send("response.function_call_arguments.done", **where, name=call["name"], arguments=call["arguments"])
+        yield self.send(
+            "response.function_call_arguments.done", **where, name=call["name"], arguments=call["arguments"]
+        )
         yield self.send("response.output_item.done", output_index=len(self.output), item=call)
         self.output.append(call)
 
