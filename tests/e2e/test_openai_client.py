@@ -185,14 +185,14 @@ def openai_requests_answered(server):
         lambda c: c.completions.create(model="minilm", prompt="hello", max_tokens=2),
         lambda c: c.chat.completions.create(model="minilm", messages=[{"role": "user", "content": "hi"}]),
         lambda c: c.completions.create(
-            model="gpt", prompt="hello", extra_body={"response_format": {"type": "json_object"}}
+            model="gpt", prompt="hello", extra_body={"response_format": {"type": "xml"}}
         ),
     ],
     ids=[
         "embeddings-on-a-causal-lm",
         "completions-on-an-embedder",
         "chat-on-an-embedder",
-        "response-format",
+        "unknown-response-format",
     ],
 )
 def test_a_client_mistake_is_not_retried_by_the_openai_client(server, call):
