@@ -184,9 +184,7 @@ def openai_requests_answered(server):
         lambda c: c.embeddings.create(model="gpt", input="hello"),
         lambda c: c.completions.create(model="minilm", prompt="hello", max_tokens=2),
         lambda c: c.chat.completions.create(model="minilm", messages=[{"role": "user", "content": "hi"}]),
-        lambda c: c.completions.create(
-            model="gpt", prompt="hello", extra_body={"response_format": {"type": "xml"}}
-        ),
+        lambda c: c.completions.create(model="gpt", prompt="hello", extra_body={"response_format": {"type": "xml"}}),
     ],
     ids=[
         "embeddings-on-a-causal-lm",
