@@ -31,6 +31,7 @@ from servekit.errors import BadRequest
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
 from .encoder import _model_max_length as model_max_length
+from .options import DEFAULT_MAX_BATCH_TOKENS, positive_option, token_batches
 from .text_inputs import texts_of
 
 DIRECTIONS = ("right", "left")
@@ -48,7 +49,8 @@ class SequenceClassifier:
         self.labels = [str(model.config.id2label.get(i, f"LABEL_{i}")) for i in range(self.num_labels)]
         self.max_length = _configured_max_length(path) or model_max_length(model.config, tokenizer)
         self.truncate = bool(options.get("truncate", False))
-        self.batch_size = int(options.get("batch_size", 32))
+        self.batch_size = positive_option(options, "batch_size") or 32
+        self.max_batch_tokens = positive_option(options, "max_batch_tokens") or DEFAULT_MAX_BATCH_TOKENS
         self.activation = _activation(path, task)
         self._left_tokenizer: Any = None
         self._lock = threading.Lock()
@@ -72,12 +74,11 @@ class SequenceClassifier:
         return {"scores": scores[:, 0] if self.task == "score" else scores}
 
     def logits(self, texts: list[str], pairs: list[str] | None, parameters: dict[str, Any]) -> np.ndarray:
-        """``[n, labels]`` logits, in forward passes of ``batch_size`` rows of similar length."""
+        """``[n, labels]`` logits, in forward passes of rows of similar length (:func:`.options.token_batches`)."""
         rows = self._ids(texts, pairs, parameters)
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
         logits = np.zeros((len(rows), self.num_labels), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
+        lengths = [len(row["input_ids"]) for row in rows]
+        for chunk in token_batches(lengths, self.batch_size, self.max_batch_tokens):
             batch = self.tokenizer.pad([rows[i] for i in chunk], padding=True, return_tensors="pt").to(self.device)
             with torch.inference_mode():
                 logits[chunk] = self.model(**batch).logits.float().cpu().numpy()

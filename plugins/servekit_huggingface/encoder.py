@@ -6,9 +6,11 @@ modes are concatenated as sentence-transformers does) and its ``max_seq_length``
 any other encoder uses mean pooling over the attention mask.  Vectors are
 L2-normalised unless ``options.normalize`` is false.  An input longer than the
 model takes is refused (400) unless ``options.truncate`` is true, so no text is
-silently cut.  Texts are embedded in forward passes of ``options.batch_size``
-(32), grouped by length so a batch pads little; with ``batching:`` on in
-``servekit.yaml``, concurrent requests are merged first (the adaptive batcher).
+silently cut.  Texts are embedded in forward passes grouped by length, so a pass
+pads little, each bounded by ``options.batch_size`` rows (32) and
+``options.max_batch_tokens`` padded tokens (TEI's budget, 16384): short texts go
+many to a pass, long ones few.  With ``batching:`` on in ``servekit.yaml``,
+concurrent requests are merged first (the adaptive batcher).
 
 An input sent as token ids (:class:`servekit.dataplane.generation.TokenIds`, from the
 OpenAI API's id-array form) is embedded from those ids exactly as sent, with
@@ -30,6 +32,7 @@ import torch
 from servekit.errors import BadRequest
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
+from .options import DEFAULT_MAX_BATCH_TOKENS, positive_option, token_batches
 from .text_inputs import texts_of
 
 #: sentence-transformers' pooling keys, in the order it concatenates them
@@ -52,7 +55,8 @@ class Encoder:
         self.max_length = max_seq_length or _model_max_length(model.config, tokenizer)
         self.normalize = bool(options.get("normalize", True))
         self.truncate = bool(options.get("truncate", False))
-        self.batch_size = int(options.get("batch_size", 32))
+        self.batch_size = positive_option(options, "batch_size") or 32
+        self.max_batch_tokens = positive_option(options, "max_batch_tokens") or DEFAULT_MAX_BATCH_TOKENS
         self.dimension = int(getattr(model.config, "hidden_size", 0)) * len(self.pooling)
         self.prompts = _sentence_transformers_prompts(path)
         self._left_tokenizer: Any = None
@@ -74,7 +78,7 @@ class Encoder:
         return {"embedding": self.embed(texts, parameters)}
 
     def embed(self, texts: list[str], parameters: dict[str, Any] | None = None) -> np.ndarray:
-        """Vectors for ``texts``, in forward passes of ``batch_size`` texts of similar length.
+        """Vectors for ``texts``, in forward passes of texts of similar length (:func:`.options.token_batches`).
 
         ``parameters`` may carry TEI's ``normalize``, ``truncate``, ``truncation_direction``
         and ``prompt_name`` (a key of the sentence-transformers ``prompts``); unset, the
@@ -83,10 +87,8 @@ class Encoder:
         parameters = parameters or {}
         texts = self._prompted(texts, parameters.get("prompt_name"))
         rows = self._ids(texts, parameters)
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length buckets: little padding
         vectors = np.zeros((0, self.dimension), dtype=np.float32) if not rows else None
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
+        for chunk in token_batches([len(r) for r in rows], self.batch_size, self.max_batch_tokens):
             part = self._batch([rows[i] for i in chunk], _flag(parameters, "normalize", self.normalize))
             if vectors is None:
                 vectors = np.empty((len(rows), part.shape[1]), dtype=part.dtype)

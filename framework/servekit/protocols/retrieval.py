@@ -492,7 +492,8 @@ def tei_info(dp: DataPlane, name: str | None) -> Answer:
         # what this server holds to: its threads per worker, the model's rows per forward pass
         "max_concurrent_requests": int(getattr(settings, "threads", 16)),
         "max_input_length": max_length,
-        "max_batch_tokens": batch_rows * max_length,
+        # the most padded tokens a pass holds: the budget, or fewer where the rows cap it first
+        "max_batch_tokens": min(int(getattr(mv.model, "max_batch_tokens", None) or 1 << 62), batch_rows * max_length),
         "max_batch_requests": batch_rows,
         "max_client_batch_size": MAX_CLIENT_BATCH_SIZE,
         "auto_truncate": bool(getattr(mv.model, "truncate", False)),
