@@ -149,14 +149,7 @@ def get_model(name: str):
 def resolve_model(body: dict[str, Any]) -> ModelVersion:
     """``model`` names a served model; it may be left out when only one is served."""
     dp = dataplane()
-    name = body.get("model")
-    if name is None or name == "":
-        names = dp.model_names()
-        if len(names) != 1:
-            raise BadRequest(f"'model' is required; served models: {', '.join(names) or 'none'}", param="model")
-        name = names[0]
-    if not isinstance(name, str):
-        raise BadRequest(f"'model' must be a string, found {type(name).__name__}", param="model")
+    name = req.model_name(body, dp.model_names())
     mv = dp.resolve(name)
     request.environ["servekit.model"] = name  # the metrics' model label (it is not in the path)
     return mv

@@ -35,6 +35,18 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def model_name(body: dict[str, Any], served: list[str]) -> str:
+    """The body's ``model``; left out (or empty), the only served model's name, else a 400 naming them."""
+    name = body.get("model")
+    if name is None or name == "":
+        if len(served) != 1:
+            raise BadRequest(f"'model' is required; served models: {', '.join(served) or 'none'}", param="model")
+        return served[0]
+    if not isinstance(name, str):
+        raise BadRequest(f"'model' must be a string, found {type(name).__name__}", param="model")
+    return name
+
+
 def number(
     body: dict[str, Any], key: str, *, lo: float | None = None, hi: float | None = None, integer: bool = False
 ) -> Any:

@@ -52,15 +52,7 @@ def _answer_errors(handler: Any) -> Any:
 
 def _model(dp: DataPlane, body: dict[str, Any]) -> tuple[ModelVersion, Any]:
     """The named model (or the only one served) and its tokenizer."""
-    name = body.get("model")
-    if name is None or name == "":
-        names = dp.model_names()
-        if len(names) != 1:
-            raise BadRequest(f"'model' is required; served models: {', '.join(names) or 'none'}", param="model")
-        name = names[0]
-    if not isinstance(name, str):
-        raise BadRequest(f"'model' must be a string, found {type(name).__name__}", param="model")
-    mv = dp.resolve(name)
+    mv = dp.resolve(req.model_name(body, dp.model_names()))
     tokenizer = dp.tokenizer(mv)
     if tokenizer is None:
         raise BadRequest(f"model {mv.name!r} has no tokenizer", param="model")
