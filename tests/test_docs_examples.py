@@ -251,6 +251,13 @@ def client_server(tmp_path_factory):
         xgboost_booster().save_model(str(base / "churn" / "1" / "model.json"))  # input "input" [-1, 4]
     if importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"):
         build_tiny_gpt2(base / "gpt")  # the OpenAI and generate examples' causal LM (random weights)
+        # the RAG page's stack: the packaged MiniLM, a small cross-encoder and a generator (random weights)
+        from generative_models import minilm_folder
+        from retrieval_models import build_sequence_classifier
+
+        shutil.copytree(minilm_folder(), base / "embedder")
+        build_sequence_classifier(base / "reranker")
+        build_tiny_gpt2(base / "generator")
     if importlib.util.find_spec("servekit_tensorflow") and importlib.util.find_spec("tensorflow"):
         shutil.copytree(TF_DATA / "saved_model_half_plus_two_cpu", base / "half_plus_two")  # version 123
         (base / "half_plus_two" / "servekit.yaml").write_text("labels: {stable: 123}\n")
@@ -396,7 +403,24 @@ def logprobs(tmp_path, server):
     assert 1 <= len(values) <= 3 and all(v <= 0 for v in values)
 
 
+def rag(tmp_path, server):
+    _served(server, "reranker")
+    printed = _run_client("rag", server, tmp_path).split("\n", 2)
+    # the same steps through the raw APIs: the three nearest passages, the cross-encoder's best two
+    source = EXAMPLES["rag"]["source"]
+    passages = ast.literal_eval(re.search(r"passages = (\[.*?\])", source, re.S).group(1))
+    question = ast.literal_eval(re.search(r"question = (\".*?\")", source).group(1))
+    vectors = _post(server, "/v1/embeddings", {"model": "embedder", "input": [*passages, question]})["data"]
+    index, asked = np.array([v["embedding"] for v in vectors[:-1]]), np.array(vectors[-1]["embedding"])
+    nearest = [passages[i] for i in np.argsort(-(index @ asked))[:3]]
+    assert set(nearest) >= {passages[1], passages[3]}  # MiniLM's real weights find the two about Paris
+    body = {"model": "reranker", "query": question, "documents": nearest, "top_n": 2}
+    best = [nearest[r["index"]] for r in _post(server, "/v2/rerank", body)["results"]]
+    assert printed[:2] == best and len(printed) == 3  # then the generator's answer
+
+
 CLIENT_SCENARIOS = {
+    "rag": rag,
     "gpt-generate curl": gpt_generate_curl,
     "gpt-stream": gpt_stream,
     "logprobs": logprobs,
