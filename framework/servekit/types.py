@@ -97,6 +97,56 @@ class SequenceConfig:
 
 
 @dataclass
+class QueuePolicy:
+    """How long a request may wait in a version's queue and how many may wait (Triton's ``ModelQueuePolicy``)."""
+
+    #: ``reject``: a request whose timeout passed is answered 504 without being computed;
+    #: ``delay``: it goes behind every request still in time
+    timeout_action: str = "reject"
+    #: 0: no timeout unless the request sets one
+    default_timeout_ms: float = 0.0
+    #: whether a request's own ``timeout`` parameter (or header) replaces the default
+    allow_timeout_override: bool = True
+    #: 0: no bound; beyond it a request is answered 503 at once
+    max_queue_size: int = 0
+
+
+@dataclass
+class QueueConfig:
+    """``queue:`` of servekit.yaml (Triton's ``dynamic_batching`` priority and queue fields)."""
+
+    #: 0: one level, first come first served; N: levels 1 (first) to N
+    priority_levels: int = 0
+    #: the level of a request that names none (0: the middle of the levels)
+    default_priority_level: int = 0
+    default_policy: QueuePolicy = field(default_factory=QueuePolicy)
+    #: per level, what overrides the default policy
+    level_policies: dict[int, QueuePolicy] = field(default_factory=dict)
+
+    def policy(self, level: int) -> QueuePolicy:
+        return self.level_policies.get(level, self.default_policy)
+
+
+@dataclass
+class TrafficConfig:
+    """``traffic:`` of servekit.yaml: a model name's requests split between targets by weight."""
+
+    #: ``(target, weight)``: an int target is a version of this model, a str one another model
+    weights: list[tuple[int | str, float]] = field(default_factory=list)
+    #: a request header whose value keeps a client on one target, or ``api_key`` (its key); "" none
+    sticky: str = ""
+
+
+@dataclass
+class ShadowConfig:
+    """``shadow:`` of servekit.yaml: a copy of a fraction of requests goes to a candidate, logged only."""
+
+    #: an int is a version of this model, a str another model
+    target: int | str = 0
+    fraction: float = 1.0
+
+
+@dataclass
 class ModelConfig:
     """A model's settings, read from the optional ``servekit.yaml`` in its folder."""
 
@@ -121,6 +171,12 @@ class ModelConfig:
     sequence: SequenceConfig | None = None
     #: a pipeline of other models (``servekit.folders.pipeline.Pipeline``; Triton's ensembles); ``None``: a model
     pipeline: Any = None
+    #: priorities and queue policy of the version's queue (servekit.dataplane.call_gate); ``None``: first come
+    queue: QueueConfig | None = None
+    #: a weighted split of this name's requests (servekit.dataplane.traffic); ``None``: the newest version
+    traffic: TrafficConfig | None = None
+    #: copies of requests for a candidate, logged beside the served answer; ``None``: none
+    shadow: ShadowConfig | None = None
     #: the model folder (``BASE/NAME``); not part of the YAML
     base_path: Path | None = None
 

@@ -29,10 +29,11 @@ from servekit.errors import BadRequest
 INPUT_PARAMETERS = ("binary_data_size", *SHARED_MEMORY_PARAMETERS)
 #: The parameters a requested output may carry (binary data, classification, shared memory).
 OUTPUT_PARAMETERS = ("binary_data", "classification", *SHARED_MEMORY_PARAMETERS)
-#: Request parameters the V2 protocol defines that servekit does not honour, refused unless
-#: unset: Triton's scheduling ``priority`` and server-side ``timeout`` (tritonclient's
-#: ``infer(priority=, timeout=)``; servekit serves first come, first served).  Every other
-#: request parameter reaches the model's hooks as ``parameters``.
+#: The V2 scheduling parameters: Triton's ``priority`` and server-side queue ``timeout``
+#: in microseconds (tritonclient's ``infer(priority=, timeout=)``).  An inference request
+#: hands them to the model's queue (:attr:`InferRequest.scheduling`); a model without
+#: one refuses them, and so does every endpoint that has no queue to honour them (Triton's
+#: generate).  Every other request parameter reaches the model's hooks as ``parameters``.
 UNHONOURED_REQUEST_PARAMETERS = ("priority", "timeout")
 #: What leaves a parameter unset: JSON's null, false, 0 and "", and proto3's
 #: defaults for every ``InferParameter`` choice (a gRPC map entry may hold one).
@@ -69,6 +70,9 @@ class InferRequest:
     #: the model name and version the body itself names, if any (KServe's client writes
     #: ``model_name``); the protocol holds them to the path's (:meth:`check_addressed`)
     addressed: tuple[str | None, str | None] = (None, None)
+    #: the ``priority`` and ``timeout`` (microseconds) parameters, ``None`` where unset; the data
+    #: plane hands them to the model's queue, or refuses them for a model without one
+    scheduling: tuple[int | None, int | None] = (None, None)
 
     def check_addressed(self, name: str, version: str, *aliases: str) -> None:
         """Refuse a body that names another model or version than the one it was sent to."""
@@ -129,11 +133,22 @@ def check_tensor_parameters(
             raise BadRequest(f"{where}: parameter {key!r} is not supported by this server; it reads {', '.join(known)}")
 
 
-def check_request_parameters(params: dict[str, Any]) -> None:
-    """Refuse a request parameter the protocol defines and servekit does not honour, unless unset."""
+def check_request_parameters(params: dict[str, Any]) -> tuple[int | None, int | None]:
+    """Take the scheduling parameters (``priority``, ``timeout``) out of a request's parameters.
+
+    Returns them checked (``None`` where unset); they are for the server's queue, not the model.
+    """
+    found: list[int | None] = []
     for key in UNHONOURED_REQUEST_PARAMETERS:
-        if params.get(key) not in UNSET:
-            raise BadRequest(f"request parameter {key!r} is not supported by this server (found {params[key]!r})")
+        value = params.pop(key, None)
+        if value in UNSET:
+            found.append(None)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            what = "a priority level (1 first)" if key == "priority" else "microseconds"
+            raise BadRequest(f"request parameter {key!r} must be {what}, a whole number from 0, found {value!r}")
+        found.append(value)
+    return found[0], found[1]
 
 
 def add_output(

@@ -414,7 +414,7 @@ def decode_infer_request(
         raise BadRequest('request has no \'inputs\'; expected {"inputs": [{"name", "shape", "datatype", "data"}]}')
     single = raw_inputs[0] is doc
     check_keys(doc, SINGLE_TENSOR_KEYS if single else REQUEST_KEYS, "the inference request")
-    check_request_parameters(parameters)
+    scheduling = check_request_parameters(parameters)
 
     inputs: dict[str, np.ndarray] = {}
     offset = 0
@@ -432,7 +432,7 @@ def decode_infer_request(
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest(f"'id' must be a string, found {request_id!r}")
     outputs = _requested_outputs(doc.get("outputs"))
-    decoded = InferRequest(inputs, request_id, parameters, outputs, signature_of(parameters))
+    decoded = InferRequest(inputs, request_id, parameters, outputs, signature_of(parameters), scheduling=scheduling)
     for key in ("model_name", "model_version"):
         value = doc.get(key)
         if value is not None and not isinstance(value, str):

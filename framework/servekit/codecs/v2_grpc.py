@@ -85,7 +85,7 @@ def decode_infer_request(request: Any, regions: Regions | None = None) -> InferR
     requested outputs, the parameters, and whether the answer carries typed contents.
     """
     parameters = parameters_of(request.parameters)
-    check_request_parameters(parameters)
+    scheduling = check_request_parameters(parameters)
     outputs: list[RequestedOutput] = []
     for output in request.outputs:
         params = parameters_of(output.parameters)
@@ -93,7 +93,13 @@ def decode_infer_request(request: Any, regions: Regions | None = None) -> InferR
         add_output(outputs, output.name, params=params)
     inputs, typed = _read_inputs(request, regions)
     return InferRequest(
-        inputs, request.id or None, parameters, outputs or None, signature_of(parameters), typed_contents=typed
+        inputs,
+        request.id or None,
+        parameters,
+        outputs or None,
+        signature_of(parameters),
+        typed_contents=typed,
+        scheduling=scheduling,
     )
 
 

@@ -15,6 +15,7 @@ Triton's ``load`` may carry a JSON ``ModelConfig`` that replaces the model's
 | ``parameters`` (``string_value``) | ``options`` |
 | ``model_warmup`` (``zero_data`` / ``random_data`` inputs) | ``warmup`` (V2 requests) |
 | ``sequence_batching`` (idle time, ``control_input``) | ``sequence`` (``max_idle_ms``, ``controls``) |
+| ``dynamic_batching`` priorities and queue policy | ``queue`` (``priority_levels``, ``levels``, ...) |
 
 A field with no servekit meaning is refused (400) by name: nothing a client
 sent is dropped silently.  ``name`` must be the model's; ``input`` and
@@ -63,6 +64,12 @@ def settings_for(name: str, config: Any) -> dict[str, Any]:
             batching["max_batch_size"] = _integer(fail, key, value)
         elif key == "dynamic_batching":
             batching.update(_dynamic_batching(fail, value))
+            try:
+                queue = triton_model_config.queue({"dynamic_batching": value})
+            except triton_model_config.TritonConfigError as exc:
+                fail(str(exc).replace(f"{triton_model_config.CONFIG_FILE}: ", "config field "))
+            if queue is not None:
+                settings["queue"] = queue
         else:
             settings.update(_setting(fail, key, value, doc))
     if batching:
@@ -144,6 +151,8 @@ def _dynamic_batching(fail: Any, value: Any) -> dict[str, Any]:
             out["max_batch_time_ms"] = _integer(fail, f"dynamic_batching.{key}", item) / 1000.0
         elif key == "preserve_ordering":
             continue  # servekit answers every request of a batch in its own order
+        elif key in triton_model_config.QUEUE_FIELDS:
+            continue  # the queue: settings_for
         else:
             fail(f"config field 'dynamic_batching.{key}' has no servekit counterpart")
     return out

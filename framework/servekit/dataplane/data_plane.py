@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 
 from servekit.codecs.infer_request import InferRequest
-from servekit.dataplane import batching, classification, generation
+from servekit.dataplane import batching, call_gate, classification, generation, traffic
 from servekit.dataplane.executor import LocalExecutor as LocalExecutor  # still importable from here, as before
 from servekit.dataplane.repository import ModelRepository, ModelVersion
 from servekit.errors import BadRequest, ModelFailure, NotFound, ServekitError, UnknownModel
 from servekit.folders import pipeline
 from servekit.folders import triton_config as triton_model_config
-from servekit.observability import labels, load, statistics
+from servekit.observability import labels, load, request_log, statistics
 from servekit.streams import close, is_stream
 from servekit.types import GenerationChunk, GenerationRequest, GenerationResult, ModelMetadata, Tensors, TensorSpec
 
@@ -58,6 +58,8 @@ class DataPlane:
         #: parts of this worker that must be up before it is ready: each says why not, or None
         #: (a requested gRPC port, servekit.server.grpc_engine)
         self.readiness_gates: list[Callable[[], str | None]] = []
+        #: copies of requests for ``shadow:`` candidates, run off the served requests' time
+        self.shadows = traffic.Shadows(self._shadow_answer, self._log_shadow)
 
     # -- health ---------------------------------------------------------------
 
@@ -118,8 +120,62 @@ class DataPlane:
 
     def resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
         mv = self._resolve(name, version, label)
+        if version in (None, "") and label is None and (mv.config.traffic or mv.config.shadow):
+            mv = self._steered(mv)
         labels.answering_version.set(mv.version)  # the request log's version
         return mv
+
+    def _steered(self, mv: ModelVersion) -> ModelVersion:
+        """A request that names no version of a model with ``traffic:`` or ``shadow:`` (servekit.dataplane.traffic)."""
+        ticket = traffic.current()
+        traffic.start(ticket)
+        config = mv.config
+        if config.shadow is not None:
+            ticket.shadow = (mv.name, config.shadow)
+        if config.traffic is None:
+            return mv
+        target = traffic.route(config.traffic, ticket)
+        try:
+            chosen = self._target(mv, target)
+        except NotFound:
+            log.warning("model %s: traffic target %r is not served; the newest version answers", mv.name, target)
+            chosen = mv
+        ticket.routed = (mv.name, str(target) if chosen is not mv or target == mv.version else str(mv.version))
+        return chosen
+
+    def _target(self, mv: ModelVersion, target: int | str) -> ModelVersion:
+        """A version of ``mv``'s model (a number) or another model's newest version (a name)."""
+        if isinstance(target, int):
+            return mv if target == mv.version else self.repository.resolve(mv.name, target)
+        return self.repository.resolve(target)
+
+    def _shadow(self, mv: ModelVersion, ticket: traffic.Ticket, inputs: Tensors, kwargs: dict, served: Any) -> None:
+        """Hand a copy of a served request to ``shadow:``'s candidate, unless the draw leaves it out."""
+        name, config = ticket.shadow
+        ticket.shadow = None
+        handed = request_log.logged()
+        if handed is None or (config.fraction < 1 and traffic.random.random() >= config.fraction):
+            return  # nobody keeps the request log: a shadow answer would go nowhere
+        try:
+            candidate = self._target(self.repository.resolve(name), config.target)
+        except ServekitError:
+            log.warning("model %s: shadow target %r is not served", name, config.target)
+            return
+        if candidate is mv:
+            return
+        answer = served if isinstance(served, dict) else {DEFAULT_OUTPUT: served}
+        self.shadows.submit(candidate, (inputs, kwargs), answer, handed.request_log_id, name, f"/shadow/{name}")
+
+    def _shadow_answer(self, candidate: ModelVersion, request: tuple[Tensors, dict]) -> Any:
+        inputs, kwargs = request
+        result = self.predict(candidate, inputs, **kwargs)
+        if is_stream(result):
+            result = join_stream(result)
+        return result if isinstance(result, dict) else {DEFAULT_OUTPUT: result}
+
+    def _log_shadow(self, record: Any) -> None:
+        for impl in reversed(self.plugins.hook.log_request.get_hookimpls()):
+            impl.function(*[{"record": record}[arg] for arg in impl.argnames])
 
     def _resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
         if not self.repository.ready:
@@ -158,17 +214,26 @@ class DataPlane:
         counted = not load.in_host()
         if counted:
             load.arrived(mv.name)
+        ticket = traffic.current()
+        started = time.perf_counter()
         try:
             check_values(mv, inputs, signature_name)
             inputs = single_tensor(mv, inputs)
             if isinstance(mv.model, pipeline.Pipeline):  # its steps run on their own versions' executors
                 return self._run_pipeline(mv, inputs, parameters or {})
-            return mv.executor.predict(
+            result = mv.executor.predict(
                 mv, inputs, parameters=parameters or {}, signature_name=signature_name, output_names=output_names
             )
+            if ticket.shadow is not None and not is_stream(result):
+                kwargs = {"parameters": parameters, "signature_name": signature_name, "output_names": output_names}
+                self._shadow(mv, ticket, inputs, kwargs, result)
+            return result
         finally:
             if counted:
                 load.left(mv.name)
+            if ticket.routed is not None:
+                traffic.observe_routed(*ticket.routed, time.perf_counter() - started)
+                ticket.routed = None
 
     @statistics.recorded  # a pipeline request counts like any predict (Triton's ensembles do)
     def _run_pipeline(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -210,6 +275,15 @@ class DataPlane:
             close(items)  # the client went away: stop the model's generator
 
     def _infer(self, mv: ModelVersion, request: InferRequest) -> Any:
+        priority, timeout = request.scheduling
+        if priority is not None or timeout is not None:
+            if not call_gate.queues(mv):
+                key = "priority" if priority is not None else "timeout"
+                raise BadRequest(
+                    f"request parameter {key!r} is not supported by model {mv.name!r}: it has no queue to order "
+                    "(give it a 'queue:' in its servekit.yaml, or Triton's dynamic_batching priority_levels)"
+                )
+            traffic.asked(priority, timeout, "request parameter")
         if request.check_shapes:
             check_inputs(mv, request.inputs, request.signature_name)
         return self.predict(

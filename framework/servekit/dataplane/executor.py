@@ -35,6 +35,9 @@ class LocalExecutor:
     the version), so one instance, :data:`LOCAL`, serves every version.
     """
 
+    #: the version computes in this process (its gate and queue are here)
+    local = True
+
     @statistics.recorded  # Triton's statistics extension (statistics.py)
     def predict(
         self,
@@ -64,6 +67,9 @@ class LocalExecutor:
         if batcher is None or options is None:
             with call_gate.turn(mv), load.running(mv.name, [arrival]):  # the wait for a place is queueing
                 outputs = run(inputs)
+        elif call_gate.queues(mv):  # a priority queue in front of the batcher: a batch's worth pass at once
+            with tracing.span("servekit.queue"), call_gate.turn(mv):
+                outputs = batcher.submit(inputs, run, options, arrival=arrival)
         else:
             with tracing.span("servekit.queue"):
                 outputs = batcher.submit(inputs, run, options, arrival=arrival)  # waits for batch-mates, then the call

@@ -9,7 +9,15 @@ import yaml
 
 from servekit.folders import pipeline
 from servekit.folders import triton_config as triton_model_config
-from servekit.types import BatchingConfig, ModelConfig, SequenceConfig
+from servekit.types import (
+    BatchingConfig,
+    ModelConfig,
+    QueueConfig,
+    QueuePolicy,
+    SequenceConfig,
+    ShadowConfig,
+    TrafficConfig,
+)
 
 CONFIG_FILE = "servekit.yaml"
 _KEYS = {
@@ -26,6 +34,9 @@ _KEYS = {
     "pin",
     "sequence",
     "pipeline",
+    "queue",
+    "traffic",
+    "shadow",
     "build",  # read by `servekit build` only (servekit.scaffold.build_settings)
 }
 #: What one warm-up item may hold: a request body of one protocol, or a file of one.
@@ -62,6 +73,9 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
         raise ConfigError(str(exc)) from None
     if batching is not None and "batching" not in raw:
         raw = {**raw, "batching": batching}
+    queue = triton_model_config.queue(triton)
+    if queue is not None and "queue" not in raw:
+        raw = {**raw, "queue": queue}
     if sequence is not None and raw.get("sequence", True) is not False:
         own = raw.get("sequence")  # servekit.yaml's keys over config.pbtxt's
         raw = {**raw, "sequence": {**sequence, **own} if isinstance(own, dict) else sequence}
@@ -118,8 +132,107 @@ def parse_model_config(
         pin=_pin(raw.get("pin", False)),
         sequence=_sequence(raw.get("sequence")),
         pipeline=_pipeline(raw.get("pipeline")),
+        queue=parse_queue(raw.get("queue")),
+        traffic=_traffic(raw.get("traffic")),
+        shadow=_shadow(raw.get("shadow")),
         base_path=model_dir,
     )
+
+
+_POLICY_KEYS = ("timeout_action", "default_timeout_ms", "allow_timeout_override", "max_queue_size")
+_QUEUE_KEYS = ("priority_levels", "default_priority_level", *_POLICY_KEYS, "levels")
+
+
+def _count(raw: Any, key: str, top: int) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= top:
+        raise ConfigError(f"{CONFIG_FILE}: {key!r} must be a whole number from 0 to {top}, found {raw!r}")
+    return raw
+
+
+def _policy(raw: dict[str, Any], where: str, base: QueuePolicy) -> QueuePolicy:
+    action = raw.get("timeout_action", base.timeout_action)
+    if action not in ("reject", "delay"):
+        raise ConfigError(f"{CONFIG_FILE}: '{where}timeout_action' must be reject or delay, found {action!r}")
+    timeout = raw.get("default_timeout_ms", base.default_timeout_ms)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < 86_400_000:
+        raise ConfigError(
+            f"{CONFIG_FILE}: '{where}default_timeout_ms' must be milliseconds (0: none), found {timeout!r}"
+        )
+    override = raw.get("allow_timeout_override", base.allow_timeout_override)
+    if not isinstance(override, bool):
+        raise ConfigError(f"{CONFIG_FILE}: '{where}allow_timeout_override' must be true or false, found {override!r}")
+    size = _count(raw.get("max_queue_size", base.max_queue_size), f"{where}max_queue_size", 1_000_000)
+    return QueuePolicy(action, float(timeout), override, size)
+
+
+def parse_queue(raw: Any) -> QueueConfig | None:
+    """``queue``: priority levels and queue policy (Triton's ``dynamic_batching`` fields of the same names)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - set(_QUEUE_KEYS):
+        raise ConfigError(f"{CONFIG_FILE}: 'queue' takes {', '.join(_QUEUE_KEYS)}")
+    levels = _count(raw.get("priority_levels", 0), "queue.priority_levels", 1_000)
+    default_level = _count(raw.get("default_priority_level", 0), "queue.default_priority_level", 1_000)
+    if default_level > levels:
+        raise ConfigError(
+            f"{CONFIG_FILE}: 'queue.default_priority_level' is {default_level}, "
+            f"above 'queue.priority_levels' ({levels})"
+        )
+    default = _policy(raw, "queue.", QueuePolicy())
+    per_level = raw.get("levels") or {}
+    if not isinstance(per_level, dict):
+        raise ConfigError(f"{CONFIG_FILE}: 'queue.levels' must map a priority level to its policy")
+    policies = {}
+    for level, policy in per_level.items():
+        number = int(level) if isinstance(level, (int, str)) and str(level).isdigit() else -1
+        if not 1 <= number <= levels:
+            raise ConfigError(f"{CONFIG_FILE}: 'queue.levels' names level {level!r}; the levels are 1 to {levels}")
+        if not isinstance(policy, dict) or set(policy) - set(_POLICY_KEYS):
+            raise ConfigError(f"{CONFIG_FILE}: 'queue.levels.{level}' takes {', '.join(_POLICY_KEYS)}")
+        policies[number] = _policy(policy, f"queue.levels.{level}.", default)
+    return QueueConfig(levels, default_level, default, policies)
+
+
+def _target(raw: Any, where: str) -> int | str:
+    """A version of this model (a number) or another model (a name)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or raw in ("", 0):
+        raise ConfigError(f"{CONFIG_FILE}: '{where}' must be a version number or a model name, found {raw!r}")
+    if isinstance(raw, str) and raw.isdigit():
+        return int(raw)
+    if isinstance(raw, int) and raw < 1:
+        raise ConfigError(f"{CONFIG_FILE}: '{where}' must be a version number or a model name, found {raw!r}")
+    return raw
+
+
+def _traffic(raw: Any) -> TrafficConfig | None:
+    """``traffic: {weights: {VERSION_OR_MODEL: WEIGHT, ...}, sticky: HEADER | api_key}``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"weights", "sticky"} or not isinstance(raw.get("weights"), dict):
+        raise ConfigError(f"{CONFIG_FILE}: 'traffic' takes weights (a version or model name: its weight) and sticky")
+    weights = []
+    for target, weight in raw["weights"].items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
+            raise ConfigError(f"{CONFIG_FILE}: 'traffic.weights.{target}' must be a number from 0, found {weight!r}")
+        weights.append((_target(target, f"traffic.weights.{target}"), float(weight)))
+    if not weights or sum(w for _, w in weights) <= 0:
+        raise ConfigError(f"{CONFIG_FILE}: 'traffic.weights' must give some target a weight above 0")
+    sticky = raw.get("sticky") or ""
+    if not isinstance(sticky, str) or not sticky.replace("-", "").replace("_", "").isalnum() and sticky:
+        raise ConfigError(f"{CONFIG_FILE}: 'traffic.sticky' must be a header name or api_key, found {sticky!r}")
+    return TrafficConfig(weights, sticky.lower())
+
+
+def _shadow(raw: Any) -> ShadowConfig | None:
+    """``shadow: {target: VERSION_OR_MODEL, fraction: 0..1}``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"target", "fraction"} or "target" not in raw:
+        raise ConfigError(f"{CONFIG_FILE}: 'shadow' takes target (a version or model name) and fraction")
+    fraction = raw.get("fraction", 1.0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ConfigError(f"{CONFIG_FILE}: 'shadow.fraction' must be a number from 0 to 1, found {fraction!r}")
+    return ShadowConfig(_target(raw["target"], "shadow.target"), float(fraction))
 
 
 def _concurrency(raw: Any) -> int | None:

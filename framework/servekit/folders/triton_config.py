@@ -156,6 +156,73 @@ def batching(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"max_batch_size": size, "max_batch_time_ms": delay_us / 1000.0}
 
 
+#: ``dynamic_batching`` fields of priorities and the queue policy (servekit.yaml's ``queue:``)
+QUEUE_FIELDS = ("priority_levels", "default_priority_level", "default_queue_policy", "priority_queue_policy")
+_ACTIONS = {"REJECT": "reject", "DELAY": "delay"}
+
+
+def queue(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``queue:`` of ``servekit.yaml`` a configuration's ``dynamic_batching`` priorities stand for.
+
+    ``priority_levels``, ``default_priority_level``, ``default_queue_policy`` and
+    ``priority_queue_policy`` (a map of level to policy), with the policy's
+    ``timeout_action`` (``REJECT``/``DELAY``), ``default_timeout_microseconds``,
+    ``allow_timeout_override`` and ``max_queue_size``.  ``None``: none of them is set.
+    """
+    if not doc or not isinstance(doc.get("dynamic_batching"), dict):
+        return None
+    batching_doc = doc["dynamic_batching"]
+    if not any(key in batching_doc for key in QUEUE_FIELDS):
+        return None
+    out: dict[str, Any] = {}
+    for key in ("priority_levels", "default_priority_level"):
+        if key in batching_doc:
+            out[key] = _whole(batching_doc[key], f"dynamic_batching.{key}")
+    if "default_queue_policy" in batching_doc:
+        out.update(_queue_policy(batching_doc["default_queue_policy"], "dynamic_batching.default_queue_policy"))
+    levels = batching_doc.get("priority_queue_policy") or {}
+    if isinstance(levels, list):  # the text format's repeated map entries: {key: N, value: {...}}
+        levels = {entry.get("key"): entry.get("value") for entry in levels if isinstance(entry, dict)}
+    if not isinstance(levels, dict):
+        raise TritonConfigError(f"{CONFIG_FILE}: dynamic_batching.priority_queue_policy must map a level to a policy")
+    if levels:
+        out["levels"] = {
+            _whole(level, "dynamic_batching.priority_queue_policy key"): _queue_policy(
+                policy, f"dynamic_batching.priority_queue_policy[{level}]"
+            )
+            for level, policy in levels.items()
+        }
+    return out
+
+
+def _whole(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not str(value).isdigit():
+        raise TritonConfigError(f"{CONFIG_FILE}: {where} must be a whole number, found {value!r}")
+    return int(value)
+
+
+def _queue_policy(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise TritonConfigError(f"{CONFIG_FILE}: {where} must be a queue policy")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "timeout_action":
+            if str(value).upper() not in _ACTIONS:
+                raise TritonConfigError(f"{CONFIG_FILE}: {where}.timeout_action must be REJECT or DELAY, found {value!r}")
+            out["timeout_action"] = _ACTIONS[str(value).upper()]
+        elif key == "default_timeout_microseconds":
+            out["default_timeout_ms"] = _whole(value, f"{where}.{key}") / 1000.0
+        elif key == "allow_timeout_override":
+            if value not in (True, False, "true", "false"):
+                raise TritonConfigError(f"{CONFIG_FILE}: {where}.{key} must be true or false, found {value!r}")
+            out[key] = value in (True, "true")
+        elif key == "max_queue_size":
+            out[key] = _whole(value, f"{where}.{key}")
+        else:
+            raise TritonConfigError(f"{CONFIG_FILE}: {where}.{key} has no servekit counterpart")
+    return out
+
+
 # -- sequences ----------------------------------------------------------------------------
 
 #: Triton's control kinds and servekit's names for them (``sequence.controls[].kind``).

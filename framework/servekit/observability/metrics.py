@@ -135,6 +135,23 @@ class Metrics:
             ("model",),
             buckets=BATCH_BUCKETS,
         )
+        self.queue_cancelled = Counter(
+            "servekit_queue_cancelled",
+            "queued requests dropped without being computed (disconnected, timeout, queue_full)",
+            ("model", "reason"),
+        )
+        self.queue_pending = Gauge(
+            "servekit_queue_pending", "requests waiting in a model's priority queue", ("model",), multiprocess_mode="livesum"
+        )
+        self.traffic_requests = Counter(
+            "servekit_traffic_requests", "requests of a split model (traffic:) by the target that answered", ("model", "target")
+        )
+        self.traffic_latency = Histogram(
+            "servekit_traffic_duration_seconds",
+            "time a split model's target took to answer",
+            ("model", "target"),
+            buckets=LATENCY_BUCKETS,
+        )
         self.log_dropped = Counter(
             "servekit_request_log_dropped", "request logs the spool could not keep or the store refused"
         )

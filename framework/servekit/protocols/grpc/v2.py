@@ -28,6 +28,7 @@ from google.protobuf import json_format
 
 from servekit.codecs import v2_grpc as codec
 from servekit.codecs.infer_request import InferRequest
+from servekit.dataplane import traffic
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelVersion
 from servekit.errors import BadRequest, ModelFailure, NotFound, NotImplementedByModel, NotReady, ServekitError
@@ -96,6 +97,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelInfer(self, request: pb.ModelInferRequest, context):
+        # a call cancelled (or past its deadline) while queued leaves its model's queue uncomputed
+        traffic.start(traffic.Ticket(cancelled=lambda: not context.is_active(), source="request parameter"))
         decoded, generation = self._generation(request)
         if isinstance(generation, generate_stream.Generation):
             try:

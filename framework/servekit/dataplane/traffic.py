@@ -1,0 +1,325 @@
+"""Traffic control: a request's place in its model's queue, canary splits and shadow traffic.
+
+- **The queue** (``queue:`` of ``servekit.yaml``, Triton's ``dynamic_batching``
+  priorities and queue policy): each request carries a :class:`Ticket` (its
+  priority level, its timeout, and how to tell that its client went away), set
+  by the protocol that received it (the ``Servekit-Priority`` and
+  ``Servekit-Timeout-Ms`` headers, V2's ``priority`` and ``timeout``
+  parameters, a gRPC call's cancellation).  The version's gate
+  (:class:`servekit.dataplane.call_gate.PriorityGate`) reads it.
+- **Canary splits** (``traffic:``): :func:`route` picks the target of a request
+  that names no version, by weight, the same one for the same sticky key.
+- **Shadow traffic** (``shadow:``): :class:`Shadows` runs a copy of a request on a
+  candidate in a background thread, off the served request's time, and logs
+  the candidate's answer beside the served one in the request log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servekit.errors import BadRequest, ServekitError, Timeout
+from servekit.types import PredictionLog, RequestLog
+
+log = logging.getLogger("servekit.traffic")
+
+#: the headers a plain HTTP client sets its request's place in the queue with
+PRIORITY_HEADER = "Servekit-Priority"
+TIMEOUT_HEADER = "Servekit-Timeout-Ms"
+
+
+class QueueFull(ServekitError):
+    """The version's queue holds ``max_queue_size`` requests (Triton answers UNAVAILABLE)."""
+
+    status = 503
+
+
+class QueueTimeout(Timeout):
+    """The request's queue timeout passed before its turn (``timeout_action: reject``)."""
+
+
+class ClientGone(ServekitError):
+    """The client went away while its request waited; nobody reads this answer."""
+
+    status = 499
+
+
+# -- the request's ticket ---------------------------------------------------------------------
+
+
+@dataclass
+class Ticket:
+    #: the level the request asked for (1 first); ``None``: the model's default
+    priority: int | None = None
+    #: milliseconds the request may wait in the queue; ``None``: the model's default
+    timeout_ms: float | None = None
+    #: whether the client went away (a closed connection, a cancelled gRPC call)
+    cancelled: Callable[[], bool] | None = None
+    #: a request header's value by name (``api_key``: the request's API key), for a sticky split
+    lookup: Callable[[str], str | None] | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    #: where each field came from, for error messages
+    source: str = "request"
+    #: a split model's name and the target that answers it (for the per-target metrics)
+    routed: tuple[str, str] | None = None
+    #: the model name and its ``shadow:`` when a copy of this request may go to a candidate
+    shadow: tuple[str, Any] | None = None
+
+    def place_in(self, config: Any) -> tuple[int, float, Any]:
+        """The request's level, deadline (``time.monotonic``) and policy in a queue of ``config``."""
+        levels = max(1, config.priority_levels)
+        default = config.default_priority_level or (levels + 1) // 2
+        level = default if not self.priority else self.priority
+        if level > levels:
+            raise BadRequest(
+                f"{self.source} 'priority' is {self.priority}; this model has priority levels 1 to {levels} "
+                "(1 first, 0 or none: the default)"
+            )
+        policy = config.policy(level)
+        timeout = policy.default_timeout_ms
+        if self.timeout_ms:
+            if not policy.allow_timeout_override:
+                raise BadRequest(
+                    f"{self.source} 'timeout' cannot be set for this model: its queue policy does not allow "
+                    "a request's own timeout (allow_timeout_override: false)"
+                )
+            timeout = self.timeout_ms
+        deadline = self.arrival + timeout / 1000.0 if timeout else float("inf")
+        return level, deadline, policy
+
+
+_ticket: ContextVar[Ticket | None] = ContextVar("servekit_ticket", default=None)
+
+
+def current() -> Ticket:
+    """The current request's ticket (a default one outside a request)."""
+    return _ticket.get() or Ticket()
+
+
+def start(ticket: Ticket | None) -> None:
+    """Set (or, with ``None``, clear) the ticket of the request this thread now serves."""
+    _ticket.set(ticket)
+
+
+def asked(priority: Any, timeout_us: Any, source: str) -> None:
+    """The V2 ``priority`` and ``timeout`` (microseconds) parameters of the current request, checked."""
+    ticket = current()
+    if priority not in (None, False, 0, ""):
+        if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+            raise BadRequest(f"{source} 'priority' must be a whole number from 0, found {priority!r}")
+        ticket.priority = priority
+    if timeout_us not in (None, False, 0, ""):
+        if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0:
+            raise BadRequest(f"{source} 'timeout' must be microseconds, a whole number from 0, found {timeout_us!r}")
+        ticket.timeout_ms = timeout_us / 1000.0
+    ticket.source = source
+    _ticket.set(ticket)
+
+
+def from_environ(environ: dict[str, Any]) -> Ticket:
+    """A plain HTTP request's ticket: the ``Servekit-Priority`` and ``Servekit-Timeout-Ms`` headers,
+    its connection (to tell a client that went away) and its headers (a split's sticky key)."""
+    ticket = Ticket(cancelled=_closed(environ.get("gunicorn.socket")), source="header")
+    priority, timeout = environ.get("HTTP_SERVEKIT_PRIORITY"), environ.get("HTTP_SERVEKIT_TIMEOUT_MS")
+    if priority is not None:
+        if not priority.strip().isdigit():
+            raise BadRequest(f"header {PRIORITY_HEADER!r} must be a whole number from 0 (1 first), found {priority!r}")
+        ticket.priority = int(priority)
+    if timeout is not None:
+        try:
+            ticket.timeout_ms = float(timeout)
+        except ValueError:
+            ticket.timeout_ms = -1.0
+        if not 0 <= ticket.timeout_ms < float("inf"):
+            raise BadRequest(f"header {TIMEOUT_HEADER!r} must be milliseconds from 0, found {timeout!r}")
+    ticket.lookup = lambda name: _header(environ, name)
+    return ticket
+
+
+def _header(environ: dict[str, Any], name: str) -> str | None:
+    if name == "api_key":
+        value = environ.get("HTTP_AUTHORIZATION") or ""
+        return value.split(" ", 1)[-1] or None
+    return environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+
+def _closed(sock: Any) -> Callable[[], bool] | None:
+    """Whether the peer of a connection has closed it (a read would find its end)."""
+    if sock is None:
+        return None
+
+    def closed() -> bool:
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    return closed
+
+
+# -- counters -----------------------------------------------------------------------------------
+
+
+def count_cancelled(model: str, reason: str) -> None:
+    """A queued request dropped without being computed (``servekit_queue_cancelled_total``)."""
+    from servekit.observability import metrics
+
+    metrics.metrics().queue_cancelled.labels(model, reason).inc()
+
+
+def queued(model: str, delta: int) -> None:
+    from servekit.observability import metrics
+
+    metrics.metrics().queue_pending.labels(model).inc(delta)
+
+
+def observe_routed(model: str, target: str, seconds: float) -> None:
+    """One request of a split model answered by ``target`` (``servekit_traffic_*``)."""
+    from servekit.observability import metrics
+
+    m = metrics.metrics()
+    m.traffic_requests.labels(model, target).inc()
+    m.traffic_latency.labels(model, target).observe(seconds)
+
+
+# -- canary splits ------------------------------------------------------------------------------
+
+
+def route(config: Any, ticket: Ticket, draw: Callable[[], float] = random.random) -> int | str:
+    """The target of one request: by weight, the same target for the same sticky value."""
+    total = sum(weight for _, weight in config.weights)
+    sticky = ticket.lookup(config.sticky) if config.sticky and ticket.lookup is not None else None
+    if sticky:
+        digest = hashlib.blake2b(sticky.encode("utf-8", "replace"), digest_size=8).digest()
+        point = int.from_bytes(digest, "big") / 2.0**64 * total
+    else:
+        point = draw() * total
+    for target, weight in config.weights:
+        if point < weight:
+            return target
+        point -= weight
+    return next(target for target, weight in reversed(config.weights) if weight > 0)
+
+
+# -- shadow traffic -----------------------------------------------------------------------------
+
+
+def difference(served: Any, shadow: Any) -> float | None:
+    """The largest absolute difference between two answers' matching numeric outputs.
+
+    ``None`` when they cannot be compared (other names, shapes or non-numbers); an
+    answer that differs in a string is 1.0.
+    """
+    if not isinstance(served, dict) or not isinstance(shadow, dict) or set(served) != set(shadow):
+        return None
+    largest = 0.0
+    for name, value in served.items():
+        a, b = np.asarray(value), np.asarray(shadow[name])
+        if a.shape != b.shape:
+            return None
+        if a.dtype.kind in "biuf" and b.dtype.kind in "biuf":
+            if a.size:
+                largest = max(largest, float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))))
+        elif not np.array_equal(a, b):
+            largest = max(largest, 1.0)
+    return largest
+
+
+def _plain(outputs: Any) -> Any:
+    if isinstance(outputs, dict):
+        return {str(k): _plain(v) for k, v in outputs.items()}
+    if isinstance(outputs, np.ndarray):
+        return outputs.tolist() if outputs.dtype.kind != "S" else [x.decode("utf-8", "replace") for x in outputs.ravel()]
+    return outputs
+
+
+class Shadows:
+    """Runs shadow copies in one background thread, from a bounded queue (a full queue drops the copy)."""
+
+    def __init__(self, run: Callable[[Any, Any], Any], emit: Callable[[RequestLog], None], size: int = 256):
+        self._run, self._emit = run, emit
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(size)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def submit(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
+        try:
+            self._queue.put_nowait((target, request, served, served_log_id, model, path))
+        except queue.Full:
+            self.dropped += 1
+            return
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name="servekit-shadow", daemon=True)
+                    self._thread.start()
+
+    def wait_idle(self) -> None:
+        """Until every copy handed in so far is logged (tests, a clean shutdown)."""
+        self._queue.join()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                self._one(*item)
+            except Exception:
+                log.exception("shadow request failed to log")
+            finally:
+                self._queue.task_done()
+
+    def _one(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
+        started = time.perf_counter()
+        status, answer, diff = 200, None, None
+        try:
+            answer = self._run(target, request)
+            diff = difference(served, answer)
+        except ServekitError as exc:
+            status, answer = exc.status, {"error": exc.message}
+        except Exception as exc:
+            status, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
+        import orjson
+
+        body = orjson.dumps(
+            {
+                "shadow_of": served_log_id,
+                "served": _plain(served),
+                "shadow": _plain(answer),
+                "difference": diff,
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY,
+            default=str,
+        ).decode()
+        record = RequestLog(
+            request_log_id=uuid.uuid4().hex,
+            request_id=served_log_id,
+            created=time.time(),
+            method="SHADOW",
+            path=path,
+            protocol="shadow",
+            model=getattr(target, "name", model),
+            status=status,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            request_body="",
+            response_body=body,
+            version=str(getattr(target, "version", "")),
+            trace_id="",
+        )
+        record.predictions = [PredictionLog(uuid.uuid4().hex, 0, body)]
+        self._emit(record)
