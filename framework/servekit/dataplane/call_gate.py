@@ -134,22 +134,25 @@ class PriorityGate:
         watch = ticket.cancelled is not None or deadline < float("inf")
         while True:
             pause = min(self.POLL, max(0.0, deadline - time.monotonic())) if watch else None
-            if waiter.turn.wait(pause):
-                return
+            turn = waiter.turn.wait(pause)
+            # looked at once more when the turn comes: a client gone by then costs no call either
             reason = "disconnected" if ticket.cancelled is not None and ticket.cancelled() else ""
             if not reason and time.monotonic() >= deadline:
-                if policy.timeout_action == "delay" and level <= self.config.priority_levels:
+                if policy.timeout_action != "delay":
+                    reason = "timeout"
+                elif not turn and level <= self.config.priority_levels:
                     level = self.config.priority_levels + 1  # behind every request still in time
                     deadline = float("inf")
                     with self.lock:
-                        if waiter.turn.is_set():
-                            return
-                        waiter.gone = True
-                        waiter = _Waiter()
-                        heapq.heappush(self.waiting, (level, next(self._order), waiter))
-                    continue
-                reason = "timeout"
+                        if not waiter.turn.is_set():
+                            waiter.gone = True
+                            waiter = _Waiter()
+                            heapq.heappush(self.waiting, (level, next(self._order), waiter))
+                            continue
+                    turn = True
             if not reason:
+                if turn:
+                    return
                 continue
             with self.lock:
                 if waiter.turn.is_set():  # handed a place meanwhile: pass it on
