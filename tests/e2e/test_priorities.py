@@ -135,6 +135,8 @@ def test_priority_and_timeout_are_refused_naming_them_where_nothing_can_honour_t
     assert r.status_code == 400 and "'timeout'" in r.json()["error"]
     r = v1(server, "queued", **{"Servekit-Priority": "high"})
     assert r.status_code == 400 and "Servekit-Priority" in r.json()["error"]
+    r = v1(server, "plain", **{"Servekit-Timeout-Ms": "100"})
+    assert r.status_code == 400 and "Servekit-Timeout-Ms" in r.json()["error"] and "no queue" in r.json()["error"]
 
 
 def test_a_bad_queue_setting_fails_that_model_naming_the_key_and_the_server_keeps_serving(server):

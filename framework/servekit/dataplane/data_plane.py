@@ -122,6 +122,16 @@ class DataPlane:
         mv = self._resolve(name, version, label)
         if version in (None, "") and label is None and (mv.config.traffic or mv.config.shadow):
             mv = self._steered(mv)
+        elif (ticket := traffic.pending()) is not None:
+            ticket.routed = ticket.shadow = None  # an earlier request's, never acted on
+        ticket = traffic.pending()
+        if ticket is not None and not ticket.checked and (ticket.priority or ticket.timeout_ms):
+            ticket.checked = True  # the model the request names; a pipeline's steps follow it
+            if not call_gate.queues(mv):
+                raise BadRequest(
+                    f"header {traffic.PRIORITY_HEADER!r} / {traffic.TIMEOUT_HEADER!r} is not supported by model "
+                    f"{mv.name!r}: it has no queue to order (give it a 'queue:' in its servekit.yaml)"
+                )
         labels.answering_version.set(mv.version)  # the request log's version
         return mv
 
@@ -130,8 +140,8 @@ class DataPlane:
         ticket = traffic.current()
         traffic.start(ticket)
         config = mv.config
-        if config.shadow is not None:
-            ticket.shadow = (mv.name, config.shadow)
+        ticket.shadow = (mv.name, config.shadow) if config.shadow is not None else None
+        ticket.routed = None
         if config.traffic is None:
             return mv
         target = traffic.route(config.traffic, ticket)
@@ -149,10 +159,9 @@ class DataPlane:
             return mv if target == mv.version else self.repository.resolve(mv.name, target)
         return self.repository.resolve(target)
 
-    def _shadow(self, mv: ModelVersion, ticket: traffic.Ticket, inputs: Tensors, kwargs: dict, served: Any) -> None:
+    def _shadow(self, mv: ModelVersion, shadow: tuple[str, Any], inputs: Tensors, kwargs: dict, served: Any) -> None:
         """Hand a copy of a served request to ``shadow:``'s candidate, unless the draw leaves it out."""
-        name, config = ticket.shadow
-        ticket.shadow = None
+        name, config = shadow
         handed = request_log.logged()
         if handed is None or (config.fraction < 1 and traffic.random.random() >= config.fraction):
             return  # nobody keeps the request log: a shadow answer would go nowhere
@@ -215,6 +224,8 @@ class DataPlane:
         if counted:
             load.arrived(mv.name)
         ticket = traffic.current()
+        routed, shadow = ticket.routed, ticket.shadow  # this request's split and shadow, taken once
+        ticket.routed = ticket.shadow = None
         started = time.perf_counter()
         try:
             check_values(mv, inputs, signature_name)
@@ -224,16 +235,15 @@ class DataPlane:
             result = mv.executor.predict(
                 mv, inputs, parameters=parameters or {}, signature_name=signature_name, output_names=output_names
             )
-            if ticket.shadow is not None and not is_stream(result):
+            if shadow is not None and not is_stream(result):
                 kwargs = {"parameters": parameters, "signature_name": signature_name, "output_names": output_names}
-                self._shadow(mv, ticket, inputs, kwargs, result)
+                self._shadow(mv, shadow, inputs, kwargs, result)
             return result
         finally:
             if counted:
                 load.left(mv.name)
-            if ticket.routed is not None:
-                traffic.observe_routed(*ticket.routed, time.perf_counter() - started)
-                ticket.routed = None
+            if routed is not None:
+                traffic.observe_routed(*routed, time.perf_counter() - started)
 
     @statistics.recorded  # a pipeline request counts like any predict (Triton's ensembles do)
     def _run_pipeline(self, mv: ModelVersion, inputs: Tensors, parameters: dict[str, Any]) -> dict[str, Any]:

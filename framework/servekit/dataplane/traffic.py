@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
@@ -24,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,8 @@ class Ticket:
     arrival: float = field(default_factory=time.monotonic)
     #: where each field came from, for error messages
     source: str = "request"
+    #: the model it was sent to has a queue for its priority and timeout (checked once)
+    checked: bool = False
     #: a split model's name and the target that answers it (for the per-target metrics)
     routed: tuple[str, str] | None = None
     #: the model name and its ``shadow:`` when a copy of this request may go to a candidate
@@ -107,6 +110,21 @@ _ticket: ContextVar[Ticket | None] = ContextVar("servekit_ticket", default=None)
 def current() -> Ticket:
     """The current request's ticket (a default one outside a request)."""
     return _ticket.get() or Ticket()
+
+
+def pending() -> Ticket | None:
+    """The ticket set for this thread's request, ``None`` when none was."""
+    return _ticket.get()
+
+
+@contextlib.contextmanager
+def serving(ticket: Ticket) -> Iterator[Ticket]:
+    """The ticket of a request served inside the block (a gRPC call: its thread serves others after)."""
+    token = _ticket.set(ticket)
+    try:
+        yield ticket
+    finally:
+        _ticket.reset(token)
 
 
 def start(ticket: Ticket | None) -> None:

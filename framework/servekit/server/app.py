@@ -8,7 +8,9 @@ with the error's status; nothing else a handler raises leaks a stack trace.
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 import pluggy
 from flask import Flask, request
@@ -18,6 +20,7 @@ from servekit import hosts, observability, storage
 from servekit.codecs import bounds
 from servekit.control import ControlPlane, transport
 from servekit.control.plan import Planner
+from servekit.dataplane import traffic
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelRepository
 from servekit.errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
@@ -91,6 +94,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     # WSGI layers, outermost first: observability, the limits, the fast lane, Flask
     if settings.fast_lane:
         fastlane.install(app, dp, api_key)
+    app.wsgi_app = _Tickets(app.wsgi_app)  # type: ignore[method-assign]
     limits.install(app, settings)
     observability.install(app, settings)
 
@@ -137,6 +141,26 @@ def _as_servekit_error(exc: HTTPException, limit: int | None) -> ServekitError:
     if status < 500:
         error.openai_type = "invalid_request_error"
     return error
+
+
+class _Tickets:
+    """WSGI: each POST's place in its model's queue and its canary (``servekit.dataplane.traffic``):
+    the ``Servekit-Priority`` and ``Servekit-Timeout-Ms`` headers, its connection, its headers."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __call__(self, environ: dict, start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") != "POST":
+            traffic.start(None)
+            return self.inner(environ, start_response)
+        try:
+            traffic.start(traffic.from_environ(environ))
+        except ServekitError as exc:
+            body = json.dumps(render(exc, environ.get("PATH_INFO", ""))).encode()
+            start_response(f"{exc.status} Bad Request", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        return self.inner(environ, start_response)
 
 
 def _install_api_key(app: Flask, api_key: ApiKey) -> None:

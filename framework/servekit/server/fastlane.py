@@ -35,7 +35,6 @@ from werkzeug.exceptions import HTTPException
 
 from servekit.codecs import json as jsonc
 from servekit.codecs.v2 import HEADER_LENGTH
-from servekit.dataplane import traffic
 from servekit.dataplane.data_plane import DataPlane
 from servekit.errors import ServekitError, render, retry_headers
 from servekit.observability.logging import current_request_id
@@ -65,13 +64,6 @@ class FastLane:
         self._usable: bool | None = None  # decided at the first request, after plugins added routes
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD") == "POST":  # its place in a model's queue, its canary
-            try:
-                traffic.start(traffic.from_environ(environ))
-            except ServekitError as exc:
-                return _refused(exc, environ, start_response)
-        else:
-            traffic.start(None)
         if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
             return self.flask(environ, start_response)
         path = environ.get("PATH_INFO", "")
@@ -174,12 +166,6 @@ def stream_query(environ: dict) -> str | None:
         return None
     values = parse_qs(query, keep_blank_values=True).get("stream")
     return values[0] if values else None
-
-
-def _refused(exc: ServekitError, environ: dict, start_response: Callable) -> Iterable[bytes]:
-    body = jsonc.dumps(render(exc, environ.get("PATH_INFO", "")))
-    start_response(_STATUS.get(exc.status) or str(exc.status), [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-    return [body]
 
 
 def install(app: Flask, dataplane: DataPlane, api_key: ApiKey | None) -> FastLane:

@@ -97,15 +97,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @rpc
     def ModelInfer(self, request: pb.ModelInferRequest, context):
-        # a call cancelled (or past its deadline) while queued leaves its model's queue uncomputed
-        traffic.start(traffic.Ticket(cancelled=lambda: not context.is_active(), source="request parameter"))
-        decoded, generation = self._generation(request)
-        if isinstance(generation, generate_stream.Generation):
-            try:
-                return generation.whole()
-            except NotGenerative:
-                pass  # a model without ``complete`` takes ``text_input`` as an ordinary input
-        return next(self._ordinary(request, decoded, generation, stream=False))
+        with traffic.serving(_ticket(context)):
+            decoded, generation = self._generation(request)
+            if isinstance(generation, generate_stream.Generation):
+                try:
+                    return generation.whole()
+                except NotGenerative:
+                    pass  # a model without ``complete`` takes ``text_input`` as an ordinary input
+            return next(self._ordinary(request, decoded, generation, stream=False))
 
     @streaming_rpc
     def ModelStreamInfer(self, request_iterator, context) -> Iterator[pb.ModelStreamInferResponse]:
@@ -286,3 +285,18 @@ def add_to_server(
     ``control`` (the app's :class:`servekit.control.ControlPlane`) carries out."""
     servicer = InferenceServicer(dataplane, model_control_mode=model_control_mode, control=control)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+def _ticket(context: Any) -> traffic.Ticket:
+    """A call's place in its model's queue: cancelled (or past its deadline) while queued, it is never
+    computed; a split sticks by its metadata (``authorization``: ``api_key``)."""
+
+    def lookup(name: str) -> str | None:
+        metadata = dict(context.invocation_metadata() or ())
+        if name == "api_key":
+            value = str(metadata.get("authorization") or "")
+            return value.split(" ", 1)[-1] or None
+        found = metadata.get(name.lower())
+        return None if found is None else str(found)
+
+    return traffic.Ticket(cancelled=lambda: not context.is_active(), lookup=lookup, source="request parameter")
