@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 from servekit.testing import ServerProcess
@@ -42,8 +41,8 @@ def predict(inputs):
         calls[0] += 1
         number = calls[0]
     if number == 1:
-        (markers / "busy").touch()
-        while not (markers / "release").exists():
+        (markers / "MODEL-busy").touch()
+        while not (markers / "MODEL-release").exists():
             time.sleep(0.01)
     return np.array([[number]])
 """
@@ -55,12 +54,19 @@ QUEUED = "queue:\n  priority_levels: 3\n  default_priority_level: 3\n"
 def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("models")
     markers = tmp_path_factory.mktemp("markers")
-    for name, settings in (("queued", QUEUED), ("plain", "concurrency: 0\n"), ("broken", "queue:\n  priority_levels: many\n")):
+    models = {
+        "queued": QUEUED,
+        "grpc_queued": QUEUED,
+        "plain": "concurrency: 0\n",
+        "broken": "queue:\n  priority_levels: many\n",
+    }
+    for name, settings in models.items():
         (base / name).mkdir()
-        (base / name / "model.py").write_text(COUNTING_MODEL if name != "plain" else COUNTING_MODEL.replace("== 1", "== 0"))
+        model = COUNTING_MODEL.replace("MODEL", name)
+        (base / name / "model.py").write_text(model if name != "plain" else model.replace("== 1", "== 0"))
         (base / name / "servekit.yaml").write_text(settings)
     env = {"PRIORITY_TEST_MARKERS": str(markers)}
-    with ServerProcess(base, workers=1, threads=128, strict_readiness=False, env=env) as running:
+    with ServerProcess(base, workers=1, threads=128, grpc_port="auto", strict_readiness=False, env=env) as running:
         running.markers = markers
         yield running
 
@@ -90,7 +96,7 @@ def test_a_high_priority_request_is_answered_before_100_queued_low_priority_ones
 ):
     pool = ThreadPoolExecutor(110)
     busy = pool.submit(v1, server, "queued")
-    wait_until((server.markers / "busy").exists)  # the model is computing call 1 and holds its one place
+    wait_until((server.markers / "queued-busy").exists)  # the model is computing call 1 and holds its one place
     low = [pool.submit(v1, server, "queued", **{"Servekit-Priority": "3"}) for _ in range(100)]
     wait_until(lambda: metric(server, "servekit_queue_pending", model="queued") == 100)
     # a client that leaves while queued
@@ -111,7 +117,7 @@ def test_a_high_priority_request_is_answered_before_100_queued_low_priority_ones
         timeout=120,
     )
     wait_until(lambda: metric(server, "servekit_queue_pending", model="queued") == 101)
-    (server.markers / "release").touch()
+    (server.markers / "queued-release").touch()
     assert busy.result().json()["predictions"] == [[1]]
     answer = high.result()
     assert answer.status_code == 200, answer.text
@@ -122,6 +128,25 @@ def test_a_high_priority_request_is_answered_before_100_queued_low_priority_ones
     assert refused.status_code == 504 and "queue timeout" in refused.json()["error"], refused.text
     assert metric(server, "servekit_queue_cancelled_total", model="queued", reason="timeout") == 1
     assert v1(server, "queued").json()["predictions"] == [[103]]
+    pool.shutdown()
+
+
+def test_a_grpc_call_cancelled_while_queued_costs_no_model_call(server):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    pool = ThreadPoolExecutor(2)
+    busy = pool.submit(v1, server, "grpc_queued")
+    wait_until((server.markers / "grpc_queued-busy").exists)
+    x = grpcclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones((1, 1), dtype=np.float32))
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        cancelled = threading.Event()
+        call = client.async_infer("grpc_queued", [x], callback=lambda result, error: cancelled.set(), priority=1)
+        wait_until(lambda: metric(server, "servekit_queue_pending", model="grpc_queued") == 1)
+        call.cancel()
+        wait_until(lambda: metric(server, "servekit_queue_cancelled_total", model="grpc_queued", reason="disconnected") == 1)
+        (server.markers / "grpc_queued-release").touch()
+        assert busy.result().json()["predictions"] == [[1]]
+        assert client.infer("grpc_queued", [x]).as_numpy("output_0").tolist() == [[2]]  # no call for the cancelled one
     pool.shutdown()
 
 

@@ -256,7 +256,7 @@ def test_infer_invalid(raw_stub, mutate, fragment):
     ids=["priority", "timeout"],
 )
 def test_infer_scheduling_servekit_does_not_honour_is_invalid_argument(client, infer, field):
-    """tritonclient sends ``priority`` and ``timeout`` only when set; servekit serves first come, first served."""
+    """tritonclient sends ``priority`` and ``timeout`` only when set; a model without a ``queue:`` refuses them."""
     with pytest.raises(InferenceServerException) as info:
         infer(client)
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
