@@ -49,7 +49,7 @@ INPUT = {"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}
 #: (case, the REST body, the field the 400 names)
 V2_REFUSED = [
     *[
-        (f"request-parameter-{key}", {"inputs": [INPUT], "parameters": {key: 5}}, key)
+        (f"request-parameter-{key}", {"inputs": [INPUT], "parameters": {key: -5}}, key)  # the model's queue reads them
         for key in infer_request.UNHONOURED_REQUEST_PARAMETERS
     ],
     ("request-field", {"inputs": [INPUT], "model_spec": {"name": "x"}}, "model_spec"),
@@ -128,6 +128,14 @@ def test_the_parameters_servekit_reads_and_unset_scheduling_pass():
     }
     decoded = v2.decode_infer_request(json.dumps(body).encode())
     assert decoded.parameters["anything"] == "for the model"  # request parameters reach the model
+    assert decoded.scheduling == (None, None)
+
+
+def test_scheduling_parameters_go_to_the_queue_not_the_model_on_both_wires():
+    body = {"inputs": [INPUT], "parameters": {"priority": 2, "timeout": 1500, "anything": 1}}
+    for decoded in (v2.decode_infer_request(json.dumps(body).encode()), v2_grpc.decode_infer_request(grpc_request(body))):
+        assert decoded.scheduling == (2, 1500)
+        assert decoded.parameters == {"anything": 1}
 
 
 @pytest.mark.parametrize("key", infer_request.UNHONOURED_REQUEST_PARAMETERS)

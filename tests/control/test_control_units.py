@@ -87,7 +87,7 @@ def test_triton_config_maps_onto_servekit_settings():
         ('{"input": [{"name": "x"}]}', "input"),
         ('{"max_batch_size": "lots"}', "max_batch_size"),
         ('{"name": "other"}', "other"),
-        ('{"dynamic_batching": {"priority_levels": 2}}', "dynamic_batching.priority_levels"),
+        ('{"dynamic_batching": {"priority_queue_policy": {"1": {"latency": 3}}}}', "priority_queue_policy[1].latency"),
         ('{"backend": "openvino"}', "openvino"),
         ('"parameters": {"config": {{"max_batch_size": "16"}}}', "not valid JSON"),
         ("[1]", "JSON object"),

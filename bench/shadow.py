@@ -1,0 +1,101 @@
+"""Served latency with ``shadow:`` at 100 % against no shadow: does the copy stay off the served requests' time?
+
+    python bench/shadow.py                       # 2,000 V2 requests per phase, 4 client threads
+    python bench/shadow.py --requests 5000 --threads 8 --workers 2
+
+Two phases on one server at a time, each the same traffic to the iris model
+(a LogisticRegression): first with the request log on and no shadow, then with
+``shadow: {target: candidate, fraction: 1.0}``, which sends a copy of every
+request to a second iris model in a background thread and logs its answer.
+Each phase warms up first, then times its requests.  Prints p50 and p99 of the
+served requests for each and p99's change; servekit's goal is a change within
+10 %.  Standard library and servekit's test helpers only, like bench/run.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+BODY = json.dumps(
+    {
+        "inputs": [
+            {"name": n, "shape": [1], "datatype": "FP64", "data": [v]}
+            for n, v in (("sepal_length", 5.1), ("sepal_width", 3.5), ("petal_length", 1.4), ("petal_width", 0.2))
+        ]
+    }
+).encode()
+
+
+def traffic(port: int, total: int, threads: int) -> list[float]:
+    """``total`` V2 infer requests from ``threads`` keep-alive clients; each latency in ms."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        mine = []
+        for _ in range(total // threads):
+            start = time.perf_counter()
+            conn.request("POST", "/v2/models/iris/infer", BODY, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            mine.append((time.perf_counter() - start) * 1000)
+            if response.status != 200:
+                raise SystemExit(f"answered {response.status}")
+        with lock:
+            latencies.extend(mine)
+
+    workers = [threading.Thread(target=client) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return latencies
+
+
+def phase(shadow: bool, args: argparse.Namespace) -> tuple[float, float]:
+    from servekit.testing import ServerProcess
+    from sklearn_models import fit_iris
+
+    base = Path(tempfile.mkdtemp(prefix="servekit-shadow-bench-"))
+    try:
+        fit_iris(base / "iris")
+        fit_iris(base / "candidate")
+        settings = "shadow:\n  target: candidate\n  fraction: 1.0\n" if shadow else "{}\n"
+        (base / "iris" / "servekit.yaml").write_text(settings)
+        with ServerProcess(base, workers=args.workers, request_log_url="sqlite") as server:
+            traffic(server.http_port, args.requests // 4, args.threads)  # warm-up
+            latencies = traffic(server.http_port, args.requests, args.threads)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    cuts = statistics.quantiles(latencies, n=100)
+    return statistics.median(latencies), cuts[98]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    p50, p99 = phase(False, args)
+    print(f"no shadow:          p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+    s50, s99 = phase(True, args)
+    print(f"shadow at 100 %:    p50 {s50:.2f} ms  p99 {s99:.2f} ms")
+    print(f"p99 change: {100 * (s99 - p99) / p99:+.1f} %")
+
+
+if __name__ == "__main__":
+    main()
