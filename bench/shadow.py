@@ -65,7 +65,7 @@ def traffic(port: int, total: int, threads: int) -> list[float]:
     return latencies
 
 
-def phase(shadow: bool, args: argparse.Namespace) -> tuple[float, float]:
+def phase(shadow: bool, args: argparse.Namespace) -> tuple[float, float, int]:
     from servekit.testing import ServerProcess
     from sklearn_models import fit_iris
 
@@ -78,10 +78,18 @@ def phase(shadow: bool, args: argparse.Namespace) -> tuple[float, float]:
         with ServerProcess(base, workers=args.workers, request_log_url="sqlite") as server:
             traffic(server.http_port, args.requests // 4, args.threads)  # warm-up
             latencies = traffic(server.http_port, args.requests, args.threads)
+            dropped = dropped_copies(server.http_port)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     cuts = statistics.quantiles(latencies, n=100)
-    return statistics.median(latencies), cuts[98]
+    return statistics.median(latencies), cuts[98], dropped
+
+
+def dropped_copies(port: int) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("servekit_shadow_dropped_total{")))
 
 
 def main() -> None:
@@ -90,10 +98,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    p50, p99 = phase(False, args)
+    p50, p99, _ = phase(False, args)
     print(f"no shadow:          p50 {p50:.2f} ms  p99 {p99:.2f} ms")
-    s50, s99 = phase(True, args)
-    print(f"shadow at 100 %:    p50 {s50:.2f} ms  p99 {s99:.2f} ms")
+    s50, s99, dropped = phase(True, args)
+    sent = args.requests + args.requests // 4
+    print(f"shadow at 100 %:    p50 {s50:.2f} ms  p99 {s99:.2f} ms  ({dropped} of {sent} copies dropped)")
     print(f"p99 change: {100 * (s99 - p99) / p99:+.1f} %")
 
 

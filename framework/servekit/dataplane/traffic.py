@@ -206,6 +206,12 @@ def queued(model: str, delta: int) -> None:
     metrics.metrics().queue_pending.labels(model).inc(delta)
 
 
+def _count_dropped(model: str) -> None:
+    from servekit.observability import metrics
+
+    metrics.metrics().shadow_dropped.labels(model).inc()
+
+
 def observe_routed(model: str, target: str, seconds: float) -> None:
     """One request of a split model answered by ``target`` (``servekit_traffic_*``)."""
     from servekit.observability import metrics
@@ -267,10 +273,27 @@ def _plain(outputs: Any) -> Any:
 
 
 class Shadows:
-    """Runs shadow copies in one background thread, from a bounded queue (a full queue drops the copy)."""
+    """Runs shadow copies in one background thread, from a bounded queue (a full queue drops the copy).
 
-    def __init__(self, run: Callable[[Any, Any], Any], emit: Callable[[RequestLog], None], size: int = 256):
+    A copy waits until this process answers no request (up to :attr:`DEFER` seconds), so
+    the candidate computes between served requests, not beside them: on a busy server
+    the copies fall behind and, past :attr:`SIZE` waiting, are dropped and counted
+    (``servekit_shadow_dropped_total``) rather than slow the served requests.
+    """
+
+    SIZE = 256
+    DEFER = 0.2
+    _IDLE_POLL = 0.0005
+
+    def __init__(
+        self,
+        run: Callable[[Any, Any], Any],
+        emit: Callable[[RequestLog], None],
+        size: int = SIZE,
+        busy: Callable[[], int] | None = None,
+    ):
         self._run, self._emit = run, emit
+        self._busy = busy
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(size)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -281,6 +304,7 @@ class Shadows:
             self._queue.put_nowait((target, request, served, served_log_id, model, path))
         except queue.Full:
             self.dropped += 1
+            _count_dropped(model)
             return
         if self._thread is None:
             with self._lock:
@@ -295,6 +319,10 @@ class Shadows:
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
+            if self._busy is not None:
+                until = time.monotonic() + self.DEFER
+                while self._busy() > 0 and time.monotonic() < until:
+                    time.sleep(self._IDLE_POLL)
             try:
                 self._one(*item)
             except Exception:

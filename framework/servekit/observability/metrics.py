@@ -146,6 +146,9 @@ class Metrics:
         self.traffic_requests = Counter(
             "servekit_traffic_requests", "requests of a split model (traffic:) by the target that answered", ("model", "target")
         )
+        self.shadow_dropped = Counter(
+            "servekit_shadow_dropped", "shadow copies dropped: the candidate fell too far behind", ("model",)
+        )
         self.traffic_latency = Histogram(
             "servekit_traffic_duration_seconds",
             "time a split model's target took to answer",
