@@ -89,7 +89,13 @@ def dropped_copies(port: int) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("servekit_shadow_dropped_total{")))
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("servekit_shadow_dropped_total{")
+        )
+    )
 
 
 def main() -> None:

@@ -133,7 +133,10 @@ def test_the_parameters_servekit_reads_and_unset_scheduling_pass():
 
 def test_scheduling_parameters_go_to_the_queue_not_the_model_on_both_wires():
     body = {"inputs": [INPUT], "parameters": {"priority": 2, "timeout": 1500, "anything": 1}}
-    for decoded in (v2.decode_infer_request(json.dumps(body).encode()), v2_grpc.decode_infer_request(grpc_request(body))):
+    for decoded in (
+        v2.decode_infer_request(json.dumps(body).encode()),
+        v2_grpc.decode_infer_request(grpc_request(body)),
+    ):
         assert decoded.scheduling == (2, 1500)
         assert decoded.parameters == {"anything": 1}
 

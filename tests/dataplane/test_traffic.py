@@ -128,7 +128,9 @@ def test_tritons_priorities_and_queue_policy_become_the_queue_from_config_pbtxt_
     assert config is not None and config.priority_levels == 2 and config.default_priority_level == 2
     assert config.default_policy.timeout_action == "delay" and config.default_policy.default_timeout_ms == 5.0
     assert config.policy(1).max_queue_size == 4 and config.policy(1).timeout_action == "delay"
-    loaded = settings_for("m", {"max_batch_size": 8, "dynamic_batching": {**dynamic, "priority_queue_policy": {"1": {}}}})
+    loaded = settings_for(
+        "m", {"max_batch_size": 8, "dynamic_batching": {**dynamic, "priority_queue_policy": {"1": {}}}}
+    )
     assert loaded["queue"]["priority_levels"] == 2 and loaded["batching"] == {"max_batch_size": 8}
     with pytest.raises(BadRequest, match="timeout_action must be REJECT or DELAY"):
         settings_for("m", {"dynamic_batching": {"default_queue_policy": {"timeout_action": "LATER"}}})

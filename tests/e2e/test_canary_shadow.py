@@ -26,7 +26,9 @@ def predict(model, inputs):
 """
 
 SPLIT = "version_policy: all\ntraffic:\n  weights: {1: 50, 2: 50}\n  sticky: x-user\n"
-SHADOWED = "version_policy: all\nlabels: {stable: 1}\ntraffic:\n  weights: {1: 1}\nshadow:\n  target: 2\n  fraction: 1.0\n"
+SHADOWED = (
+    "version_policy: all\nlabels: {stable: 1}\ntraffic:\n  weights: {1: 1}\nshadow:\n  target: 2\n  fraction: 1.0\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,18 +72,23 @@ def test_a_split_sends_a_sticky_client_to_one_version_and_counts_each_version_on
         target: sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith("servekit_traffic_requests_total{") and f'target="{target}"' in line and 'model="split"' in line
+            if line.startswith("servekit_traffic_requests_total{")
+            and f'target="{target}"' in line
+            and 'model="split"' in line
         )
         for target in ("1", "2")
     }
     assert counts["1"] + counts["2"] == 4 * 5 + 40 + 1 and min(counts.values()) > 0
     assert 'servekit_traffic_duration_seconds_count{model="split",target="2"}' in text
     # a request that names its version is not split
-    assert requests.post(
-        f"{server.url}/v2/models/split/versions/1/infer",
-        json={"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
-        timeout=30,
-    ).json()["model_version"] == "1"
+    assert (
+        requests.post(
+            f"{server.url}/v2/models/split/versions/1/infer",
+            json={"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]},
+            timeout=30,
+        ).json()["model_version"]
+        == "1"
+    )
 
 
 def test_with_shadow_at_100_percent_every_shadow_answer_is_in_the_request_log_beside_the_served_one(server):
@@ -92,7 +99,9 @@ def test_with_shadow_at_100_percent_every_shadow_answer_is_in_the_request_log_be
         served.append(r.headers["X-Request-Log-Id"])
 
     def shadows() -> list[dict]:
-        r = requests.get(f"{server.url}/v1/logs/requests", params={"model": "shadowed", "version": "2", "limit": 100}, timeout=30)
+        r = requests.get(
+            f"{server.url}/v1/logs/requests", params={"model": "shadowed", "version": "2", "limit": 100}, timeout=30
+        )
         return [record for record in r.json()["requests"] if record["protocol"] == "shadow"]
 
     wait_until(lambda: len(shadows()) >= 20)

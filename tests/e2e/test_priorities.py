@@ -88,7 +88,9 @@ def wait_until(condition) -> None:
 
 
 def v1(server: ServerProcess, model: str, **headers: str) -> requests.Response:
-    return requests.post(f"{server.url}/v1/models/{model}:predict", json={"instances": [[1.0]]}, headers=headers, timeout=120)
+    return requests.post(
+        f"{server.url}/v1/models/{model}:predict", json={"instances": [[1.0]]}, headers=headers, timeout=120
+    )
 
 
 def test_a_high_priority_request_is_answered_before_100_queued_low_priority_ones_and_a_gone_client_costs_no_call(
@@ -113,7 +115,10 @@ def test_a_high_priority_request_is_answered_before_100_queued_low_priority_ones
     high = pool.submit(
         requests.post,
         f"{server.url}/v2/models/queued/infer",
-        json={"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}], "parameters": {"priority": 1}},
+        json={
+            "inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}],
+            "parameters": {"priority": 1},
+        },
         timeout=120,
     )
     wait_until(lambda: metric(server, "servekit_queue_pending", model="queued") == 101)
@@ -143,7 +148,9 @@ def test_a_grpc_call_cancelled_while_queued_costs_no_model_call(server):
         call = client.async_infer("grpc_queued", [x], callback=lambda result, error: cancelled.set(), priority=1)
         wait_until(lambda: metric(server, "servekit_queue_pending", model="grpc_queued") == 1)
         call.cancel()
-        wait_until(lambda: metric(server, "servekit_queue_cancelled_total", model="grpc_queued", reason="disconnected") == 1)
+        wait_until(
+            lambda: metric(server, "servekit_queue_cancelled_total", model="grpc_queued", reason="disconnected") == 1
+        )
         (server.markers / "grpc_queued-release").touch()
         assert busy.result().json()["predictions"] == [[1]]
         assert client.infer("grpc_queued", [x]).as_numpy("output_0").tolist() == [[2]]  # no call for the cancelled one
@@ -156,7 +163,9 @@ def test_priority_and_timeout_are_refused_naming_them_where_nothing_can_honour_t
     assert r.status_code == 400 and "'priority'" in r.json()["error"] and "no queue" in r.json()["error"]
     r = requests.post(f"{server.url}/v2/models/queued/infer", json={**infer, "parameters": {"priority": 4}}, timeout=30)
     assert r.status_code == 400 and "priority levels 1 to 3" in r.json()["error"]
-    r = requests.post(f"{server.url}/v2/models/queued/infer", json={**infer, "parameters": {"timeout": "soon"}}, timeout=30)
+    r = requests.post(
+        f"{server.url}/v2/models/queued/infer", json={**infer, "parameters": {"timeout": "soon"}}, timeout=30
+    )
     assert r.status_code == 400 and "'timeout'" in r.json()["error"]
     r = v1(server, "queued", **{"Servekit-Priority": "high"})
     assert r.status_code == 400 and "Servekit-Priority" in r.json()["error"]

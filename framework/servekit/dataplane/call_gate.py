@@ -33,7 +33,6 @@ from collections import deque
 from typing import Any
 
 from servekit.dataplane import traffic
-
 from servekit.hooks.manager import MODEL_PY_PREFIX
 from servekit.observability import load
 

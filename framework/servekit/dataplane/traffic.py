@@ -268,7 +268,9 @@ def _plain(outputs: Any) -> Any:
     if isinstance(outputs, dict):
         return {str(k): _plain(v) for k, v in outputs.items()}
     if isinstance(outputs, np.ndarray):
-        return outputs.tolist() if outputs.dtype.kind != "S" else [x.decode("utf-8", "replace") for x in outputs.ravel()]
+        return (
+            outputs.tolist() if outputs.dtype.kind != "S" else [x.decode("utf-8", "replace") for x in outputs.ravel()]
+        )
     return outputs
 
 

@@ -208,7 +208,9 @@ def _queue_policy(raw: Any, where: str) -> dict[str, Any]:
     for key, value in raw.items():
         if key == "timeout_action":
             if str(value).upper() not in _ACTIONS:
-                raise TritonConfigError(f"{CONFIG_FILE}: {where}.timeout_action must be REJECT or DELAY, found {value!r}")
+                raise TritonConfigError(
+                    f"{CONFIG_FILE}: {where}.timeout_action must be REJECT or DELAY, found {value!r}"
+                )
             out["timeout_action"] = _ACTIONS[str(value).upper()]
         elif key == "default_timeout_microseconds":
             out["default_timeout_ms"] = _whole(value, f"{where}.{key}") / 1000.0

@@ -141,10 +141,15 @@ class Metrics:
             ("model", "reason"),
         )
         self.queue_pending = Gauge(
-            "servekit_queue_pending", "requests waiting in a model's priority queue", ("model",), multiprocess_mode="livesum"
+            "servekit_queue_pending",
+            "requests waiting in a model's priority queue",
+            ("model",),
+            multiprocess_mode="livesum",
         )
         self.traffic_requests = Counter(
-            "servekit_traffic_requests", "requests of a split model (traffic:) by the target that answered", ("model", "target")
+            "servekit_traffic_requests",
+            "requests of a split model (traffic:) by the target that answered",
+            ("model", "target"),
         )
         self.shadow_dropped = Counter(
             "servekit_shadow_dropped", "shadow copies dropped: the candidate fell too far behind", ("model",)

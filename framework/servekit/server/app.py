@@ -158,7 +158,9 @@ class _Tickets:
             traffic.start(traffic.from_environ(environ))
         except ServekitError as exc:
             body = json.dumps(render(exc, environ.get("PATH_INFO", ""))).encode()
-            start_response(f"{exc.status} Bad Request", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            start_response(
+                f"{exc.status} Bad Request", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            )
             return [body]
         return self.inner(environ, start_response)
 
