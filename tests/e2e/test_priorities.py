@@ -58,12 +58,15 @@ def server(tmp_path_factory):
         "queued": QUEUED,
         "grpc_queued": QUEUED,
         "plain": "concurrency: 0\n",
+        "batched": QUEUED + "batching:\n  max_batch_size: 4\n",
         "broken": "queue:\n  priority_levels: many\n",
     }
     for name, settings in models.items():
         (base / name).mkdir()
         model = COUNTING_MODEL.replace("MODEL", name)
-        (base / name / "model.py").write_text(model if name != "plain" else model.replace("== 1", "== 0"))
+        (base / name / "model.py").write_text(
+            model if name not in ("plain", "batched") else model.replace("== 1", "== 0")
+        )
         (base / name / "servekit.yaml").write_text(settings)
     env = {"PRIORITY_TEST_MARKERS": str(markers)}
     with ServerProcess(base, workers=1, threads=128, grpc_port="auto", strict_readiness=False, env=env) as running:
@@ -155,6 +158,22 @@ def test_a_grpc_call_cancelled_while_queued_costs_no_model_call(server):
         assert busy.result().json()["predictions"] == [[1]]
         assert client.infer("grpc_queued", [x]).as_numpy("output_0").tolist() == [[2]]  # no call for the cancelled one
     pool.shutdown()
+
+
+def test_a_batching_model_with_a_queue_takes_priorities_in_front_of_its_batcher(server):
+    infer = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda i: requests.post(
+                    f"{server.url}/v2/models/batched/infer",
+                    json={**infer, "parameters": {"priority": 1 + i % 3, "timeout": 60_000_000}},
+                    timeout=60,
+                ),
+                range(8),
+            )
+        )
+    assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers]
 
 
 def test_priority_and_timeout_are_refused_naming_them_where_nothing_can_honour_them(server):
