@@ -169,6 +169,8 @@ class ModelConfig:
     pin: bool = False
     #: a state per sequence of requests (Triton's sequence batching); ``None``: stateless
     sequence: SequenceConfig | None = None
+    #: the response cache (servekit.dataplane.response_cache): ``{}`` or ``{"max_bytes": N}``; ``None``: off
+    cache: dict[str, Any] | None = None
     #: a pipeline of other models (``servekit.folders.pipeline.Pipeline``; Triton's ensembles); ``None``: a model
     pipeline: Any = None
     #: priorities and queue policy of the version's queue (servekit.dataplane.call_gate); ``None``: first come

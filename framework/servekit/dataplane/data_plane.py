@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from servekit.codecs.infer_request import InferRequest
-from servekit.dataplane import batching, call_gate, classification, generation, traffic
+from servekit.dataplane import batching, call_gate, classification, generation, response_cache, traffic
 from servekit.dataplane.executor import LocalExecutor as LocalExecutor  # still importable from here, as before
 from servekit.dataplane.repository import ModelRepository, ModelVersion
 from servekit.errors import BadRequest, ModelFailure, NotFound, ServekitError, UnknownModel
@@ -60,6 +60,8 @@ class DataPlane:
         self.readiness_gates: list[Callable[[], str | None]] = []
         #: copies of requests for ``shadow:`` candidates, run off the served requests' time
         self.shadows = traffic.Shadows(self._shadow_answer, self._log_shadow, busy=load.in_flight)
+        #: the response cache shared by the server's workers (``None``: no model may use one)
+        self.response_cache: response_cache.ResponseCache | None = None
 
     # -- health ---------------------------------------------------------------
 
@@ -230,12 +232,26 @@ class DataPlane:
         try:
             check_values(mv, inputs, signature_name)
             inputs = single_tensor(mv, inputs)
+            cache = self.response_cache
+            key = None
+            if cache is not None and cache.applies(mv, parameters or {}):
+                key = cache.key(mv, inputs, parameters or {}, signature_name, output_names)
+            if key is not None:
+                assert cache is not None
+                cached, looked_up = cache.get(mv, key)
+                if not response_cache.missing(cached):
+                    return cached
             if isinstance(mv.model, pipeline.Pipeline):  # its steps run on their own versions' executors
-                return self._run_pipeline(mv, inputs, parameters or {})
-            result = mv.executor.predict(
-                mv, inputs, parameters=parameters or {}, signature_name=signature_name, output_names=output_names
-            )
-            if shadow is not None and not is_stream(result):
+                result = self._run_pipeline(mv, inputs, parameters or {})
+            else:
+                result = mv.executor.predict(
+                    mv, inputs, parameters=parameters or {}, signature_name=signature_name, output_names=output_names
+                )
+            if key is not None and not is_stream(result):
+                assert cache is not None
+                cache.put(mv, key, result, looked_up)
+            pipelined = isinstance(mv.model, pipeline.Pipeline)
+            if shadow is not None and not pipelined and not is_stream(result):
                 kwargs = {"parameters": parameters, "signature_name": signature_name, "output_names": output_names}
                 self._shadow(mv, shadow, inputs, kwargs, result)
             return result

@@ -168,6 +168,8 @@ class ModelRepository:
         self.warm: Callable[[ModelVersion], None] | None = None
         #: runs after a plan that changed what is served was applied (a server's servekit.control.long_lived.settle)
         self.after_change: Callable[[], object] | None = None
+        #: told of each version unloaded or replaced here (the response cache drops its entries)
+        self.on_release: Callable[[ModelVersion], object] | None = None
 
     # -- lifecycle (a repository that decides alone) ------------------------
 
@@ -503,6 +505,8 @@ class ModelRepository:
             except Exception:
                 log.exception("unload hook failed for %s version %d", mv.name, mv.version)
         mv.state = State.END
+        if self.on_release is not None:
+            self.on_release(mv)
 
     @staticmethod
     def _drain(mv: ModelVersion) -> None:

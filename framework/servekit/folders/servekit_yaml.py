@@ -37,6 +37,7 @@ _KEYS = {
     "queue",
     "traffic",
     "shadow",
+    "cache",
     "build",  # read by `servekit build` only (servekit.scaffold.build_settings)
 }
 #: What one warm-up item may hold: a request body of one protocol, or a file of one.
@@ -68,6 +69,7 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
         triton = triton_model_config.read(model_dir)
         batching = triton_model_config.batching(triton)
         sequence = triton_model_config.sequence(triton)
+        cache = triton_model_config.response_cache(triton)
         ensemble = pipeline.from_triton_config(triton)
     except (triton_model_config.TritonConfigError, pipeline.PipelineError) as exc:
         raise ConfigError(str(exc)) from None
@@ -79,6 +81,8 @@ def read_raw_config(model_dir: Path) -> dict[str, Any]:
     if sequence is not None and raw.get("sequence", True) is not False:
         own = raw.get("sequence")  # servekit.yaml's keys over config.pbtxt's
         raw = {**raw, "sequence": {**sequence, **own} if isinstance(own, dict) else sequence}
+    if cache is not None and "cache" not in raw:
+        raw = {**raw, "cache": cache}
     if ensemble is not None and "pipeline" not in raw:
         raw = {**raw, "pipeline": ensemble}
     return raw
@@ -135,6 +139,7 @@ def parse_model_config(
         queue=parse_queue(raw.get("queue")),
         traffic=_traffic(raw.get("traffic")),
         shadow=_shadow(raw.get("shadow")),
+        cache=_cache(raw.get("cache")),
         base_path=model_dir,
     )
 
@@ -245,6 +250,20 @@ def _concurrency(raw: Any) -> int | None:
             f"from 1 to 1024, or 0 for no bound; found {raw!r}"
         )
     return raw
+
+
+def _cache(raw: Any) -> dict[str, Any] | None:
+    """``cache: true`` or ``cache: {max_bytes: N}`` (servekit.dataplane.response_cache); unset or false: off."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - {"max_bytes"}:
+        raise ConfigError(f"{CONFIG_FILE}: 'cache' must be true, false or a mapping with max_bytes; found {raw!r}")
+    size = raw.get("max_bytes")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
+        raise ConfigError(f"{CONFIG_FILE}: 'cache.max_bytes' must be a positive number of bytes, found {size!r}")
+    return {"max_bytes": size} if size else {}
 
 
 def _pipeline(raw: Any) -> Any:

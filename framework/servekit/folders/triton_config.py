@@ -225,6 +225,20 @@ def _queue_policy(raw: Any, where: str) -> dict[str, Any]:
     return out
 
 
+def response_cache(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``cache:`` of ``servekit.yaml`` a configuration's ``response_cache { enable: true }`` stands for.
+
+    ``None`` without one or with ``enable: false``; its size is the server's
+    (``--response-cache-bytes``, Triton's ``--cache-config local,size=N``).
+    """
+    if not doc or "response_cache" not in doc:
+        return None
+    body = doc["response_cache"]
+    if not isinstance(body, dict) or set(body) - {"enable"} or body.get("enable") not in (True, False, None):
+        raise TritonConfigError(f"{CONFIG_FILE}: response_cache takes one field, enable: true or false")
+    return {} if body.get("enable") else None
+
+
 # -- sequences ----------------------------------------------------------------------------
 
 #: Triton's control kinds and servekit's names for them (``sequence.controls[].kind``).

@@ -55,7 +55,7 @@ from servekit.observability.tally import Tally
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: The per-request durations Triton reports, in its order.
-DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 #: The per-execution durations of ``batch_stats``.
 BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
 _PREFIX = "servekit_inference_"
@@ -153,6 +153,19 @@ def _record_request(req: Request, outcome: str, total: int, rows: int) -> None:
 def _record_execution(name: str, version: str, rows: int, ns: int) -> None:
     size = (name, version, str(rows))
     _tally.add([("executions", (name, version), 1), ("batch_count", size, 1), ("batch_ns", size, ns)])
+
+
+def record_cache(name: str, version: str, kind: str, ns: int) -> None:
+    """A response-cache lookup (``kind``: ``cache_hit`` or ``cache_miss``) and its nanoseconds.
+
+    A hit is a successful request that ran no model (Triton's: no inference or
+    execution counted); a miss adds its lookup and store time beside the request's own.
+    """
+    key = (name, version)
+    adds: list[tuple[str, tuple[str, ...], int]] = [("count", (*key, kind), 1), ("ns", (*key, kind), ns)]
+    if kind == "cache_hit":
+        adds += [("count", (*key, "success"), 1), ("ns", (*key, "success"), ns)]
+    _tally.add(adds, last=(key, time.time_ns() // 1_000_000) if kind == "cache_hit" else None)
 
 
 class _Tally(Tally):

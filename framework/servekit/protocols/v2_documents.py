@@ -195,11 +195,7 @@ def _model_stats(name: str, version: str, stats: statistics.ModelStats) -> dict[
         "last_inference": stats.last_inference,
         "inference_count": stats.inference_count,
         "execution_count": stats.execution_count,
-        "inference_stats": {
-            **{kind: duration(kind) for kind in statistics.DURATIONS},
-            "cache_hit": {"count": 0, "ns": 0},
-            "cache_miss": {"count": 0, "ns": 0},
-        },
+        "inference_stats": {kind: duration(kind) for kind in statistics.DURATIONS},
         "batch_stats": [_batch_stats(rows, *stats.batches[rows]) for rows in sorted(stats.batches)],
         "memory_usage": [],
     }

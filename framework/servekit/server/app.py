@@ -23,6 +23,7 @@ from servekit.control.plan import Planner
 from servekit.dataplane import traffic
 from servekit.dataplane.data_plane import DataPlane
 from servekit.dataplane.repository import ModelRepository
+from servekit.dataplane.response_cache import ResponseCache
 from servekit.errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
 from servekit.folders.layout import discover, repository_roots
 from servekit.hooks import manager as plugins
@@ -71,6 +72,9 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
         max_request_inputs=settings.max_request_inputs,
     )
     app.extensions["servekit"] = dp
+    if settings.response_cache_bytes > 0 and dp.response_cache is None:
+        dp.response_cache = ResponseCache(settings.response_cache_bytes)
+        dp.repository.on_release = dp.response_cache.forget
     app.extensions["servekit.settings"] = settings
     control = ControlPlane(
         dp.repository,

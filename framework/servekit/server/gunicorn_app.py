@@ -33,6 +33,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.errors import HaltServer
 
 from servekit import hosts
+from servekit.dataplane import shared_store
 from servekit.observability import logging as log_setup
 from servekit.observability import metrics
 from servekit.server import gunicorn_errors
@@ -239,6 +240,7 @@ def prepare_server(settings: Settings, config_folders: ConfigFolders | None = No
     :func:`servekit.control.start_owner`).
     """
     metrics.prepare_multiprocess_dir()
+    shared_store.prepare()  # the response cache and the quotas every worker shares
     log_setup.configure(settings.log_format, settings.log_level)  # this process's own lines: the control plane's
     # model hosts (servekit.hosts): one runtime folder for every worker; stopped after them
     hosts.prepare_server(settings.request_timeout, settings.placement)
@@ -261,6 +263,7 @@ def prepare_server(settings: Settings, config_folders: ConfigFolders | None = No
         close_control()
         hosts.cleanup()
         metrics.remove_multiprocess_dir()
+        shared_store.remove()
         if own_logs:
             shutil.rmtree(own_logs, ignore_errors=True)
 

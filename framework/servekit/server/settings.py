@@ -69,6 +69,10 @@ class Settings:
     model_cache_dir: str = _opt(
         "", "local cache of s3://, gs:// and https:// model paths (default ~/.cache/servekit/models)"
     )
+    response_cache_bytes: int = _opt(
+        64 * 1024 * 1024,
+        "bytes the response cache may hold, shared by every worker (models opt in with 'cache:'); 0 turns it off",
+    )
     max_batch_size: int = _opt(0, "default adaptive batch size per model; 0 disables batching")
     max_batch_time_ms: float = _opt(2.0, "default longest wait to fill a batch, in milliseconds")
     log_level: str = _opt("info", "debug, info, warning or error")
