@@ -283,6 +283,21 @@ def choice_done(
     _tally.count("prompt_tokens", model, prompt_tokens)
     _tally.count("generation_tokens", model, completion_tokens)
     _tally.count("finished", model, 1, finish_reason)
+    charged = _quota_tokens.get()
+    if charged is not None:  # the key's tokens per minute (servekit.server.quotas)
+        charged[0] += prompt_tokens + completion_tokens
+
+
+#: the tokens the HTTP request being answered in this context used, for its key's quota
+_quota_tokens: ContextVar[list[int] | None] = ContextVar("servekit_quota_tokens", default=None)
+
+
+def count_tokens() -> list[int]:
+    """Start counting the tokens of this context's generations (prompt and completion, per choice)
+    into the one-item list returned; it keeps counting while a streamed answer is read out."""
+    charged = [0]
+    _quota_tokens.set(charged)
+    return charged
 
 
 # -- a whole answer's timing, in TGI's response headers ------------------------------------------

@@ -30,7 +30,7 @@ from servekit.hooks import manager as plugins
 from servekit.protocols import generic, health, openai, retrieval, triton_generate, v1, v2
 from servekit.protocols.http import json_response
 from servekit.protocols.warmup import Warmer
-from servekit.server import fastlane, limits
+from servekit.server import fastlane, limits, quotas
 from servekit.server.auth import ApiKey
 from servekit.server.pages import openapi, status_page
 from servekit.server.settings import Settings
@@ -95,10 +95,11 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     if api_key is not None:
         app.extensions["servekit.api_key"] = api_key
         _install_api_key(app, api_key)
-    # WSGI layers, outermost first: observability, the limits, the fast lane, Flask
+    # WSGI layers, outermost first: observability, the limits, the keys' quotas, the fast lane, Flask
     if settings.fast_lane:
         fastlane.install(app, dp, api_key)
     app.wsgi_app = _Tickets(app.wsgi_app)  # type: ignore[method-assign]
+    quotas.install(app, api_key)
     limits.install(app, settings)
     observability.install(app, settings)
 

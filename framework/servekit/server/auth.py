@@ -3,9 +3,11 @@
 Keys come from three places, all at once if need be:
 
 - ``--api-key KEY``: one key with every scope (as before scopes existed);
-- ``--api-key-file FILE``: one ``SCOPES KEY`` per line, ``SCOPES`` a comma-separated
-  list of scopes (or ``*`` for all), ``KEY`` the key itself or its hash
-  ``sha256:<hex>``; ``#`` starts a comment.  The file is read again when it
+- ``--api-key-file FILE``: one ``SCOPES KEY [FIELD=VALUE ...]`` per line, ``SCOPES`` a
+  comma-separated list of scopes (or ``*`` for all), ``KEY`` the key itself or its hash
+  ``sha256:<hex>``; ``#`` starts a comment.  The optional fields name the key and bound
+  it (:mod:`servekit.server.quotas`): ``name=``, ``requests_per_minute=``,
+  ``tokens_per_minute=``, ``max_concurrent=``.  The file is read again when it
   changes (checked at most once a second), so keys rotate without a restart;
 - the environment variable ``SERVEKIT_API_KEYS``: the same lines, separated by
   newlines or ``;`` (for a secret mounted as an environment variable).
@@ -34,7 +36,9 @@ import re
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from servekit.errors import Forbidden, Unauthorized
 from servekit.routes import ADMIN_PATHS, METRICS_PATHS, OPEN_PATHS, is_open_path
@@ -56,24 +60,66 @@ def scope_of(path: str) -> str:
     return "infer"
 
 
+#: The bounds a key may carry in the key file, each a positive whole number.
+QUOTA_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+
+
+@dataclass(frozen=True)
+class Quota:
+    """What one key may use (``0``: unbounded) and the name it is counted under (never the key)."""
+
+    name: str
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    max_concurrent: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.requests_per_minute or self.tokens_per_minute or self.max_concurrent)
+
+
 def parse_keys(text: str, source: str) -> list[tuple[frozenset[str], bytes]]:
     """``SCOPES KEY`` lines as (scopes, SHA-256 digest) pairs; a bad line is a ``ValueError`` naming it."""
+    return [(scopes, digest) for scopes, digest, _ in parse_entries(text, source)]
+
+
+def parse_entries(text: str, source: str) -> list[tuple[frozenset[str], bytes, Quota]]:
+    """``SCOPES KEY [FIELD=VALUE ...]`` lines as (scopes, SHA-256 digest, quota); a bad line or field is named."""
     keys = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2:
-            raise ValueError(f"{source}, line {number}: expected 'SCOPES KEY', found {len(parts)} fields")
+        if len(parts) < 2 or any("=" in part for part in parts[:2]):
+            raise ValueError(f"{source}, line {number}: expected 'SCOPES KEY' then optional FIELD=VALUE items")
         scopes = frozenset(SCOPES) if parts[0] in ("*", "all") else frozenset(parts[0].split(","))
         unknown = scopes - set(SCOPES)
         if unknown:
             raise ValueError(f"{source}, line {number}: unknown scope(s) {', '.join(sorted(unknown))}")
         hashed = _HASHED.match(parts[1])
         digest = bytes.fromhex(hashed.group(1)) if hashed else hashlib.sha256(parts[1].encode()).digest()
-        keys.append((scopes, digest))
+        keys.append((scopes, digest, _quota(parts[2:], digest, f"{source}, line {number}")))
     return keys
+
+
+def _quota(fields: list[str], digest: bytes, where: str) -> Quota:
+    pairs = [item.partition("=") for item in fields]
+    named = [value for field, _, value in pairs if field == "name"]
+    name = named[-1] if named else "sha256:" + digest.hex()[:8]
+    if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,64}", name):
+        raise ValueError(f"{where}: name={name!r} must be 1 to 64 letters, digits or _.:@-")
+    values: dict[str, Any] = {"name": name}
+    for field, sep, value in pairs:
+        if not sep or field not in ("name", *QUOTA_FIELDS):
+            raise ValueError(
+                f"{where}, key {name!r}: unknown field {field!r}; expected name=, {'=, '.join(QUOTA_FIELDS)}="
+            )
+        if field == "name":
+            continue
+        if not value.isdigit() or int(value) <= 0:
+            raise ValueError(f"{where}, key {name!r}: {field}={value!r} must be a positive whole number")
+        values[field] = int(value)
+    return Quota(**values)
 
 
 class ApiKey:
@@ -88,10 +134,16 @@ class ApiKey:
         env_keys: str | None = None,
     ):
         self._fixed: list[tuple[frozenset[str], bytes]] = []
+        #: each key's bounds, by digest (keys without any are left out)
+        self._fixed_quotas: dict[bytes, Quota] = {}
+        self.quotas: dict[bytes, Quota] = {}
         if key:
             self._fixed.append((frozenset(SCOPES), hashlib.sha256(key.encode()).digest()))
         if env_keys:
-            self._fixed += parse_keys(env_keys.replace(";", "\n"), ENV_KEYS)
+            entries = parse_entries(env_keys.replace(";", "\n"), ENV_KEYS)
+            self._fixed += [(scopes, digest) for scopes, digest, _ in entries]
+            self._fixed_quotas = {digest: quota for _, digest, quota in entries if quota}
+            self.quotas = dict(self._fixed_quotas)
         self.key_file = Path(key_file) if key_file else None
         self._file_keys: list[tuple[frozenset[str], bytes]] = []
         self._stamp: tuple[int, int] | None = None
@@ -129,6 +181,21 @@ class ApiKey:
             raise Unauthorized(f"missing or wrong API key; {how}")
         if scope not in scopes:
             raise Forbidden(f"this API key lacks the '{scope}' scope")
+
+    def quota_of(self, authorization: str | None) -> Quota | None:
+        """The bounds of the key in an ``Authorization`` value, ``None`` for a key without any (or no key)."""
+        self._refresh()
+        if not self.quotas:
+            return None
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        found = None
+        for stored, quota in self.quotas.items():  # every entry, no early exit
+            if hmac.compare_digest(digest, stored):
+                found = quota
+        return found
 
     def scopes_of(self, authorization: str | None) -> frozenset[str] | None:
         """The scopes of the key in an ``Authorization`` value (``Bearer KEY``), ``None`` if unknown."""
@@ -176,6 +243,7 @@ class ApiKey:
     def _read_file(self) -> list[tuple[frozenset[str], bytes]]:
         assert self.key_file is not None
         st = self.key_file.stat()
-        keys = parse_keys(self.key_file.read_text(), str(self.key_file))
+        entries = parse_entries(self.key_file.read_text(), str(self.key_file))
         self._stamp = (st.st_mtime_ns, st.st_size)
-        return keys
+        self.quotas = {**self._fixed_quotas, **{digest: quota for _, digest, quota in entries if quota}}
+        return [(scopes, digest) for scopes, digest, _ in entries]
