@@ -1,7 +1,7 @@
 """The response cache in one process: its settings, LRU in bytes, and a replaced version's entries.
 
 The cache shared by two workers is shown through a real server in
-``tests/e2e/test_response_cache.py``.
+``tests/e2e/test_response_cache_workers.py``.
 """
 
 from __future__ import annotations
