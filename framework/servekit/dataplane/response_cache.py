@@ -42,7 +42,10 @@ CREATE TABLE IF NOT EXISTS entries (
     size INTEGER NOT NULL, used INTEGER NOT NULL, value BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS entries_used ON entries (used);
 CREATE INDEX IF NOT EXISTS entries_model ON entries (model, used);
+CREATE TABLE IF NOT EXISTS totals (scope TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
 """
+#: the ``totals`` row of the whole cache (each model's is its name)
+_ALL = "\0all"
 
 _MISSING = object()
 
@@ -95,8 +98,7 @@ class ResponseCache:
         row = conn.execute("SELECT value FROM entries WHERE key = ?", (key,)).fetchone()
         if row is None:
             return _MISSING, time.perf_counter_ns() - began
-        with self.store.transaction() as tx:
-            tx.execute("UPDATE entries SET used = ? WHERE key = ?", (time.time_ns(), key))
+        conn.execute("UPDATE entries SET used = ? WHERE key = ?", (time.time_ns(), key))  # one statement: atomic
         value = pickle.loads(row[0])
         statistics.record_cache(mv.name, str(mv.version), "cache_hit", time.perf_counter_ns() - began)
         return value, 0
@@ -117,26 +119,34 @@ class ResponseCache:
         if getattr(mv.config, "cache", None) is None:
             return
         with self.store.transaction() as tx:
-            tx.execute(
-                "DELETE FROM entries WHERE model = ? AND version = ? AND load = ?",
+            doomed = tx.execute(
+                "SELECT key, model, size FROM entries WHERE model = ? AND version = ? AND load = ?",
                 (mv.name, str(mv.version), load_of(mv)),
-            )
+            ).fetchall()
+            _delete(tx, doomed)
 
     def _insert(self, mv: Any, key: bytes, blob: bytes, model_limit: int) -> None:
         with self.store.transaction() as tx:
+            _delete(tx, tx.execute("SELECT key, model, size FROM entries WHERE key = ?", (key,)).fetchall())
             tx.execute(
-                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (key, mv.name, str(mv.version), load_of(mv), len(blob), time.time_ns(), blob),
             )
-            _evict(tx, "WHERE model = ?", (mv.name,), model_limit)
-            _evict(tx, "", (), self.max_bytes)
+            for scope in (mv.name, _ALL):
+                tx.execute(
+                    "INSERT INTO totals VALUES (?, ?) ON CONFLICT (scope) DO UPDATE SET bytes = bytes + excluded.bytes",
+                    (scope, len(blob)),
+                )
+            _evict(tx, mv.name, model_limit)
+            _evict(tx, _ALL, self.max_bytes)
 
     # -- reading -------------------------------------------------------------------------------------
 
     def usage(self) -> tuple[int, int]:
         """Entries and bytes held now, server-wide."""
-        row = self.store.connection().execute("SELECT count(*), coalesce(sum(size), 0) FROM entries").fetchone()
-        return int(row[0]), int(row[1])
+        conn = self.store.connection()
+        count = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+        return int(count), _total(conn, _ALL)
 
 
 def missing(value: Any) -> bool:
@@ -155,19 +165,31 @@ def _model_bytes(mv: Any, server_bytes: int) -> int:
     return min(own, server_bytes) if own else server_bytes
 
 
-def _evict(tx: Any, where: str, args: tuple[Any, ...], limit: int) -> None:
-    """Drop the least recently used entries (of ``where``) until they fit in ``limit`` bytes."""
-    total = tx.execute(f"SELECT coalesce(sum(size), 0) FROM entries {where}", args).fetchone()[0]
+def _total(tx: Any, scope: str) -> int:
+    row = tx.execute("SELECT bytes FROM totals WHERE scope = ?", (scope,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _delete(tx: Any, rows: list[tuple[bytes, str, int]]) -> None:
+    """Delete entries given as ``(key, model, size)``, keeping the totals."""
+    for key, model, size in rows:
+        tx.execute("DELETE FROM entries WHERE key = ?", (key,))
+        tx.execute("UPDATE totals SET bytes = bytes - ? WHERE scope IN (?, ?)", (size, model, _ALL))
+
+
+def _evict(tx: Any, scope: str, limit: int) -> None:
+    """Drop the least recently used entries (of a model, or of all) until they fit in ``limit`` bytes."""
+    total = _total(tx, scope)
     if total <= limit:
         return
-    rows = tx.execute(f"SELECT key, size FROM entries {where} ORDER BY used", args).fetchall()
+    where, args = ("", ()) if scope == _ALL else ("WHERE model = ?", (scope,))
     doomed = []
-    for key, size in rows:
+    for key, model, size in tx.execute(f"SELECT key, model, size FROM entries {where} ORDER BY used", args):
         if total <= limit:
             break
-        doomed.append((key,))
+        doomed.append((key, model, size))
         total -= size
-    tx.executemany("DELETE FROM entries WHERE key = ?", doomed)
+    _delete(tx, doomed)
 
 
 def _plain(value: Any) -> bool:

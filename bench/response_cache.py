@@ -1,0 +1,83 @@
+"""The response cache on the 100-tree forest: a hit, a cache-enabled miss and no cache, side by side.
+
+    python bench/response_cache.py [REQUESTS] [ROWS]
+
+Fits bench/models.py's ``rf`` (a 100-tree RandomForest on 20 features), serves it
+twice from one two-worker ``servekit serve`` (``rf`` without a cache, ``rf_cached``
+with ``cache: true``), and times V2 JSON requests of ROWS rows (default 100) end to end from one
+kept-alive client, interleaved so that drift in the machine's load touches all
+three alike: for each new request, ``rf`` (no cache), ``rf_cached`` (a miss: the rows
+are new) and ``rf_cached`` again (a hit).  Prints one JSON line: the median and
+mean milliseconds of each, the hit's speed-up over a miss and the miss's cost
+over no cache.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import joblib
+import numpy as np
+import requests
+from servekit.testing import ServerProcess
+from sklearn.ensemble import RandomForestClassifier
+
+
+def fit(base: Path) -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 20))
+    y = (X[:, :5].sum(axis=1) > 0).astype(int) + (X[:, 5] > 1).astype(int)
+    forest = RandomForestClassifier(n_estimators=100, random_state=0).fit(X, y)
+    for name, settings in (("rf", ""), ("rf_cached", "cache: true\n")):
+        (base / name / "1").mkdir(parents=True)
+        joblib.dump(forest, base / name / "1" / "model.joblib")
+        if settings:
+            (base / name / "servekit.yaml").write_text(settings)
+
+
+def timed(session: requests.Session, url: str, body: bytes) -> tuple[float, bytes]:
+    began = time.perf_counter()
+    answer = session.post(url, data=body, headers={"Content-Type": "application/json"})
+    spent = time.perf_counter() - began
+    answer.raise_for_status()
+    return spent * 1000, answer.content
+
+
+def main(count: int, rows: int) -> dict[str, object]:
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory() as folder:
+        base = Path(folder)
+        fit(base)
+        with ServerProcess(base, workers=2) as server, requests.Session() as session:
+            times: dict[str, list[float]] = {"no_cache": [], "miss": [], "hit": []}
+            for i in range(count + 20):  # the first 20 warm up
+                data = rng.normal(size=(rows, 20)).round(6).tolist()
+                body = json.dumps(
+                    {"inputs": [{"name": "input-0", "shape": [rows, 20], "datatype": "FP64", "data": data}]}
+                ).encode()
+                plain, computed = timed(session, f"{server.url}/v2/models/rf/infer", body)
+                miss, missed = timed(session, f"{server.url}/v2/models/rf_cached/infer", body)
+                hit, cached = timed(session, f"{server.url}/v2/models/rf_cached/infer", body)
+                assert cached == missed and json.loads(cached)["outputs"] == json.loads(computed)["outputs"]
+                if i >= 20:
+                    times["no_cache"].append(plain)
+                    times["miss"].append(miss)
+                    times["hit"].append(hit)
+    result: dict[str, object] = {"requests": count, "rows": rows}
+    for kind, values in times.items():
+        result[f"{kind}_median_ms"] = round(statistics.median(values), 3)
+        result[f"{kind}_mean_ms"] = round(statistics.fmean(values), 3)
+    miss_median, hit_median = statistics.median(times["miss"]), statistics.median(times["hit"])
+    result["hit_speedup"] = round(miss_median / hit_median, 2)
+    result["miss_overhead_pct"] = round(100 * (miss_median / statistics.median(times["no_cache"]) - 1), 2)
+    return result
+
+
+if __name__ == "__main__":
+    arguments = [int(a) for a in sys.argv[1:3]]
+    print(json.dumps(main(*arguments, *[300, 100][len(arguments) :])))
