@@ -329,6 +329,11 @@ def _validate(settings: Settings) -> None:
         raise ValueError(
             f"--grpc-threads: expected 0 (as --threads) or a positive number, found {settings.grpc_threads}"
         )
+    if settings.response_cache_bytes < 0:
+        raise ValueError(
+            f"--response-cache-bytes: expected a number of bytes (0 turns the cache off), found {settings.response_cache_bytes}"
+        )
+    _check_key_file(settings.api_key_file)
     from servekit.server.tls import files_of
 
     files_of(settings, "grpc")  # a cert without its key, an unreadable file
@@ -339,6 +344,19 @@ def _validate(settings: Settings) -> None:
             f"--ports-after-load: the {settings.server} server binds its HTTP port before its worker loads; "
             "use --server gunicorn (or --grpc-after-load for the gRPC port only)"
         )
+
+
+def _check_key_file(path: str) -> None:
+    """A key file's bad line or bound, named before any worker starts (a missing file is the app's to report)."""
+    if not path or not os.path.isfile(path):
+        return
+    from servekit.server.auth import parse_entries
+
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--api-key-file: cannot read {path}: {exc}") from None
+    parse_entries(text, f"--api-key-file {path}")
 
 
 def channel_arguments(text: str) -> list[tuple[str, Any]]:
