@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import pickle
+import sqlite3
 import time
 from typing import Any
 
@@ -32,6 +34,8 @@ import numpy as np
 
 from servekit.dataplane.shared_store import Store
 from servekit.observability import statistics
+
+log = logging.getLogger("servekit.cache")
 
 #: The server-wide bound when the server sets none (Triton needs one set; servekit picks one).
 DEFAULT_BYTES = 64 * 1024 * 1024
@@ -94,11 +98,16 @@ class ResponseCache:
     def get(self, mv: Any, key: bytes) -> tuple[Any, int]:
         """``(answer, 0)`` on a hit (counted); on a miss a :func:`missing` value and the lookup's nanoseconds."""
         began = time.perf_counter_ns()
-        conn = self.store.connection()
-        row = conn.execute("SELECT value FROM entries WHERE key = ?", (key,)).fetchone()
+        try:
+            conn = self.store.connection()
+            row = conn.execute("SELECT value FROM entries WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                conn.execute("UPDATE entries SET used = ? WHERE key = ?", (time.time_ns(), key))  # one statement
+        except sqlite3.Error as exc:  # the cache is an aid: a request it cannot serve is computed
+            log.warning("response cache not read: %s", exc)
+            row = None
         if row is None:
             return _MISSING, time.perf_counter_ns() - began
-        conn.execute("UPDATE entries SET used = ? WHERE key = ?", (time.time_ns(), key))  # one statement: atomic
         value = pickle.loads(row[0])
         statistics.record_cache(mv.name, str(mv.version), "cache_hit", time.perf_counter_ns() - began)
         return value, 0
@@ -110,7 +119,10 @@ class ResponseCache:
             blob = pickle.dumps(value, protocol=5)
             limit = _model_bytes(mv, self.max_bytes)
             if len(blob) <= limit:
-                self._insert(mv, key, blob, limit)
+                try:
+                    self._insert(mv, key, blob, limit)
+                except sqlite3.Error as exc:
+                    log.warning("response cache not written: %s", exc)
         spent = looked_up_ns + time.perf_counter_ns() - began
         statistics.record_cache(mv.name, str(mv.version), "cache_miss", spent)
 

@@ -63,11 +63,11 @@ class Store:
         """This thread's connection (a forked child opens its own)."""
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=OFF")
-            conn.executescript(self.schema)
-            local.conn, local.pid = conn, os.getpid()
+            made = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            made.execute("PRAGMA journal_mode=WAL")
+            made.execute("PRAGMA synchronous=OFF")
+            made.executescript(self.schema)
+            local.conn, local.pid = made, os.getpid()
         conn: sqlite3.Connection = local.conn
         return conn
 

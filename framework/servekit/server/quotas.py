@@ -202,7 +202,7 @@ class QuotaMiddleware:
         if not is_open_path(path, self.api_key.open_paths):
             quota = self.api_key.quota_of(environ.get("HTTP_AUTHORIZATION"))
         if quota is None:
-            return self.app(environ, start_response)  # type: ignore[no-any-return]
+            return self.app(environ, start_response)
         openai = is_openai_path(path)
         row, exhausted, standing = self.quotas.admit(quota)
         headers = standing.headers(openai)
