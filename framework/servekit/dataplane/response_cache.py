@@ -139,11 +139,12 @@ class ResponseCache:
 
     def _insert(self, mv: Any, key: bytes, blob: bytes, model_limit: int) -> None:
         with self.store.transaction() as tx:
-            _delete(tx, tx.execute("SELECT key, model, size FROM entries WHERE key = ?", (key,)).fetchall())
-            tx.execute(
-                "INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)",
+            added = tx.execute(  # the same key is the same answer: one stored by another worker stays
+                "INSERT OR IGNORE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (key, mv.name, str(mv.version), load_of(mv), len(blob), time.time_ns(), blob),
-            )
+            ).rowcount
+            if not added:
+                return
             for scope in (mv.name, _ALL):
                 tx.execute(
                     "INSERT INTO totals VALUES (?, ?) ON CONFLICT (scope) DO UPDATE SET bytes = bytes + excluded.bytes",
