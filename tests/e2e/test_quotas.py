@@ -7,10 +7,13 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import requests
 from generative_models import ECHO_MODEL_PY
 from grpc_support import ECHO_MODEL
+from servekit.protocols.grpc.protos.inference import grpc_service_pb2 as v2
+from servekit.protocols.grpc.protos.inference import grpc_service_pb2_grpc as v2_grpc
 from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -20,6 +23,7 @@ KEYS = """
 infer  fifty-secret  name=fifty requests_per_minute=50
 infer  tokens-secret  name=few-tokens tokens_per_minute=10
 infer  plain-secret
+infer  grpc-secret  name=grpc-two requests_per_minute=2
 """
 
 
@@ -32,7 +36,7 @@ def server(tmp_path_factory):
     (base / "chat" / "1" / "model.py").write_text(ECHO_MODEL_PY)
     key_file = base.parent / "keys.txt"
     key_file.write_text(KEYS)
-    with ServerProcess(base, workers=2, api_key_file=str(key_file)) as server:
+    with ServerProcess(base, workers=2, grpc_port="auto", api_key_file=str(key_file)) as server:
         yield server
 
 
@@ -98,6 +102,26 @@ def test_tokens_per_minute_on_openai_routes_with_openais_headers(server):
     assert re.fullmatch(r"\d+s|\d+m\d+s", refused.headers["x-ratelimit-reset-tokens"])
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     assert refused.headers["RateLimit-Policy"] == '"tokens";q=10;w=60'
+
+
+def test_grpc_calls_are_held_by_the_same_bounds(server):
+    request = v2.ModelInferRequest(model_name="echo")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1])
+    tensor.contents.fp32_contents.append(1.0)
+    metadata = [("authorization", "Bearer grpc-secret")]
+    outcomes = []
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = v2_grpc.GRPCInferenceServiceStub(channel)
+        for _ in range(3):
+            try:
+                stub.ModelInfer(request, metadata=metadata, timeout=30)
+                outcomes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                outcomes.append(exc.code())
+                trailers = dict(exc.trailing_metadata() or ())
+                assert 1 <= int(trailers["retry-after"]) <= 60
+                assert "grpc-two" in exc.details()
+    assert outcomes == [grpc.StatusCode.OK, grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED]
 
 
 def test_a_bad_bound_in_the_key_file_stops_the_start_naming_key_and_field(tmp_path):

@@ -26,11 +26,11 @@ import grpc
 
 from servekit.dataplane.data_plane import DataPlane
 from servekit.errors import ServekitError
-from servekit.observability import tracing
+from servekit.observability import generation_metrics, tracing
 from servekit.protocols.grpc import dispatch, shared_memory, tf_serving, v2
 from servekit.protocols.grpc.tracing import TracingInterceptor
-from servekit.server import tls
-from servekit.server.auth import ApiKey
+from servekit.server import quotas, tls
+from servekit.server.auth import ApiKey, Quota
 from servekit.server.settings import Settings, channel_arguments
 
 log = logging.getLogger("servekit.grpc")
@@ -161,6 +161,7 @@ class ApiKeyInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, keys: ApiKey | str):
         self.keys = keys if isinstance(keys, ApiKey) else ApiKey(keys)
+        self._quotas: quotas.Quotas | None = None  # made on the first call of a bounded key
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -173,7 +174,54 @@ class ApiKeyInterceptor(grpc.ServerInterceptor):
             )
         except ServekitError as refused:
             return _refusal(handler, getattr(grpc.StatusCode, refused.grpc_code), refused.message)
-        return handler
+        quota = self.keys.quota_of(str(given))
+        if quota is None:
+            return handler
+        if self._quotas is None:
+            self._quotas = quotas.Quotas()
+        return _bounded(handler, self._quotas, quota)
+
+
+def _bounded(handler: grpc.RpcMethodHandler, counts: quotas.Quotas, quota: Quota) -> grpc.RpcMethodHandler:
+    """``handler`` held by a key's quota: admitted or refused ``RESOURCE_EXHAUSTED``; its place freed at its end."""
+
+    def admit(context: grpc.ServicerContext) -> tuple[int, list[int]]:
+        row, exhausted, standing = counts.admit(quota)
+        if row is None:
+            error, seconds = quotas.refusal(quota, exhausted, standing)
+            context.set_trailing_metadata((("retry-after", str(seconds)),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error.message)
+        quotas.admitted(quota)
+        return row, generation_metrics.count_tokens()
+
+    def whole(behavior: Any) -> Any:
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            row, charged = admit(context)
+            try:
+                return behavior(request, context)
+            finally:
+                quotas.charge(counts, quota, row, charged)
+
+        return call
+
+    def streamed(behavior: Any) -> Any:
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            row, charged = admit(context)
+            try:
+                yield from behavior(request, context)
+            finally:
+                quotas.charge(counts, quota, row, charged)
+
+        return call
+
+    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(streamed(handler.stream_stream), **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(whole(handler.stream_unary), **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(streamed(handler.unary_stream), **kwargs)
+    return grpc.unary_unary_rpc_method_handler(whole(handler.unary_unary), **kwargs)
 
 
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:

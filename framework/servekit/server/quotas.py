@@ -18,7 +18,9 @@ transaction, so a bound holds exactly however the workers share the requests.
 Every answer to a bounded key carries the IETF draft's ``RateLimit-Policy`` and
 ``RateLimit`` headers (draft-ietf-httpapi-ratelimit-headers), and on OpenAI's
 routes OpenAI's ``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests``,
-``x-ratelimit-reset-requests`` and their ``-tokens`` twins.  ``/metrics`` counts
+``x-ratelimit-reset-requests`` and their ``-tokens`` twins.  gRPC calls are held by
+the same bounds (``servekit.server.grpc_server``): ``RESOURCE_EXHAUSTED`` with a
+``retry-after`` trailer.  ``/metrics`` counts
 ``servekit_quota_requests_total{key,outcome}`` and ``servekit_quota_tokens_total{key}``
 under the key's ``name=`` (or ``sha256:`` and 8 hex digits of its hash), never the key.
 """
@@ -166,6 +168,19 @@ _WHY = {
 }
 
 
+def refusal(quota: Quota, exhausted: str, standing: Standing) -> tuple[TooManyRequests, int]:
+    """The 429 for a request refused by ``exhausted`` (counted), and its ``Retry-After`` seconds."""
+    _metrics().requests.labels(quota.name, "limited_" + exhausted).inc()
+    retry = standing.requests_reset if exhausted == "requests" else standing.tokens_reset
+    error = TooManyRequests(f"API key {quota.name!r} is over its {_WHY[exhausted]}; retry later")
+    return error, max(1, math.ceil(retry)) if exhausted != "concurrency" else 1
+
+
+def admitted(quota: Quota) -> None:
+    """Count an admitted request of ``quota``'s key (an HTTP request, a gRPC call)."""
+    _metrics().requests.labels(quota.name, "admitted").inc()
+
+
 class _Counters:
     def __init__(self) -> None:
         from prometheus_client import Counter
@@ -206,14 +221,10 @@ class QuotaMiddleware:
         openai = is_openai_path(path)
         row, exhausted, standing = self.quotas.admit(quota)
         headers = standing.headers(openai)
-        counters = _metrics()
         if row is None:
-            counters.requests.labels(quota.name, "limited_" + exhausted).inc()
-            retry = standing.requests_reset if exhausted == "requests" else standing.tokens_reset
-            error = TooManyRequests(f"API key {quota.name!r} is over its {_WHY[exhausted]}; retry later")
-            seconds = max(1, math.ceil(retry)) if exhausted != "concurrency" else 1
+            error, seconds = refusal(quota, exhausted, standing)
             return error_response(start_response, error, path, [("Retry-After", str(seconds)), *headers])
-        counters.requests.labels(quota.name, "admitted").inc()
+        admitted(quota)
         charged = generation_metrics.count_tokens()
 
         def start(status: str, response_headers: list, exc_info: Any = None) -> Any:
@@ -230,10 +241,15 @@ class QuotaMiddleware:
         return _Finishing(body, lambda: self._charge(quota, row, charged))
 
     def _charge(self, quota: Quota, row: int | None, charged: list[int]) -> None:
-        tokens, charged[0] = charged[0], 0
-        self.quotas.done(quota, row, tokens)
-        if tokens:
-            _metrics().tokens.labels(quota.name).inc(tokens)
+        charge(self.quotas, quota, row, charged)
+
+
+def charge(quotas: Quotas, quota: Quota, row: int | None, charged: list[int]) -> None:
+    """Count the tokens used so far (``charged``, then zeroed); with ``row``, the request ends."""
+    tokens, charged[0] = charged[0], 0
+    quotas.done(quota, row, tokens)
+    if tokens:
+        _metrics().tokens.labels(quota.name).inc(tokens)
 
 
 class _Finishing:
