@@ -191,6 +191,7 @@ def _bounded(handler: grpc.RpcMethodHandler, counts: quotas.Quotas, quota: Quota
             error, seconds = quotas.refusal(quota, exhausted, standing)
             context.set_trailing_metadata((("retry-after", str(seconds)),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error.message)
+            raise AssertionError("unreachable: abort raises")
         quotas.admitted(quota)
         return row, generation_metrics.count_tokens()
 
