@@ -11,8 +11,8 @@ from servekit.server.quotas import Quotas
 
 
 def test_old_key_files_stay_valid_and_bounds_are_read():
-    text = "infer,metrics abc\n* def name=batch requests_per_minute=50 tokens_per_minute=1000 max_concurrent=2\n"
-    assert len(parse_keys(text, "f")) == 2
+    text = "infer,metrics abc==\n* def name=batch requests_per_minute=50 tokens_per_minute=1000 max_concurrent=2\n"
+    assert len(parse_keys(text, "f")) == 2  # a key may end in '=' (base64), as before
     (_, _, plain), (_, _, bounded) = parse_entries(text, "f")
     assert not plain
     assert plain.name.startswith("sha256:") and "abc" not in plain.name

@@ -90,7 +90,7 @@ def parse_entries(text: str, source: str) -> list[tuple[frozenset[str], bytes, Q
         if not line:
             continue
         parts = line.split()
-        if len(parts) < 2 or any("=" in part for part in parts[:2]):
+        if len(parts) < 2:  # a key may hold '=' (base64): only what follows it are fields
             raise ValueError(f"{source}, line {number}: expected 'SCOPES KEY' then optional FIELD=VALUE items")
         scopes = frozenset(SCOPES) if parts[0] in ("*", "all") else frozenset(parts[0].split(","))
         unknown = scopes - set(SCOPES)
