@@ -46,6 +46,16 @@ LONG_POLES = (
     "tests/observability/test_generation_signals.py",  # 60 s: a real Prometheus over two placements
     "tests/storage/test_storage.py",  # 56 s
     "tests/scaffold/test_fresh_install.py",  # 55 s: fresh virtualenvs run the docs' commands
+    # then the middle-sized ones (30-60 s), so that the run's last minutes hold only short modules
+    "tests/test_docs_examples.py",  # a server with TensorFlow, torch and the RAG stack; a program per example
+    "tests/scaffold/test_templates.py",
+    "tests/scaffold/test_scaffold_plugin.py",
+    "tests/scaffold/test_build_options.py",
+    "tests/e2e/test_openai_client.py",
+    "plugins/servekit_mlflow/tests/test_mlflow_registry.py",
+    "tests/e2e/test_faults.py",
+    "plugins/servekit_tensorflow/tests/test_tflite.py",
+    "tests/test_typecheck.py",  # mypy, cold in a fresh clone
 )
 
 
