@@ -70,7 +70,10 @@ fi
 # (SERVEKIT_TEST_WORKERS to choose): many tests wait for a server to start, and the spare worker
 # fills those waits (on 2 CPUs the whole suite took 12:04 with 2 workers, 11:11 with 3).
 set +e
-python -m pytest -n "${SERVEKIT_TEST_WORKERS:-$(($(nproc) + 1))}" --dist loadfile "$@"
+# --no-loadscope-reorder: xdist would otherwise hand out the modules with the most tests first,
+# overriding the long-modules-first order of tests/support/lanes.py (the fuzz test then started
+# ten minutes in and was the run's last two minutes alone).
+python -m pytest -n "${SERVEKIT_TEST_WORKERS:-$(($(nproc) + 1))}" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 python -m pytest --alone "$@"
 alone=$?
