@@ -47,6 +47,18 @@ def first_load_finished(server: ServerProcess) -> bool:
     return True
 
 
+def settled_readiness(url: str) -> requests.Response:
+    """``/v2/health/ready`` once the first load as a whole is done: the status API shows every
+    load's end a moment before that, and until then the reason says the models are loading."""
+
+    def settled():
+        answer = requests.get(url + "/v2/health/ready", timeout=10)
+        return None if "loading" in answer.text else [answer]  # (a 503 response is falsy)
+
+    (answer,) = wait_for(settled)
+    return answer
+
+
 def start(repo: Path, **settings) -> ServerProcess:
     server = ServerProcess(repo, workers=1, threads=4, **settings).start(wait=False)
     wait_for(lambda: first_load_finished(server))
@@ -78,14 +90,7 @@ def strict_server(repo):
 @pytest.mark.slow
 def test_strict_readiness_keeps_a_server_with_a_failed_model_out_of_rotation(strict_server):
     url = strict_server.url
-
-    # the status API shows every load's end a moment before the first load as a whole is done
-    # (and the gRPC port open): until then the reason says so
-    def settled():
-        answer = requests.get(url + "/v2/health/ready", timeout=10)
-        return None if "loading" in answer.text else [answer]  # (a 503 response is falsy)
-
-    (r,) = wait_for(settled)
+    r = settled_readiness(url)
     assert r.status_code == 503, r.text
     assert r.json()["ready"] is False and all(name in r.json()["reason"] for name in BROKEN), r.text
     assert requests.get(url + "/v2/health/live", timeout=10).status_code == 200
@@ -102,7 +107,7 @@ def test_strict_readiness_keeps_a_server_with_a_failed_model_out_of_rotation(str
 def test_no_strict_readiness_serves_the_good_model_while_four_of_five_failed(repo):
     server = start(repo, strict_readiness=False)
     try:
-        r = requests.get(server.url + "/v2/health/ready", timeout=10)
+        r = settled_readiness(server.url)
         assert r.status_code == 200 and r.json() == {"ready": True}
         assert requests.get(server.url + "/v2/models/broken0/ready", timeout=10).status_code == 503
     finally:
