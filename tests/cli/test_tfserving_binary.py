@@ -13,6 +13,7 @@ does, and check the answers as its ``VerifyPredictRequest`` does: the output in
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 import urllib.request
@@ -27,9 +28,10 @@ TWO_VERSIONS = TF_DATA / "saved_model_half_plus_two_2_versions"
 HALF_PLUS_THREE = TF_DATA / "saved_model_half_plus_three"
 
 
-tf = pytest.importorskip("tensorflow")
-grpc = pytest.importorskip("grpc")
-from tensorflow.core.framework import types_pb2
+# TensorFlow is imported by the tests that use it, not when the module is collected (seconds, in
+# every worker of a parallel run)
+if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("grpc") is None:
+    pytest.skip("TensorFlow and grpcio are needed", allow_module_level=True)
 from tfserving_binary import TFServing, predict
 
 
@@ -66,6 +68,8 @@ def single_model(tmp_path_factory):
 def test_predict_answers_in_float_val(single_model, output_filter):
     result = predict(f"localhost:{single_model.port}", output_filter=output_filter)
     assert "y" in result.outputs
+    from tensorflow.core.framework import types_pb2
+
     assert result.outputs["y"].dtype == types_pb2.DT_FLOAT
     assert len(result.outputs["y"].float_val) == 1 and result.outputs["y"].float_val[0] == 3.0
     assert not result.outputs["y"].tensor_content
@@ -123,6 +127,8 @@ model_config_list: {{
 def test_model_config_file_serves_each_model_with_its_policy_and_labels(config_file_server):
     address = f"localhost:{config_file_server.port}"
     three = predict(address, "half_plus_three")
+    import tensorflow as tf
+
     assert tf.make_ndarray(three.outputs["y"]).tolist() == [4.0]  # 0.5 * 2 + 3
     latest = predict(address, "half_plus_two")
     assert latest.model_spec.version.value == 124

@@ -12,6 +12,7 @@ a connection before its load answered LOADING.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -27,9 +28,10 @@ from servekit.testing import free_port
 pytestmark = pytest.mark.slow  # starts servers
 
 grpc = pytest.importorskip("grpc")
-pytest.importorskip("tensorflow")
-from tensorflow.core.framework import types_pb2
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+# TensorFlow's protos are imported where a request is made: importing them imports TensorFlow
+# (seconds), and a parallel run collects every module in every worker
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("TensorFlow is not installed", allow_module_level=True)
 from tfserving_binary import binary
 
 LOAD_SECONDS = 6
@@ -90,6 +92,9 @@ class Probe:
                 self.answers[kind] += 1
 
     def grpc(self) -> None:
+        from tensorflow.core.framework import types_pb2
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "slow"
         request.inputs["x"].dtype = types_pb2.DT_FLOAT

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from lazy_modules import lazy_module
 from servekit.codecs import tensor_proto
 from servekit.errors import BadRequest
 from servekit.protocols.grpc.protos.tensorflow.core.framework import tensor_pb2
 
 # needs torch or TensorFlow (or TF Serving's protos, which import TensorFlow): out of the quick lane
 pytestmark = pytest.mark.slow
-tf = pytest.importorskip("tensorflow")
+tf = lazy_module("tensorflow")  # imported by the first test that uses it, not at collection
 ml_dtypes = pytest.importorskip("ml_dtypes")
-from tensorflow.core.framework import tensor_pb2 as tf_tensor_pb2
+tf_tensor_pb2 = lazy_module("tensorflow.core.framework.tensor_pb2")
 
 DTYPES = [
     np.float32,

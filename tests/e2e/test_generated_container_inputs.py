@@ -1,7 +1,8 @@
 """What a client's wrong values get from every framework's generated container: a 400, never the model's 500.
 
-Each framework ``servekit new`` offers is baked once, trained with its own
-``train.py`` and served, all of them by one server (V1, V2 over HTTP, V2 over
+Each framework ``servekit new`` offers is baked once, trained by its own tests
+(``tests/support/generated_projects.py``: the projects ``tests/scaffold/test_scaffold.py``
+checks) and served, all of them by one server (V1, V2 over HTTP, V2 over
 gRPC).  A row with NaN, ±Infinity, a string where a number is declared, a
 nested list where a scalar is, a boolean or a null answers 400 with an error
 message on every wire, while the same row with good values answers 200.  The
@@ -11,13 +12,12 @@ text classifier (huggingface) gets the same values where it takes text.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
+from generated_projects import NEEDS, generated
 from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow  # bakes projects, trains their models and starts a server
@@ -25,17 +25,6 @@ pytestmark = pytest.mark.slow  # bakes projects, trains their models and starts 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException
 
-#: the libraries each framework's train.py and model need
-NEEDS = {
-    "sklearn": ["sklearn", "joblib"],
-    "xgboost": ["xgboost", "sklearn"],
-    "lightgbm": ["lightgbm", "sklearn"],
-    "onnx": ["onnxruntime", "skl2onnx"],
-    "torch": ["torch"],
-    "tensorflow": ["tensorflow"],
-    "huggingface": ["transformers", "torch"],
-    "custom": [],
-}
 FRAMEWORKS = [f for f, modules in NEEDS.items() if all(importlib.util.find_spec(m) for m in modules)]
 #: models that read NaN as a missing value: their plugin declares it (allow_nan), so NaN answers
 NAN_IS_MISSING = {"xgboost", "lightgbm"}
@@ -53,21 +42,11 @@ BAD = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    # the projects tests/scaffold/test_scaffold.py checks, baked and trained once per run; served
+    # under the framework's name
     base = tmp_path_factory.mktemp("generated")
     for framework in FRAMEWORKS:
-        args = [sys.executable, "-m", "servekit", "new", "--no-input", "--output-dir", str(base)]
-        args += ["--set", f"framework={framework}", "--set", f"project_name={framework}"]
-        made = subprocess.run(args, capture_output=True, text=True, timeout=300)
-        assert made.returncode == 0, made.stdout + made.stderr
-    training = {
-        f: subprocess.Popen(
-            [sys.executable, "train.py"], cwd=base / f, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        for f in FRAMEWORKS
-    }
-    for framework, process in training.items():
-        out, _ = process.communicate(timeout=600)
-        assert process.returncode == 0, f"{framework}: {out[-3000:]}"
+        (base / framework).symlink_to(generated(tmp_path_factory, framework).folder, target_is_directory=True)
     with ServerProcess(base, grpc_port="auto", workers=1, threads=4) as running:
         yield running
 

@@ -10,6 +10,8 @@ the prompt scored in the prefill pass.  Model: the tiny GPT-2 (random weights).
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import yaml
 from generative_models import build_tiny_gpt2
@@ -17,8 +19,10 @@ from repo_paths import DATA
 
 pytestmark = pytest.mark.slow  # starts a real server, imports torch
 
-lm_eval = pytest.importorskip("lm_eval")
-pytest.importorskip("accelerate")  # the hf backend's
+# lm_eval (and accelerate, the hf backend's) are imported where used: their import takes seconds,
+# and a parallel run collects every module in every worker
+if importlib.util.find_spec("lm_eval") is None or importlib.util.find_spec("accelerate") is None:
+    pytest.skip("lm-eval and accelerate are needed", allow_module_level=True)
 
 TASK_FOLDER = DATA / "lm_eval"
 
@@ -33,6 +37,8 @@ def task(tmp_path_factory):
 
 def per_item(model: str, model_args: dict, task: dict) -> list[list[float]]:
     """Each item's log-likelihood of each choice, as the harness logged them."""
+    import lm_eval
+
     out = lm_eval.simple_evaluate(
         model=model, model_args=model_args, tasks=[dict(task)], log_samples=True, bootstrap_iters=0
     )

@@ -11,6 +11,8 @@ folder, and ``ECHO_MODEL_PY``, a model.py with no tokenizer that cannot score a 
 
 from __future__ import annotations
 
+import importlib.util
+
 import httpx
 import pytest
 from generative_models import ECHO_MODEL_PY, build_tiny_gpt2, write_model
@@ -18,8 +20,9 @@ from generative_models import ECHO_MODEL_PY, build_tiny_gpt2, write_model
 pytestmark = pytest.mark.slow  # starts a real server, imports torch
 
 openai = pytest.importorskip("openai")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+# torch and transformers are imported by the test that uses them, not at collection (in every worker)
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+    pytest.skip("torch and transformers are needed", allow_module_level=True)
 
 PROMPT = "hello world, the quick brown fox"
 
@@ -48,6 +51,9 @@ def client(server):
 @pytest.fixture(scope="module")
 def reference(folders):
     """transformers on the same folder: the tokenizer, and a prompt's log-softmax at every position."""
+    import torch
+    import transformers
+
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders[1])
     model = transformers.AutoModelForCausalLM.from_pretrained(folders[1]).eval()
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from generated_projects import assert_tests_passed, bake
+from generated_projects import generated as generated_project
 from servekit.testing import free_port
 from servekit.version import __version__
 
@@ -58,25 +60,6 @@ FIRST_PREDICTION = {
     "onnx": lambda p: p["label"] == 0,
     "custom": lambda p: abs(p - 2.5) < 1e-4,
 }
-
-
-def bake(out: Path, *answers: str, plugin: bool = False) -> Path:
-    args = [sys.executable, "-m", "servekit", "new", "--no-input", "--output-dir", str(out)]
-    if plugin:
-        args.append("--plugin")
-    for answer in answers:
-        args += ["--set", answer]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return Path(result.stdout.strip().rsplit("created ", 1)[1])
-
-
-def files_in(folder: Path) -> set[str]:
-    return {
-        str(p.relative_to(folder))
-        for p in folder.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and ".pytest_cache" not in p.parts
-    }
 
 
 def start_command(project: Path) -> list[str]:
@@ -121,10 +104,12 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180
 @pytest.mark.parametrize(
     "framework", ["sklearn", "torch", "tensorflow", "huggingface", "xgboost", "lightgbm", "onnx", "custom"]
 )
-def test_container_template(tmp_path, framework):
-    project = bake(tmp_path, f"project_name=Demo {framework}", f"framework={framework}")
-    assert project == tmp_path / f"demo-{framework}"
-    assert files_in(project) == COMMON | EXTRA_FILES.get(framework, set())
+def test_container_template(tmp_path_factory, tmp_path, framework):
+    # baked (and its own tests run) once per run: test_generated_container_inputs.py serves it too
+    generated = generated_project(tmp_path_factory, framework)
+    project = generated.folder
+    assert project.name == f"demo-{framework}"
+    assert generated.files == COMMON | EXTRA_FILES.get(framework, set())
     assert "_frameworks" not in os.listdir(project)
     lint = subprocess.run([HADOLINT, "--no-color", str(project / "Dockerfile")], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
@@ -139,16 +124,7 @@ def test_container_template(tmp_path, framework):
     assert install.returncode == 0, install.stdout + install.stderr
 
     # The project's own tests (they train version 1 into 1/ first).
-    tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert tests.returncode == 0, tests.stdout[-5000:] + tests.stderr[-2000:]
-    assert re.search(r"\d+ passed", tests.stdout) and " failed" not in tests.stdout
-    assert (project / "1").is_dir()
+    assert_tests_passed(generated)
 
     model = f"demo-{framework}"
     v1_body = json.loads((project / "requests" / "v1-predict.json").read_text())

@@ -16,9 +16,9 @@ import sys
 import numpy as np
 import pytest
 import requests
+from generated_projects import bake, files_in
 from servekit.testing import ServerProcess
 from sklearn_models import fit_iris
-from test_scaffold import bake, files_in
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 

@@ -1,6 +1,7 @@
 """``tensorflow_model_server`` (servekit's console script) started with flags, as TF Serving's own tests run it.
 
-Imports TensorFlow's protos: import it inside a test that needs it, or from a module that is slow already.
+TensorFlow's protos (importing them imports TensorFlow, seconds) are imported where a request is
+made, not when a test module is collected.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from pathlib import Path
 import grpc
 import pytest
 from servekit.testing import free_port
-from tensorflow.core.framework import types_pb2
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 
 def binary() -> str:
@@ -47,6 +46,8 @@ class TFServing:
 
     def wait_ready(self, attempts: int = 240) -> None:
         """TF Serving's WaitForServerReady: a Predict to a missing model until 'Servable' answers."""
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "intentionally_missing_model"
         for _ in range(attempts):
@@ -84,6 +85,9 @@ class TFServing:
 
 def predict(address: str, model: str = "default", batch_input: bool = False, output_filter: bool = True, **spec):
     """TF Serving's VerifyPredictRequest: x = [2.0] as float_val."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
     request = predict_pb2.PredictRequest()
     request.model_spec.name = model
     request.model_spec.signature_name = "serving_default"
