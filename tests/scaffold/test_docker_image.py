@@ -204,7 +204,11 @@ def test_the_image_serves_v1_v2_grpc_and_metrics(container, project):
     assert {o["name"] for o in answer.json()["outputs"]} == {"label", "probabilities"}
 
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{container.grpc}")
-    assert client.is_server_ready()
+    # each worker serves gRPC and is ready on its own: the connection may reach one still starting
+    deadline = time.monotonic() + 60
+    while not client.is_server_ready():
+        assert time.monotonic() < deadline, f"gRPC never ready:\n{container.logs()[-4000:]}"
+        time.sleep(0.3)
     tensor = grpcclient.InferInput("input", [2, 4], "FP64")
     tensor.set_data_from_numpy(np.array(v2["inputs"][0]["data"], dtype=np.float64).reshape(2, 4))
     result = client.infer(MODEL, [tensor])

@@ -212,7 +212,7 @@ def import_file(path: Path, module_name: str | None = None, *, fresh: bool = Fal
     with _load_lock:
         if module_name in sys.modules and not fresh:
             return sys.modules[module_name]
-        spec = importlib.util.spec_from_file_location(module_name, path)
+        spec = sibling_imports.fresh_spec(importlib.util.spec_from_file_location(module_name, path))
         if spec is None or spec.loader is None:
             raise PluginError(f"cannot import {path.name}")
         module = importlib.util.module_from_spec(spec)

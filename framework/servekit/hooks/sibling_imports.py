@@ -11,7 +11,9 @@ Instead one finder sits in ``sys.meta_path`` (installed once, when this
 module is imported) and answers top-level imports from the folders of the
 ``model.py`` files that the *calling thread* is running, innermost first; any
 other thread never sees them.  :func:`forget` drops the cached modules a
-folder gave, so a version's code is read afresh when it loads again.
+folder gave, so a version's code is read afresh when it loads again; the
+modules it gives are compiled from their source (:class:`FreshSourceLoader`), never
+from a cached ``.pyc`` that may be older than the file.
 """
 
 from __future__ import annotations
@@ -26,6 +28,26 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+
+class FreshSourceLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the file from its source at every import, reading and writing no bytecode.
+
+    The default loader runs a cached ``.pyc`` whose recorded source size and
+    modification time (whole seconds) match the file: a ``model.py`` rewritten in
+    the same second with the same length would load its old code.  A model
+    folder's code is small and loads rarely, so it is compiled as it is now.
+    """
+
+    def get_code(self, fullname: str) -> Any:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
+def fresh_spec(spec: importlib.machinery.ModuleSpec | None) -> importlib.machinery.ModuleSpec | None:
+    """``spec`` with its source loader replaced by a :class:`FreshSourceLoader`."""
+    if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
+        spec.loader = FreshSourceLoader(spec.loader.name, spec.loader.path)
+    return spec
 
 
 class _SiblingFinder(importlib.abc.MetaPathFinder):
@@ -44,12 +66,17 @@ class _SiblingFinder(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         stack = getattr(self._local, "folders", None)
-        if not stack or path is not None:  # submodules resolve through their package's __path__
+        if not stack:
             return None
+        if path is not None:  # a submodule of a package from a model folder: read afresh too
+            inside = tuple(os.path.join(folder, "") for folder in stack)
+            if not any(str(entry).startswith(inside) for entry in path):
+                return None
+            return fresh_spec(importlib.machinery.PathFinder.find_spec(fullname, path))
         spec = importlib.machinery.PathFinder.find_spec(fullname, list(reversed(stack)))
         if spec is not None:
             self.served.add(fullname)
-        return spec
+        return fresh_spec(spec)
 
 
 _FINDER = _SiblingFinder()
