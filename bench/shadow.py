@@ -3,18 +3,19 @@
     python bench/shadow.py                       # 2,000 V2 requests per phase, 4 client threads
     python bench/shadow.py --requests 5000 --threads 8 --workers 2
 
-Two phases on one server at a time, each the same traffic to the iris model
-(a LogisticRegression): first with the request log on and no shadow, then with
-``shadow: {target: candidate, fraction: 1.0}``, which sends a copy of every
-request to a second iris model in a background thread and logs its answer.
-Each phase warms up first, then times its requests.  Prints p50 and p99 of the
-served requests for each and p99's change; servekit's goal is a change within
+Two servers of the iris model (a LogisticRegression), the request log on (SQLite) in
+both: one with no shadow, one with ``shadow: {target: candidate, fraction: 1.0}``, which
+sends a copy of every request to a second iris model in a background thread and logs
+its answer.  Both warm up, then the same traffic goes to each in turn, in ``--rounds``
+rounds that alternate which goes first (the machine's drift falls on both alike).
+Prints p50 and p99 of the served requests of each and p99's change; servekit's goal is a change within
 10 %.  Standard library and servekit's test helpers only, like bench/run.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import shutil
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +67,9 @@ def traffic(port: int, total: int, threads: int) -> list[float]:
     return latencies
 
 
-def phase(shadow: bool, args: argparse.Namespace) -> tuple[float, float, int]:
+@contextlib.contextmanager
+def server(shadow: bool, args: argparse.Namespace) -> Iterator[int]:
+    """A server of the iris model, with or without ``shadow:``; its HTTP port, warmed up."""
     from servekit.testing import ServerProcess
     from sklearn_models import fit_iris
 
@@ -75,14 +79,15 @@ def phase(shadow: bool, args: argparse.Namespace) -> tuple[float, float, int]:
         fit_iris(base / "candidate")
         settings = "shadow:\n  target: candidate\n  fraction: 1.0\n" if shadow else "{}\n"
         (base / "iris" / "servekit.yaml").write_text(settings)
-        with ServerProcess(base, workers=args.workers, request_log_url="sqlite") as server:
-            traffic(server.http_port, args.requests // 4, args.threads)  # warm-up
-            latencies = traffic(server.http_port, args.requests, args.threads)
-            dropped = dropped_copies(server.http_port)
+        with ServerProcess(base, workers=args.workers, request_log_url="sqlite") as running:
+            traffic(running.http_port, args.requests // 4, args.threads)  # warm-up
+            yield running.http_port
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    cuts = statistics.quantiles(latencies, n=100)
-    return statistics.median(latencies), cuts[98], dropped
+
+
+def summary(latencies: list[float]) -> tuple[float, float]:
+    return statistics.median(latencies), statistics.quantiles(latencies, n=100)[98]
 
 
 def dropped_copies(port: int) -> int:
@@ -100,14 +105,23 @@ def dropped_copies(port: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=2000, help="timed requests per phase")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=4, help="the phases alternate in this many rounds")
     args = parser.parse_args()
-    p50, p99, _ = phase(False, args)
-    print(f"no shadow:          p50 {p50:.2f} ms  p99 {p99:.2f} ms")
-    s50, s99, dropped = phase(True, args)
+    plain: list[float] = []
+    shadowed: list[float] = []
+    with server(False, args) as plain_port, server(True, args) as shadow_port:
+        for round_ in range(args.rounds):  # alternate, so the machine's drift falls on both alike
+            order = [(plain_port, plain), (shadow_port, shadowed)]
+            for port, latencies in order if round_ % 2 == 0 else reversed(order):
+                latencies.extend(traffic(port, args.requests // args.rounds, args.threads))
+        dropped = dropped_copies(shadow_port)
+    p50, p99 = summary(plain)
+    s50, s99 = summary(shadowed)
     sent = args.requests + args.requests // 4
+    print(f"no shadow:          p50 {p50:.2f} ms  p99 {p99:.2f} ms")
     print(f"shadow at 100 %:    p50 {s50:.2f} ms  p99 {s99:.2f} ms  ({dropped} of {sent} copies dropped)")
     print(f"p99 change: {100 * (s99 - p99) / p99:+.1f} %")
 

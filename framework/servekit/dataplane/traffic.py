@@ -285,17 +285,16 @@ class Shadows:
 
     SIZE = 256
     DEFER = 0.2
-    _IDLE_POLL = 0.0005
 
     def __init__(
         self,
         run: Callable[[Any, Any], Any],
         emit: Callable[[RequestLog], None],
         size: int = SIZE,
-        busy: Callable[[], int] | None = None,
+        wait_idle: Callable[[float], object] | None = None,
     ):
         self._run, self._emit = run, emit
-        self._busy = busy
+        self._wait_idle = wait_idle
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(size)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -321,10 +320,8 @@ class Shadows:
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
-            if self._busy is not None:
-                until = time.monotonic() + self.DEFER
-                while self._busy() > 0 and time.monotonic() < until:
-                    time.sleep(self._IDLE_POLL)
+            if self._wait_idle is not None:
+                self._wait_idle(self.DEFER)
             try:
                 self._one(*item)
             except Exception:
