@@ -32,7 +32,7 @@ import torch
 from servekit.errors import BadRequest
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
-from .options import DEFAULT_MAX_BATCH_TOKENS, positive_option, token_batches
+from .options import CPU_PASS_TOKENS, DEFAULT_MAX_BATCH_TOKENS, positive_option, token_batches
 from .text_inputs import texts_of
 
 #: sentence-transformers' pooling keys, in the order it concatenates them
@@ -57,6 +57,7 @@ class Encoder:
         self.truncate = bool(options.get("truncate", False))
         self.batch_size = positive_option(options, "batch_size") or 32
         self.max_batch_tokens = positive_option(options, "max_batch_tokens") or DEFAULT_MAX_BATCH_TOKENS
+        self.pass_tokens = CPU_PASS_TOKENS if self.device == "cpu" else 0  # :func:`.options.token_batches`
         self.dimension = int(getattr(model.config, "hidden_size", 0)) * len(self.pooling)
         self.prompts = _sentence_transformers_prompts(path)
         self._left_tokenizer: Any = None
@@ -88,7 +89,7 @@ class Encoder:
         texts = self._prompted(texts, parameters.get("prompt_name"))
         rows = self._ids(texts, parameters)
         vectors = np.zeros((0, self.dimension), dtype=np.float32) if not rows else None
-        for chunk in token_batches([len(r) for r in rows], self.batch_size, self.max_batch_tokens):
+        for chunk in token_batches([len(r) for r in rows], self.batch_size, self.max_batch_tokens, self.pass_tokens):
             part = self._batch([rows[i] for i in chunk], _flag(parameters, "normalize", self.normalize))
             if vectors is None:
                 vectors = np.empty((len(rows), part.shape[1]), dtype=part.dtype)
