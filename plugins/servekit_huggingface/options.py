@@ -26,9 +26,7 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 CPU_PASS_TOKENS = 32
 
 
-def token_batches(
-    lengths: list[int], max_rows: int, max_tokens: int | None, pass_tokens: int = 0
-) -> list[list[int]]:
+def token_batches(lengths: list[int], max_rows: int, max_tokens: int | None, pass_tokens: int = 0) -> list[list[int]]:
     """Row indices grouped into forward passes: by length (shortest first, so a pass pads little),
     each pass at most ``max_rows`` rows and at most ``max_tokens`` padded tokens (its rows times its
     longest row, as TEI counts them); a row over the budget alone still makes a pass of its own.

@@ -59,11 +59,17 @@ def test_same_inputs_and_parameters_hit_others_miss(servekit_app, tmp_path):
     assert _calls(client, 1.0, note="other") == 3  # parameters are part of the key
 
 
+def _written(client) -> None:
+    """Until the answers handed to the cache's writer thread are in the shared file (evictions done)."""
+    client.application.extensions["servekit"].response_cache.wait_written()
+
+
 def test_least_recently_used_entries_go_past_the_byte_budget(servekit_app, tmp_path):
     # one answer pickles to about 220 bytes: the budget holds two of them, not three
     client = servekit_app(_model(tmp_path, "cache: {max_bytes: 500}\n"))
     assert [_calls(client, v) for v in (1.0, 2.0, 1.0)] == [1, 2, 1]  # 1.0 is now the more recent
     assert _calls(client, 3.0) == 3  # evicts 2.0, the least recently used
+    _written(client)
     assert _calls(client, 1.0) == 1
     assert _calls(client, 2.0) == 4
 

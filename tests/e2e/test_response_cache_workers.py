@@ -110,9 +110,19 @@ def _settled(read, wanted, attempts: int = 60):
     return got
 
 
+def _entries(server) -> int:
+    """The answers the server's response cache holds (its ``/metrics`` gauge)."""
+    text = requests.get(server.url + "/metrics", timeout=10).text
+    (line,) = [x for x in text.splitlines() if x.startswith("servekit_response_cache_entries ")]
+    return int(float(line.split()[1]))
+
+
 def test_an_answer_computed_by_one_worker_is_a_hit_on_the_other(server):
     first, second = _two_workers(server)
+    held = _entries(server)
     computed = _post(first, "cached", [1.0, 2.0, 3.0])
+    # the worker's writer thread puts the answer in the shared file just after it answers
+    assert _settled(lambda: _entries(server), held + 1) == held + 1
     from_cache = _post(second, "cached", [1.0, 2.0, 3.0])
     assert from_cache == computed  # byte for byte, and named by the worker that computed it
     assert _pid(from_cache) == _pid(computed) != _pid(_post(second, "uncached", [1.0, 2.0, 3.0]))
@@ -132,7 +142,10 @@ def test_triton_response_cache_setting_and_tritonclient_statistics(server):
     import numpy as np
 
     x.set_data_from_numpy(np.array([5.0, 6.0, 7.0]))
-    answers = [client.infer("triton_pid", [x]) for _ in range(3)]
+    held = _entries(server)
+    answers = [client.infer("triton_pid", [x])]
+    assert _settled(lambda: _entries(server), held + 1) == held + 1  # written: a hit on either worker
+    answers += [client.infer("triton_pid", [x]) for _ in range(2)]
     assert len({a.as_numpy("pid")[0] for a in answers}) == 1
     assert all((a.as_numpy("doubled") == [10.0, 12.0, 14.0]).all() for a in answers)
     assert _settled(lambda: _cache_counts(client, "triton_pid"), (2, 1)) == (2, 1)

@@ -75,6 +75,7 @@ class ModelVersion:
     executor: Executor = LOCAL
     batcher: Any = None  # servekit.dataplane.batching: made on the first predict (batching.batcher_for)
     gate: Any = None  # servekit.dataplane.call_gate: made on the first unbatched predict (call_gate.turn)
+    cache_load: str = ""  # servekit.dataplane.response_cache: this load's part of a key, on its first cached predict
     raw_config: dict[str, Any] = field(default_factory=dict)  # the settings it was loaded with
     warming: bool = False  # LOADING, answering its warm-up requests (servekit.protocols.warmup)
     #: calls now inside its hooks, and when a request last resolved to it (time.monotonic):

@@ -266,6 +266,25 @@ _tally = _Tally()
 # -- scraping ------------------------------------------------------------------------------
 
 
+class ResponseCacheCollector:
+    """The response cache's entries and bytes, server-wide (servekit.dataplane.response_cache)."""
+
+    def __init__(self, dataplane: Served):
+        self.dataplane = dataplane
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        cache = getattr(self.dataplane, "response_cache", None)
+        if cache is None:
+            return
+        entries, held = cache.usage()
+        yield GaugeMetricFamily("servekit_response_cache_entries", "answers the response cache holds", value=entries)
+        yield GaugeMetricFamily(
+            "servekit_response_cache_bytes", "bytes of answers the response cache holds", value=held
+        )
+
+
 class ModelStateCollector:
     """Model versions' state and load time, read from this worker's repository."""
 
@@ -354,6 +373,7 @@ def render(dataplane: Served) -> tuple[bytes, str]:
     live = CollectorRegistry(auto_describe=False)
     live.register(ModelStateCollector(dataplane))
     live.register(generation_metrics.CacheUsageCollector())
+    live.register(ResponseCacheCollector(dataplane))
     return text + generate_latest(live), CONTENT_TYPE_LATEST
 
 
