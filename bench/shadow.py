@@ -117,6 +117,7 @@ def main() -> None:
             order = [(plain_port, plain), (shadow_port, shadowed)]
             for port, latencies in order if round_ % 2 == 0 else reversed(order):
                 latencies.extend(traffic(port, args.requests // args.rounds, args.threads))
+                time.sleep(1.0)  # the shadow server's last copies finish before the other phase
         dropped = dropped_copies(shadow_port)
     p50, p99 = summary(plain)
     s50, s99 = summary(shadowed)

@@ -109,22 +109,6 @@ def test_a_model_call_that_raises_still_gives_its_requests_back():
     assert load.counts()[name] == (0, 0)
 
 
-def test_waiting_for_idle_wakes_as_the_last_request_leaves():
-    name = "unit-idle"
-    load.arrived(name)
-    load.arrived(name)
-    assert not load.wait_idle(0.05)  # two held: not idle within the timeout
-    woke: list[bool] = []
-    waiter = threading.Thread(target=lambda: woke.append(load.wait_idle(60)))
-    waiter.start()
-    load.left(name)
-    waiter.join(0.2)
-    assert waiter.is_alive()  # one still held
-    load.left(name)
-    waiter.join(60)
-    assert woke == [True]
-
-
 def test_queue_time_is_observed_from_arrival_to_the_call():
     name = "unit-queue"
     arrival = time.monotonic() - 0.3

@@ -59,7 +59,7 @@ class DataPlane:
         #: (a requested gRPC port, servekit.server.grpc_engine)
         self.readiness_gates: list[Callable[[], str | None]] = []
         #: copies of requests for ``shadow:`` candidates, run off the served requests' time
-        self.shadows = traffic.Shadows(self._shadow_answer, self._log_shadow, wait_idle=load.wait_idle)
+        self.shadows = traffic.Shadows(self._shadow_answer, self._log_shadow, busy=load.in_flight)
         #: the response cache shared by the server's workers (``None``: no model may use one)
         self.response_cache: response_cache.ResponseCache | None = None
 

@@ -285,16 +285,20 @@ class Shadows:
 
     SIZE = 256
     DEFER = 0.2
+    #: the worker is looked at this often while busy; a condition that woke the copy as the last
+    #: request left its model ran the copy while that request's answer was still being encoded
+    #: (bench/shadow.py: served p99 +40 %, against +3 to +20 % polling)
+    _IDLE_POLL = 0.0005
 
     def __init__(
         self,
         run: Callable[[Any, Any], Any],
         emit: Callable[[RequestLog], None],
         size: int = SIZE,
-        wait_idle: Callable[[float], object] | None = None,
+        busy: Callable[[], int] | None = None,
     ):
         self._run, self._emit = run, emit
-        self._wait_idle = wait_idle
+        self._busy = busy
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(size)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -320,8 +324,10 @@ class Shadows:
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
-            if self._wait_idle is not None:
-                self._wait_idle(self.DEFER)
+            if self._busy is not None:
+                until = time.monotonic() + self.DEFER
+                while self._busy() > 0 and time.monotonic() < until:
+                    time.sleep(self._IDLE_POLL)
             try:
                 self._one(*item)
             except Exception:

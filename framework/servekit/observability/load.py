@@ -102,8 +102,6 @@ class _Load(Tally):
         self._published: dict[str, tuple[int, int]] = {}
         self._concurrency = 0
         self._published_concurrency = 0
-        self._idle = threading.Condition(self._lock)  # notified when the concurrency falls to 0
-        self._awaiting_idle = 0  # threads in :meth:`wait_idle`
         self._queue: dict[str, list[Any]] = {}  # model -> [sum, bucket counts]
 
     def move(self, model: str, waiting: int, running: int, concurrency: int = 0) -> None:
@@ -115,17 +113,7 @@ class _Load(Tally):
                 counts[0] += waiting
                 counts[1] += running
             self._concurrency += concurrency
-            if self._awaiting_idle and self._concurrency <= 0:
-                self._idle.notify_all()
         self.started()
-
-    def wait_idle(self, timeout: float) -> bool:
-        with self._lock:
-            self._awaiting_idle += 1
-            try:
-                return self._idle.wait_for(lambda: self._concurrency <= 0, timeout)
-            finally:
-                self._awaiting_idle -= 1
 
     def queued(self, model: str, seconds: float, count: int = 1) -> None:
         slot = bisect.bisect_left(QUEUE_BUCKETS, seconds)
@@ -237,10 +225,9 @@ def running(model: str, arrivals: list[float]) -> Iterator[None]:
             _load.flush()
 
 
-def wait_idle(timeout: float) -> bool:
-    """Until this process holds no request it accepted, at most ``timeout`` seconds;
-    whether it is idle.  Woken as the last request leaves, not by polling (a shadow copy waits here)."""
-    return _load.wait_idle(timeout)
+def in_flight() -> int:
+    """Requests this process has accepted and not answered yet (a shadow copy waits for none)."""
+    return _load._concurrency
 
 
 def counts() -> dict[str, tuple[int, int]]:
