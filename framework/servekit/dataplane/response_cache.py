@@ -223,6 +223,8 @@ class ResponseCache:
                 self._write(batch)
             except sqlite3.Error as exc:
                 log.warning("response cache not written: %s", exc)
+            except Exception:  # the writer outlives a failure: a later batch, and wait_written, go on
+                log.exception("response cache not written")
             finally:
                 for item in batch:
                     if item is not None and self._pending.get(item.key) is item.blob:

@@ -36,8 +36,10 @@ that is served: a fuzzer's random names must not grow the label set.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import shutil
+import sqlite3
 import tempfile
 import threading
 from pathlib import Path
@@ -48,6 +50,8 @@ from flask import Blueprint, Response, current_app
 from servekit.hooks.specs import hookimpl
 from servekit.observability.tally import Tally
 from servekit.observability.tally import add_to_histogram as _add_to_histogram
+
+log = logging.getLogger("servekit.metrics")
 
 
 class Served(Protocol):
@@ -278,7 +282,11 @@ class ResponseCacheCollector:
         cache = getattr(self.dataplane, "response_cache", None)
         if cache is None:
             return
-        entries, held = cache.usage()
+        try:
+            entries, held = cache.usage()
+        except sqlite3.Error as exc:  # a scrape still answers, without these two
+            log.warning("response cache usage not read: %s", exc)
+            return
         yield GaugeMetricFamily("servekit_response_cache_entries", "answers the response cache holds", value=entries)
         yield GaugeMetricFamily(
             "servekit_response_cache_bytes", "bytes of answers the response cache holds", value=held
