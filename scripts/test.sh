@@ -10,6 +10,9 @@ python -c "import tensorflow_serving" 2>/dev/null || python -m pip install --qui
 # is named (tests/e2e/test_structured_outputs.py).
 python -c "import xgrammar, instructor, litellm" 2>/dev/null || python -m pip install --quiet --no-deps \
     "xgrammar>=0.2.9" apache-tvm-ffi "instructor>=1.17" docstring-parser "litellm>=1.110" fastuuid h2 hpack hyperframe
+# LangChain's HuggingFaceEndpointEmbeddings (tests/e2e/test_retrieval_clients.py) pins huggingface-hub<2, which
+# transformers 5 refuses; it runs on hub 2, so it goes in without its pins too.
+python -c "import langchain_huggingface" 2>/dev/null || python -m pip install --quiet --no-deps "langchain-huggingface>=1.2"
 # KServe's own client pins protobuf < 7 and much else, so it lives in a virtualenv of its own;
 # tests/e2e/test_kserve_client.py drives servekit with it.
 if [ ! -x .venv-kserve/bin/python ]; then

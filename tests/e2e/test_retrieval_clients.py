@@ -113,7 +113,7 @@ def test_sentence_similarity_equals_sentence_transformers_through_the_hub_client
 
 def test_langchain_huggingface_endpoint_embeddings_talk_to_servekit(server, folders):
     # langchain-huggingface pins huggingface-hub<2, which transformers 5 refuses: not in the
-    # test extra (pip install --no-deps langchain-huggingface adds it; it runs on hub 2)
+    # test extra; scripts/test.sh installs it with --no-deps (it runs on hub 2)
     pytest.importorskip("langchain_huggingface")
     from huggingface_hub import InferenceClient
     from langchain_huggingface import HuggingFaceEndpointEmbeddings
