@@ -31,7 +31,7 @@ from servekit.errors import BadRequest
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
 from .encoder import _model_max_length as model_max_length
-from .options import CPU_PASS_TOKENS, DEFAULT_MAX_BATCH_TOKENS, positive_option, token_batches
+from .options import DEFAULT_MAX_BATCH_TOKENS, pass_cost, positive_option, token_batches
 from .text_inputs import texts_of
 
 DIRECTIONS = ("right", "left")
@@ -51,7 +51,7 @@ class SequenceClassifier:
         self.truncate = bool(options.get("truncate", False))
         self.batch_size = positive_option(options, "batch_size") or 32
         self.max_batch_tokens = positive_option(options, "max_batch_tokens") or DEFAULT_MAX_BATCH_TOKENS
-        self.pass_tokens = CPU_PASS_TOKENS if self.device == "cpu" else 0  # :func:`.options.token_batches`
+        self.pass_tokens = pass_cost(device)
         self.activation = _activation(path, task)
         self._left_tokenizer: Any = None
         self._lock = threading.Lock()

@@ -32,7 +32,7 @@ import torch
 from servekit.errors import BadRequest
 from servekit.types import ModelMetadata, Signature, TensorSpec
 
-from .options import CPU_PASS_TOKENS, DEFAULT_MAX_BATCH_TOKENS, positive_option, token_batches
+from .options import DEFAULT_MAX_BATCH_TOKENS, pass_cost, positive_option, token_batches
 from .text_inputs import texts_of
 
 #: sentence-transformers' pooling keys, in the order it concatenates them
@@ -57,7 +57,7 @@ class Encoder:
         self.truncate = bool(options.get("truncate", False))
         self.batch_size = positive_option(options, "batch_size") or 32
         self.max_batch_tokens = positive_option(options, "max_batch_tokens") or DEFAULT_MAX_BATCH_TOKENS
-        self.pass_tokens = CPU_PASS_TOKENS if self.device == "cpu" else 0  # :func:`.options.token_batches`
+        self.pass_tokens = pass_cost(device)
         self.dimension = int(getattr(model.config, "hidden_size", 0)) * len(self.pooling)
         self.prompts = _sentence_transformers_prompts(path)
         self._left_tokenizer: Any = None

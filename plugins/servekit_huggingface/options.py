@@ -20,10 +20,15 @@ def positive_option(options: dict[str, Any], key: str, zero: bool = False) -> in
 DEFAULT_MAX_BATCH_TOKENS = 16384
 
 
-#: On a CPU a forward pass costs about as much as this many more padded tokens (MiniLM-L6 on
-#: 2 cores: 16 rows of 61 to 127 tokens ran 1.3x faster as four passes than as one): passes
-#: are cut where a row would pad more than that.  On a GPU padding is nearly free (0).
+#: On a CPU a forward pass costs about as much as this many more padded tokens (MiniLM-L6:
+#: 16 rows of 61 to 127 tokens ran 1.42x faster on one core as four passes than as one):
+#: passes are cut where a row would pad more than that.  On a GPU padding is nearly free.
 CPU_PASS_TOKENS = 32
+
+
+def pass_cost(device: str) -> int:
+    """What a forward pass costs in padded tokens on ``device`` (:func:`token_batches`)."""
+    return CPU_PASS_TOKENS if device == "cpu" else 0
 
 
 def token_batches(lengths: list[int], max_rows: int, max_tokens: int | None, pass_tokens: int = 0) -> list[list[int]]:

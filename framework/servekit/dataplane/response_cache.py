@@ -189,12 +189,11 @@ class ResponseCache:
         if getattr(mv.config, "cache", None) is None:
             return
         self.wait_written()  # none of its answers lands after
-        with self.store.transaction() as tx:
-            doomed = tx.execute(
-                "SELECT key, model, size FROM entries WHERE model = ? AND version = ? AND load = ?",
+        with self.store.transaction() as tx:  # a trigger takes them off the totals
+            tx.execute(
+                "DELETE FROM entries WHERE model = ? AND version = ? AND load = ?",
                 (mv.name, str(mv.version), load_of(mv)),
-            ).fetchall()
-            _delete(tx, doomed)
+            )
 
     def _writer(self) -> queue.Queue[_Write | None]:
         """This process's queue of writes, and its writer thread (one per process, after a fork too)."""
@@ -244,15 +243,20 @@ class ResponseCache:
                 _evict(tx, model, limit)
             _evict(tx, _ALL, self.max_bytes)
 
-    def _write_touches(self, tx: sqlite3.Connection, written: frozenset[bytes] = frozenset()) -> None:
+    def _write_touches(self, tx: sqlite3.Connection, written: frozenset[bytes]) -> None:
         """The hits' times as ``used``; those of answers still on their way to the file (not among
         ``written``, this transaction's) wait for them."""
+        ready: list[tuple[int, bytes]] = []
+        waiting: dict[bytes, int] = {}
         with self._touch_lock:
-            waiting = {key for key in self._touched if key in self._pending and key not in written}
-            touched = {key: ns for key, ns in self._touched.items() if key not in waiting}
-            self._touched = {key: ns for key, ns in self._touched.items() if key in waiting}
+            for key, ns in self._touched.items():
+                if key in self._pending and key not in written:
+                    waiting[key] = ns
+                else:
+                    ready.append((ns, key))
+            self._touched = waiting
             self._touches_written = time.monotonic()
-        tx.executemany("UPDATE entries SET used = max(used, ?) WHERE key = ?", [(ns, k) for k, ns in touched.items()])
+        tx.executemany("UPDATE entries SET used = max(used, ?) WHERE key = ?", ready)
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -288,11 +292,6 @@ def _total(tx: Any, scope: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _delete(tx: Any, rows: list[tuple[bytes, str, int]]) -> None:
-    """Delete entries given as ``(key, model, size)`` (a trigger takes them off the totals)."""
-    tx.executemany("DELETE FROM entries WHERE key = ?", [(key,) for key, _, _ in rows])
-
-
 def _evict(tx: Any, scope: str, limit: int) -> None:
     """Drop the least recently used entries (of a model, or of all) until they fit in ``limit`` bytes."""
     total = _total(tx, scope)
@@ -300,12 +299,12 @@ def _evict(tx: Any, scope: str, limit: int) -> None:
         return
     where, args = ("", ()) if scope == _ALL else ("WHERE model = ?", (scope,))
     doomed = []
-    for key, model, size in tx.execute(f"SELECT key, model, size FROM entries {where} ORDER BY used", args):
+    for key, size in tx.execute(f"SELECT key, size FROM entries {where} ORDER BY used", args):
         if total <= limit:
             break
-        doomed.append((key, model, size))
+        doomed.append((key,))
         total -= size
-    _delete(tx, doomed)
+    tx.executemany("DELETE FROM entries WHERE key = ?", doomed)  # a trigger takes them off the totals
 
 
 def _plain(value: Any) -> bool:
