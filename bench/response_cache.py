@@ -8,7 +8,7 @@ with ``cache: true``), and times V2 JSON requests of ROWS rows (default 100) end
 kept-alive client, interleaved so that drift in the machine's load touches all
 three alike: for each new request, ``rf`` (no cache) and ``rf_cached`` (a miss: the rows
 are new), in turn first, then ``rf_cached`` again (a hit), then a readiness GET (the floor:
-HTTP and the client alone).  Prints one JSON line: the median and mean milliseconds of each,
+HTTP and the client alone).  Prints one JSON line: the median, mean and p99 milliseconds of each,
 and the median over requests of each one's own ratios: the hit's speed-up over its miss and
 its miss's cost over its uncached call.
 """
@@ -86,6 +86,7 @@ def main(count: int, rows: int) -> dict[str, object]:
     for kind, values in times.items():
         result[f"{kind}_median_ms"] = round(statistics.median(values), 3)
         result[f"{kind}_mean_ms"] = round(statistics.fmean(values), 3)
+        result[f"{kind}_p99_ms"] = round(statistics.quantiles(values, n=100)[98], 3)
     # each request's own ratios (its miss, its hit and its uncached call ran back to back), then
     # their median: the machine's drift between requests falls out of the pair
     pairs = list(zip(times["no_cache"], times["miss"], times["hit"], strict=True))
