@@ -185,8 +185,7 @@ class DataPlane:
         return result if isinstance(result, dict) else {DEFAULT_OUTPUT: result}
 
     def _log_shadow(self, record: Any) -> None:
-        for impl in reversed(self.plugins.hook.log_request.get_hookimpls()):
-            impl.function(*[{"record": record}[arg] for arg in impl.argnames])
+        request_log.emit(self.plugins, record)
 
     def _resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
         if not self.repository.ready:

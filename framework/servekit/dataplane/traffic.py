@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -206,7 +206,8 @@ def queued(model: str, delta: int) -> None:
     metrics.metrics().queue_pending.labels(model).inc(delta)
 
 
-def _count_dropped(model: str) -> None:
+def count_dropped(model: str) -> None:
+    """A shadow copy that was not run (``servekit_shadow_dropped_total``)."""
     from servekit.observability import metrics
 
     metrics.metrics().shadow_dropped.labels(model).inc()
@@ -274,6 +275,81 @@ def _plain(outputs: Any) -> Any:
     return outputs
 
 
+class ShadowRunner(Protocol):
+    """Where the data plane hands its shadow copies (``DataPlane.shadows``).
+
+    The server installs :class:`servekit.hosts.shadow_pipe.ShadowProcess`: a process
+    per worker, at idle CPU priority, runs the copies and logs the answers.
+    """
+
+    def submit(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
+        """Hand one copy over (``request``: the inputs and the keyword arguments of its ``predict``);
+        never waits: a copy that cannot be taken now is dropped and counted."""
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Until every copy handed in so far is logged and in the store (tests, a clean shutdown)."""
+
+    def close(self) -> None:
+        """No more copies: let the copies handed in finish, then stop."""
+
+
+class NoShadows:
+    """A data plane no server set up: nothing runs copies, so each one is dropped and counted."""
+
+    def submit(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
+        count_dropped(model)
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def shadow_record(
+    *,
+    served_log_id: str,
+    served: Any,
+    answer: Any,
+    status: int,
+    difference: float | None,
+    model: str,
+    version: str,
+    path: str,
+    duration_ms: float,
+) -> RequestLog:
+    """The request log's record of one shadow answer, beside the served request it copies.
+
+    ``protocol`` ``shadow``, ``requestId`` the served request's ``requestLogId``,
+    and a response (and its one prediction) holding ``shadow_of``, ``served``,
+    ``shadow`` and ``difference``.
+    """
+    import orjson
+
+    body = orjson.dumps(
+        {"shadow_of": served_log_id, "served": _plain(served), "shadow": _plain(answer), "difference": difference},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+        default=str,
+    ).decode()
+    record = RequestLog(
+        request_log_id=uuid.uuid4().hex,
+        request_id=served_log_id,
+        created=time.time(),
+        method="SHADOW",
+        path=path,
+        protocol="shadow",
+        model=model,
+        status=status,
+        duration_ms=duration_ms,
+        request_body="",
+        response_body=body,
+        version=version,
+        trace_id="",
+    )
+    record.predictions = [PredictionLog(uuid.uuid4().hex, 0, body)]
+    return record
+
+
 class Shadows:
     """Runs shadow copies in one background thread, from a bounded queue (a full queue drops the copy).
 
@@ -309,7 +385,7 @@ class Shadows:
             self._queue.put_nowait((target, request, served, served_log_id, model, path))
         except queue.Full:
             self.dropped += 1
-            _count_dropped(model)
+            count_dropped(model)
             return
         if self._thread is None:
             with self._lock:
@@ -345,32 +421,15 @@ class Shadows:
             status, answer = exc.status, {"error": exc.message}
         except Exception as exc:
             status, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
-        import orjson
-
-        body = orjson.dumps(
-            {
-                "shadow_of": served_log_id,
-                "served": _plain(served),
-                "shadow": _plain(answer),
-                "difference": diff,
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
-            default=str,
-        ).decode()
-        record = RequestLog(
-            request_log_id=uuid.uuid4().hex,
-            request_id=served_log_id,
-            created=time.time(),
-            method="SHADOW",
-            path=path,
-            protocol="shadow",
-            model=getattr(target, "name", model),
+        record = shadow_record(
+            served_log_id=served_log_id,
+            served=served,
+            answer=answer,
             status=status,
-            duration_ms=(time.perf_counter() - started) * 1000,
-            request_body="",
-            response_body=body,
+            difference=diff,
+            model=getattr(target, "name", model),
             version=str(getattr(target, "version", "")),
-            trace_id="",
+            path=path,
+            duration_ms=(time.perf_counter() - started) * 1000,
         )
-        record.predictions = [PredictionLog(uuid.uuid4().hex, 0, body)]
         self._emit(record)
