@@ -1,7 +1,8 @@
 """Shadow copies on their way to the shadow process (servekit.hosts.shadow_pipe): frames, the pipe's room, drops.
 
 The pipe's far end is a stand-in process here (one that sleeps, then reads the
-frames back).
+frames back); the shadow process itself runs in tests/e2e/test_canary_shadow.py
+and in the in-process app below.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client import REGISTRY
 from servekit.hosts import shadow_pipe
 from servekit.observability import metrics
+from servekit.observability.log_store import Query
 from servekit.types import BatchingConfig
 
 
@@ -185,3 +187,44 @@ def test_a_sync_waits_for_room_where_a_copy_would_be_dropped(stand_in):
     got = json.loads(Path(str(go) + ".json").read_text())
     assert got[0] == ["copy", "small"] and got[1][0] == "sync"
 
+
+SCALING_MODEL = """
+import servekit
+
+
+@servekit.hookimpl
+def load(path):
+    return FACTOR
+
+
+@servekit.hookimpl
+def predict(model, inputs):
+    return inputs * model
+"""
+
+
+def test_wait_idle_returns_once_every_copy_is_logged_and_in_the_store(servekit_app, tmp_path):
+    base = tmp_path / "models"
+    for number in (1, 2):
+        (base / "shadowed" / str(number)).mkdir(parents=True)
+        (base / "shadowed" / str(number) / "model.py").write_text(SCALING_MODEL.replace("FACTOR", str(number * 10)))
+    (base / "shadowed" / "servekit.yaml").write_text(
+        "version_policy: all\ntraffic:\n  weights: {1: 1}\nshadow:\n  target: 2\n  fraction: 1.0\n"
+    )
+    client = servekit_app(base, request_log_url=f"sqlite:///{tmp_path / 'logs.db'}")
+    served = {}
+    for i in range(30):
+        body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [float(i)]}]}
+        r = client.post("/v2/models/shadowed/infer", json=body)
+        assert r.status_code == 200 and r.get_json()["model_version"] == "1"
+        served[r.headers["X-Request-Log-Id"]] = i
+    app = client.application
+    assert app.extensions["servekit"].shadows.wait_idle(timeout=60)
+    # read straight from the database: the shadow process flushed its records before answering
+    found = app.extensions["servekit.request_log"].backend.search(Query(model="shadowed", version="2", limit=100))
+    records = {r.request_id: r for r in found if r.protocol == "shadow"}
+    assert set(records) == set(served)
+    for rid, i in served.items():
+        response = json.loads(records[rid].response_body)
+        assert response["shadow_of"] == rid and response["difference"] == pytest.approx(10.0 * i)
+    assert app.extensions["servekit"].shadows.wait_idle(timeout=10)  # nothing new: at once
