@@ -17,6 +17,10 @@ from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow
 
+#: a shadow process computes only on CPU time nothing else wants (SCHED_IDLE): on a machine a
+#: parallel run keeps busy, its start and its copies wait for minutes, which is its purpose
+needs_idle_cpu = pytest.mark.alone
+
 #: answers its input times FACTOR (each version folder writes its own)
 SCALING_MODEL = """
 import servekit
@@ -112,6 +116,7 @@ def dropped(server: ServerProcess, model: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+@needs_idle_cpu
 def test_with_shadow_at_100_percent_every_shadow_answer_is_in_the_request_log_beside_the_served_one(server):
     served = []
     for i in range(20):
@@ -143,6 +148,7 @@ def test_a_changed_split_takes_effect_without_a_restart_and_a_bad_one_is_named_w
     assert infer(server, "split").status_code == 200
 
 
+@needs_idle_cpu
 def test_every_shadow_answer_of_concurrent_requests_reaches_the_log_with_its_difference(server):
     """8 clients at once, 400 requests: none of the copies is dropped, each is logged once, beside its own."""
     with ThreadPoolExecutor(8) as pool:
@@ -203,6 +209,7 @@ def idle_allowed() -> bool:
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
+@needs_idle_cpu
 def test_the_shadow_process_runs_at_idle_priority_every_thread_of_it(server):
     infer(server, "shadowed")
     (worker,) = workers(server)
@@ -218,6 +225,7 @@ def test_the_shadow_process_runs_at_idle_priority_every_thread_of_it(server):
     assert os.sched_getscheduler(worker) != os.SCHED_IDLE  # the worker serves at its own priority
 
 
+@needs_idle_cpu
 def test_a_candidate_version_replaced_in_the_worker_is_loaded_anew_by_the_shadow_process(server):
     first = infer(server, "reloaded", value=1.0).headers["X-Request-Log-Id"]
     wait_until(lambda: any(r["requestId"] == first for r in shadows(server, "reloaded")))
@@ -238,6 +246,7 @@ def test_a_candidate_version_replaced_in_the_worker_is_loaded_anew_by_the_shadow
     assert found[after]["shadow"]["output_0"] == [[60.0]] and found[after]["difference"] == pytest.approx(40.0)
 
 
+@needs_idle_cpu
 def test_a_worker_killed_with_sigkill_takes_its_shadow_process_with_it_and_so_does_a_clean_stop(tmp_path):
     base = tmp_path / "models"
     for number in (1, 2):

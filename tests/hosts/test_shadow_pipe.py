@@ -142,6 +142,7 @@ def stand_in(tmp_path, monkeypatch):
     go = tmp_path / "go"
     monkeypatch.setenv("SHADOW_TEST_GO", str(go))
     monkeypatch.setattr(shadow_pipe, "COMMAND", [sys.executable, str(script)])
+    monkeypatch.setattr(shadow_pipe, "idle_priority", lambda pid=0: "left as it was")  # a loaded machine
     runner = shadow_pipe.ShadowProcess(SimpleNamespace(), BatchingConfig())
     yield runner, go
     go.touch()
@@ -203,6 +204,9 @@ def predict(model, inputs):
 """
 
 
+@pytest.mark.slow
+# the shadow process computes only on CPU time nothing else wants (SCHED_IDLE)
+@pytest.mark.alone
 def test_wait_idle_returns_once_every_copy_is_logged_and_in_the_store(servekit_app, tmp_path):
     base = tmp_path / "models"
     for number in (1, 2):
