@@ -8,6 +8,7 @@ and in the in-process app below.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import sys
@@ -175,13 +176,20 @@ def test_a_full_pipe_drops_and_counts_the_copy_without_waiting_and_never_cuts_a_
     assert ids == sorted(ids, key=lambda s: int(s.split("-")[1]))
 
 
-def test_a_sync_waits_for_room_where_a_copy_would_be_dropped(stand_in):
+def test_a_sync_waits_for_room_where_a_copy_would_be_dropped(stand_in, caplog):
     runner, go = stand_in
     candidate = version()
     big = ({"x": np.ones((1024, 512), dtype=np.float32)}, {})  # 2 MiB: never fits
-    runner.submit(candidate, big, {}, "too-big", "m", "/shadow/m")
+    with caplog.at_level(logging.WARNING, logger="servekit.hosts"):
+        for _ in range(3):
+            runner.submit(candidate, big, {}, "too-big", "m", "/shadow/m")
+    assert runner.dropped == 3
+    assert [r.getMessage() for r in caplog.records].count(
+        f"model m: a shadow copy larger than the pipe to the shadow process ({runner._child.room.capacity} bytes) "
+        "is dropped; copies that large never run"
+    ) == 1  # said once
     runner.submit(candidate, ({"x": np.ones(3)}, {}), {}, "small", "m", "/shadow/m")
-    assert runner.dropped == 1
+    assert runner.dropped == 3
     assert not runner.wait_idle(timeout=0.5)  # the stand-in answers no sync: timed out, not hung
     go.touch()
     runner.close(grace=30)
@@ -232,3 +240,14 @@ def test_wait_idle_returns_once_every_copy_is_logged_and_in_the_store(servekit_a
         response = json.loads(records[rid].response_body)
         assert response["shadow_of"] == rid and response["difference"] == pytest.approx(10.0 * i)
     assert app.extensions["servekit"].shadows.wait_idle(timeout=10)  # nothing new: at once
+
+
+def test_a_copy_that_cannot_be_pickled_is_dropped_counted_and_said_once(stand_in, caplog):
+    runner, _ = stand_in
+    request = ({"x": np.ones(2)}, {"parameters": {"callback": lambda: None}})
+    before = dropped_total("unpicklable")
+    with caplog.at_level(logging.WARNING, logger="servekit.hosts"):
+        for i in range(3):
+            runner.submit(version(), request, {}, f"served-{i}", "unpicklable", "/shadow/unpicklable")
+    assert runner.dropped == 3 and dropped_total("unpicklable") - before == 3
+    assert sum("could not be pickled" in r.getMessage() for r in caplog.records) == 1

@@ -180,6 +180,7 @@ class PipeRoom:
     """
 
     def __init__(self, capacity: int, page: int = PAGE):
+        self.capacity = capacity
         self.page = page
         self.slots = max(1, capacity // page)
         self.written = 0
@@ -217,6 +218,15 @@ class PipeRoom:
             self.buffers.append([end, part])
             left -= part
         self.written += size
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of an array, or of the arrays of a dict (a request's tensors, an answer)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(v.nbytes for v in value.values() if isinstance(v, np.ndarray))
+    return 0
 
 
 def idle_priority(pid: int = 0) -> str:
@@ -386,21 +396,28 @@ class ShadowProcess:
         self.closed = False
         #: copies dropped by this worker (also in ``servekit_shadow_dropped_total``)
         self.dropped = 0
+        self._told: set[str] = set()  # what was said once: a model's copies too large, or not pickled
 
     # -- the request's side ----------------------------------------------------------------------
 
     def submit(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
         child = self._current()
-        if child is not None:
+        inputs, kwargs = request
+        if child is not None and _tensor_bytes(inputs) + _tensor_bytes(served) > child.room.capacity:
+            self._too_large(model, child.room.capacity)
+        elif child is not None:
             key, spec = self._spec(target)
             first = key not in child.sent
-            inputs, kwargs = request
             try:
                 frame = encode(
                     ("copy", key, spec if first else None, inputs, kwargs, served, served_log_id, model, path)
                 )
             except Exception as exc:  # an input that cannot be pickled
-                log.warning("model %s: a shadow copy could not be encoded (%s); dropped", model, exc)
+                if f"{model}|pickle" not in self._told:
+                    self._told.add(f"{model}|pickle")
+                    log.warning(
+                        "model %s: a shadow copy could not be pickled (%s); such copies are dropped", model, exc
+                    )
                 frame = b""
             if frame and child.write(frame):
                 if first:
@@ -410,6 +427,17 @@ class ShadowProcess:
                 child.retire()  # its process ended: the next copy starts another
         self.dropped += 1
         traffic.count_dropped(model)
+
+    def _too_large(self, model: str, capacity: int) -> None:
+        """A copy that could never fit is dropped before it is pickled; said once per model."""
+        if model not in self._told:
+            self._told.add(model)
+            log.warning(
+                "model %s: a shadow copy larger than the pipe to the shadow process (%d bytes) is dropped; "
+                "copies that large never run",
+                model,
+                capacity,
+            )
 
     def _current(self) -> _Child | None:
         """The shadow process's pipe, started now if there is none; ``None`` while none may start."""
