@@ -246,19 +246,46 @@ def test_a_candidate_version_replaced_in_the_worker_is_loaded_anew_by_the_shadow
     assert found[after]["shadow"]["output_0"] == [[60.0]] and found[after]["difference"] == pytest.approx(40.0)
 
 
+#: the candidate of the kill test: an input of 1000 or more keeps its predict busy for ten minutes
+STUCK_CANDIDATE = """
+import time
+from pathlib import Path
+
+import servekit
+
+
+@servekit.hookimpl
+def load(path):
+    return 20
+
+
+@servekit.hookimpl
+def predict(model, inputs):
+    if float(inputs.max()) >= 1000:
+        Path(MARKER).touch()
+        time.sleep(600)
+    return inputs * model
+"""
+
+
 @needs_idle_cpu
 def test_a_worker_killed_with_sigkill_takes_its_shadow_process_with_it_and_so_does_a_clean_stop(tmp_path):
     base = tmp_path / "models"
+    stuck = tmp_path / "stuck"
     for number in (1, 2):
         (base / "shadowed" / str(number)).mkdir(parents=True)
-        (base / "shadowed" / str(number) / "model.py").write_text(SCALING_MODEL.replace("FACTOR", str(number * 10)))
+    (base / "shadowed" / "1" / "model.py").write_text(SCALING_MODEL.replace("FACTOR", "10"))
+    (base / "shadowed" / "2" / "model.py").write_text(STUCK_CANDIDATE.replace("MARKER", repr(str(stuck))))
     (base / "shadowed" / "servekit.yaml").write_text(SHADOWED)
     with ServerProcess(base, workers=1, request_log_url="sqlite") as running_server:
-        infer(running_server, "shadowed")
+        rid = infer(running_server, "shadowed").headers["X-Request-Log-Id"]
+        wait_until(lambda: any(r["requestId"] == rid for r in shadows(running_server, "shadowed")))
         (worker,) = workers(running_server)
         first = shadow_process(worker)
+        infer(running_server, "shadowed", value=1000.0)  # its copy never ends on its own
+        wait_until(stuck.exists)
         os.kill(worker, signal.SIGKILL)
-        wait_until(lambda: not running(first))
+        wait_until(lambda: not running(first))  # within its 10 s grace, stuck as it is
         running_server.wait_ready()
         infer(running_server, "shadowed")  # the worker that replaced it starts its own
         (replacement,) = workers(running_server)

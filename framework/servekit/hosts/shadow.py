@@ -20,7 +20,9 @@ store spools to) and any plugin the server loads by itself or with ``--plugin``.
 
 It exits when its pipe ends (the worker closed it, or the worker is gone) or,
 checked between frames and every second while idle, when its worker is no longer
-its parent; before exiting it ships what it logged to the store.
+its parent; before exiting it ships what it logged to the store.  A copy that
+runs on 10 s after its worker is gone (a model stuck in its ``predict``) does
+not keep it alive: a watching thread ends it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -199,6 +202,17 @@ class Shadow:
         metrics.mark_process_dead(os.getpid())
 
 
+def _outlive_no_worker(parent: int, grace: float = 10.0) -> None:
+    """A thread's watch: a worker gone while a copy runs on (a model stuck in its ``predict``)
+    ends this process ``grace`` seconds later, whatever it is doing (its spool stays for another
+    process sharing the folder to ship)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    time.sleep(grace)
+    log.warning("shadow process %d: its worker %d is gone and a copy still runs; exiting", os.getpid(), parent)
+    os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     frames, answers, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
     priority = idle_priority()  # before any thread starts: they inherit it
@@ -211,6 +225,7 @@ def main(argv: list[str]) -> int:
         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
     )
     log.debug("shadow process %d for worker %d at %s", os.getpid(), parent, priority)
+    threading.Thread(target=_outlive_no_worker, args=(parent,), name="servekit-shadow-watch", daemon=True).start()
     shadow = Shadow(config)
     reader = FrameReader(frames, alive=lambda: os.getppid() == parent)
     try:
