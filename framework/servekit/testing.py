@@ -202,3 +202,4 @@ def servekit_app():
     yield make
     for app in apps:
         app.extensions["servekit"].repository.stop()
+        app.extensions["servekit"].shadows.close()  # its shadow process, if a copy started one

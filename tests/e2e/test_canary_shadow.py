@@ -1,14 +1,25 @@
-"""Canary splits and shadow traffic on a real server: weights, sticky clients, the request log, reloads."""
+"""Canary splits and shadow traffic on a real server: weights, sticky clients, the request log, reloads,
+and the shadow process (its priority, a replaced candidate, its end with its worker's)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
 from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow
+
+#: a shadow process computes only on CPU time nothing else wants (SCHED_IDLE): on a machine a
+#: parallel run keeps busy, its start and its copies wait for minutes, which is its purpose
+needs_idle_cpu = pytest.mark.alone
 
 #: answers its input times FACTOR (each version folder writes its own)
 SCALING_MODEL = """
@@ -34,7 +45,7 @@ SHADOWED = (
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("models")
-    for name, settings in (("split", SPLIT), ("shadowed", SHADOWED)):
+    for name, settings in (("split", SPLIT), ("shadowed", SHADOWED), ("reloaded", SHADOWED), ("many", SHADOWED)):
         for version in (1, 2):
             folder = base / name / str(version)
             folder.mkdir(parents=True)
@@ -91,6 +102,21 @@ def test_a_split_sends_a_sticky_client_to_one_version_and_counts_each_version_on
     )
 
 
+def shadows(server: ServerProcess, model: str) -> list[dict]:
+    """The shadow answers the request log holds for ``model``'s version 2."""
+    r = requests.get(
+        f"{server.url}/v1/logs/requests", params={"model": model, "version": "2", "limit": 10000}, timeout=30
+    )
+    return [record for record in r.json()["requests"] if record["protocol"] == "shadow"]
+
+
+def dropped(server: ServerProcess, model: str) -> float:
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    prefix = f'servekit_shadow_dropped_total{{model="{model}"}}'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+@needs_idle_cpu
 def test_with_shadow_at_100_percent_every_shadow_answer_is_in_the_request_log_beside_the_served_one(server):
     served = []
     for i in range(20):
@@ -98,14 +124,8 @@ def test_with_shadow_at_100_percent_every_shadow_answer_is_in_the_request_log_be
         assert r.json()["model_version"] == "1" and r.json()["outputs"][0]["data"] == [10.0 * i]  # never the shadow's
         served.append(r.headers["X-Request-Log-Id"])
 
-    def shadows() -> list[dict]:
-        r = requests.get(
-            f"{server.url}/v1/logs/requests", params={"model": "shadowed", "version": "2", "limit": 100}, timeout=30
-        )
-        return [record for record in r.json()["requests"] if record["protocol"] == "shadow"]
-
-    wait_until(lambda: len(shadows()) >= 20)
-    found = {record["requestId"]: record["response"] for record in shadows()}
+    wait_until(lambda: len(shadows(server, "shadowed")) >= 20)
+    found = {record["requestId"]: record["response"] for record in shadows(server, "shadowed")}
     assert set(served) <= set(found)
     for i, rid in enumerate(served):
         logged = found[rid]
@@ -126,3 +146,151 @@ def test_a_changed_split_takes_effect_without_a_restart_and_a_bad_one_is_named_w
 
     wait_until(named)
     assert infer(server, "split").status_code == 200
+
+
+@needs_idle_cpu
+def test_every_shadow_answer_of_concurrent_requests_reaches_the_log_with_its_difference(server):
+    """8 clients at once, 400 requests: none of the copies is dropped, each is logged once, beside its own."""
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: infer(server, "many", value=float(i)), range(400)))
+    served = {r.headers["X-Request-Log-Id"]: i for i, r in enumerate(answers)}
+    wait_until(lambda: len(shadows(server, "many")) >= 400)
+    records = shadows(server, "many")
+    assert len(records) == 400 and {record["requestId"] for record in records} == set(served)
+    for record in records:
+        i = served[record["requestId"]]
+        assert record["status"] == 200 and record["path"] == "/shadow/many" and record["method"] == "SHADOW"
+        assert record["response"]["shadow"]["output_0"] == [[20.0 * i]]
+        assert record["response"]["difference"] == pytest.approx(10.0 * i)
+    assert dropped(server, "many") == 0
+
+
+def children(pid: int) -> dict[int, bytes]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def workers(server: ServerProcess) -> list[int]:
+    assert server.proc is not None
+    own = children(server.proc.pid)
+    master = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
+    return [pid for pid, line in own.items() if line == master]
+
+
+def shadow_process(worker: int) -> int:
+    """The shadow process of ``worker`` (waits for it to appear)."""
+
+    def found() -> list[int]:
+        return [pid for pid, line in children(worker).items() if b"servekit.hosts.shadow" in line]
+
+    wait_until(found)
+    (pid,) = found()
+    return pid
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def idle_allowed() -> bool:
+    """Whether this machine lets a process put itself at SCHED_IDLE (a container may refuse)."""
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+@needs_idle_cpu
+def test_the_shadow_process_runs_at_idle_priority_every_thread_of_it(server):
+    infer(server, "shadowed")
+    (worker,) = workers(server)
+    pid = shadow_process(worker)
+    threads = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    assert len(threads) > 1  # the request log's shipper among them
+    if idle_allowed():
+        assert {os.sched_getscheduler(t) for t in threads} == {os.SCHED_IDLE}
+        policy = next(line for line in Path(f"/proc/{pid}/sched").read_text().splitlines() if line.startswith("policy"))
+        assert int(policy.split(":")[1]) == os.SCHED_IDLE
+    else:
+        assert {os.getpriority(os.PRIO_PROCESS, t) for t in threads} == {19}
+    assert os.sched_getscheduler(worker) != os.SCHED_IDLE  # the worker serves at its own priority
+
+
+@needs_idle_cpu
+def test_a_candidate_version_replaced_in_the_worker_is_loaded_anew_by_the_shadow_process(server):
+    first = infer(server, "reloaded", value=1.0).headers["X-Request-Log-Id"]
+    wait_until(lambda: any(r["requestId"] == first for r in shadows(server, "reloaded")))
+    # new settings reload the model's versions, version 2 with its new model.py: a new candidate
+    (server.base / "reloaded" / "2" / "model.py").write_text(SCALING_MODEL.replace("FACTOR", "30"))
+    (server.base / "reloaded" / "servekit.yaml").write_text(SHADOWED + "concurrency: 8\n")
+    body = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+
+    def replaced() -> bool:
+        r = requests.post(f"{server.url}/v2/models/reloaded/versions/2/infer", json=body, timeout=30)
+        return r.status_code == 200 and r.json()["outputs"][0]["data"] == [30.0]
+
+    wait_until(replaced)
+    after = infer(server, "reloaded", value=2.0).headers["X-Request-Log-Id"]
+    wait_until(lambda: any(r["requestId"] == after for r in shadows(server, "reloaded")))
+    found = {r["requestId"]: r["response"] for r in shadows(server, "reloaded")}
+    assert found[first]["shadow"]["output_0"] == [[20.0]]
+    assert found[after]["shadow"]["output_0"] == [[60.0]] and found[after]["difference"] == pytest.approx(40.0)
+
+
+#: the candidate of the kill test: an input of 1000 or more keeps its predict busy for ten minutes
+STUCK_CANDIDATE = """
+import time
+from pathlib import Path
+
+import servekit
+
+
+@servekit.hookimpl
+def load(path):
+    return 20
+
+
+@servekit.hookimpl
+def predict(model, inputs):
+    if float(inputs.max()) >= 1000:
+        Path(MARKER).touch()
+        time.sleep(600)
+    return inputs * model
+"""
+
+
+@needs_idle_cpu
+def test_a_worker_killed_with_sigkill_takes_its_shadow_process_with_it_and_so_does_a_clean_stop(tmp_path):
+    base = tmp_path / "models"
+    stuck = tmp_path / "stuck"
+    for number in (1, 2):
+        (base / "shadowed" / str(number)).mkdir(parents=True)
+    (base / "shadowed" / "1" / "model.py").write_text(SCALING_MODEL.replace("FACTOR", "10"))
+    (base / "shadowed" / "2" / "model.py").write_text(STUCK_CANDIDATE.replace("MARKER", repr(str(stuck))))
+    (base / "shadowed" / "servekit.yaml").write_text(SHADOWED)
+    with ServerProcess(base, workers=1, request_log_url="sqlite") as running_server:
+        rid = infer(running_server, "shadowed").headers["X-Request-Log-Id"]
+        wait_until(lambda: any(r["requestId"] == rid for r in shadows(running_server, "shadowed")))
+        (worker,) = workers(running_server)
+        first = shadow_process(worker)
+        infer(running_server, "shadowed", value=1000.0)  # its copy never ends on its own
+        wait_until(stuck.exists)
+        os.kill(worker, signal.SIGKILL)
+        wait_until(lambda: not running(first))  # within its 10 s grace, stuck as it is
+        running_server.wait_ready()
+        infer(running_server, "shadowed")  # the worker that replaced it starts its own
+        (replacement,) = workers(running_server)
+        second = shadow_process(replacement)
+        assert second != first
+        rid = infer(running_server, "shadowed", value=3.0).headers["X-Request-Log-Id"]
+        wait_until(lambda: any(r["requestId"] == rid for r in shadows(running_server, "shadowed")))
+    assert not running(second)  # the server's stop ended its worker, and the worker its shadow process

@@ -58,8 +58,9 @@ class DataPlane:
         #: parts of this worker that must be up before it is ready: each says why not, or None
         #: (a requested gRPC port, servekit.server.grpc_engine)
         self.readiness_gates: list[Callable[[], str | None]] = []
-        #: copies of requests for ``shadow:`` candidates, run off the served requests' time
-        self.shadows = traffic.Shadows(self._shadow_answer, self._log_shadow, busy=load.in_flight)
+        #: where copies of requests for ``shadow:`` candidates go; the server's app installs a
+        #: process at idle CPU priority (servekit.hosts.shadow_pipe) beside the request log
+        self.shadows: traffic.ShadowRunner = traffic.NoShadows()
         #: the response cache shared by the server's workers (``None``: no model may use one)
         self.response_cache: response_cache.ResponseCache | None = None
 
@@ -176,17 +177,6 @@ class DataPlane:
             return
         answer = served if isinstance(served, dict) else {DEFAULT_OUTPUT: served}
         self.shadows.submit(candidate, (inputs, kwargs), answer, handed.request_log_id, name, f"/shadow/{name}")
-
-    def _shadow_answer(self, candidate: ModelVersion, request: tuple[Tensors, dict]) -> Any:
-        inputs, kwargs = request
-        result = self.predict(candidate, inputs, **kwargs)
-        if is_stream(result):
-            result = join_stream(result)
-        return result if isinstance(result, dict) else {DEFAULT_OUTPUT: result}
-
-    def _log_shadow(self, record: Any) -> None:
-        for impl in reversed(self.plugins.hook.log_request.get_hookimpls()):
-            impl.function(*[{"record": record}[arg] for arg in impl.argnames])
 
     def _resolve(self, name: str, version: Any = None, label: str | None = None) -> ModelVersion:
         if not self.repository.ready:

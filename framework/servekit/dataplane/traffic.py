@@ -9,9 +9,12 @@
   (:class:`servekit.dataplane.call_gate.PriorityGate`) reads it.
 - **Canary splits** (``traffic:``): :func:`route` picks the target of a request
   that names no version, by weight, the same one for the same sticky key.
-- **Shadow traffic** (``shadow:``): :class:`Shadows` runs a copy of a request on a
-  candidate in a background thread, off the served request's time, and logs
-  the candidate's answer beside the served one in the request log.
+- **Shadow traffic** (``shadow:``): the data plane hands a copy of a request to
+  its :class:`ShadowRunner`; on a server that is a process per worker at idle CPU
+  priority (:mod:`servekit.hosts.shadow_pipe`, :mod:`servekit.hosts.shadow`), so a
+  copy costs the serving worker a pickle and a pipe write, never a wait.  The
+  candidate's answer is logged beside the served one (:func:`shadow_record`, with
+  :func:`difference`).
 """
 
 from __future__ import annotations
@@ -19,16 +22,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import queue
 import random
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -206,7 +207,8 @@ def queued(model: str, delta: int) -> None:
     metrics.metrics().queue_pending.labels(model).inc(delta)
 
 
-def _count_dropped(model: str) -> None:
+def count_dropped(model: str) -> None:
+    """A shadow copy that was not run (``servekit_shadow_dropped_total``)."""
     from servekit.observability import metrics
 
     metrics.metrics().shadow_dropped.labels(model).inc()
@@ -274,103 +276,76 @@ def _plain(outputs: Any) -> Any:
     return outputs
 
 
-class Shadows:
-    """Runs shadow copies in one background thread, from a bounded queue (a full queue drops the copy).
+class ShadowRunner(Protocol):
+    """Where the data plane hands its shadow copies (``DataPlane.shadows``).
 
-    A copy waits until this process answers no request (up to :attr:`DEFER` seconds), so
-    the candidate computes between served requests, not beside them: on a busy server
-    the copies fall behind and, past :attr:`SIZE` waiting, are dropped and counted
-    (``servekit_shadow_dropped_total``) rather than slow the served requests.
+    The server installs :class:`servekit.hosts.shadow_pipe.ShadowProcess`: a process
+    per worker, at idle CPU priority, runs the copies and logs the answers.
     """
 
-    SIZE = 256
-    DEFER = 0.2
-    #: the worker is looked at this often while busy; a condition that woke the copy as the last
-    #: request left its model ran the copy while that request's answer was still being encoded
-    #: (bench/shadow.py: served p99 +40 %, against +3 to +20 % polling)
-    _IDLE_POLL = 0.0005
+    def submit(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
+        """Hand one copy over (``request``: the inputs and the keyword arguments of its ``predict``);
+        never waits: a copy that cannot be taken now is dropped and counted."""
 
-    def __init__(
-        self,
-        run: Callable[[Any, Any], Any],
-        emit: Callable[[RequestLog], None],
-        size: int = SIZE,
-        busy: Callable[[], int] | None = None,
-    ):
-        self._run, self._emit = run, emit
-        self._busy = busy
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(size)
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.dropped = 0
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Until every copy handed in so far is logged and in the store (tests, a clean shutdown)."""
+
+    def close(self) -> None:
+        """No more copies: let the copies handed in finish, then stop."""
+
+
+class NoShadows:
+    """A data plane no server set up: nothing runs copies, so each one is dropped and counted."""
 
     def submit(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
-        try:
-            self._queue.put_nowait((target, request, served, served_log_id, model, path))
-        except queue.Full:
-            self.dropped += 1
-            _count_dropped(model)
-            return
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name="servekit-shadow", daemon=True)
-                    self._thread.start()
+        count_dropped(model)
 
-    def wait_idle(self) -> None:
-        """Until every copy handed in so far is logged (tests, a clean shutdown)."""
-        self._queue.join()
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        return True
 
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if self._busy is not None:
-                until = time.monotonic() + self.DEFER
-                while self._busy() > 0 and time.monotonic() < until:
-                    time.sleep(self._IDLE_POLL)
-            try:
-                self._one(*item)
-            except Exception:
-                log.exception("shadow request failed to log")
-            finally:
-                self._queue.task_done()
+    def close(self) -> None:
+        pass
 
-    def _one(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
-        started = time.perf_counter()
-        status, answer, diff = 200, None, None
-        try:
-            answer = self._run(target, request)
-            diff = difference(served, answer)
-        except ServekitError as exc:
-            status, answer = exc.status, {"error": exc.message}
-        except Exception as exc:
-            status, answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
-        import orjson
 
-        body = orjson.dumps(
-            {
-                "shadow_of": served_log_id,
-                "served": _plain(served),
-                "shadow": _plain(answer),
-                "difference": diff,
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
-            default=str,
-        ).decode()
-        record = RequestLog(
-            request_log_id=uuid.uuid4().hex,
-            request_id=served_log_id,
-            created=time.time(),
-            method="SHADOW",
-            path=path,
-            protocol="shadow",
-            model=getattr(target, "name", model),
-            status=status,
-            duration_ms=(time.perf_counter() - started) * 1000,
-            request_body="",
-            response_body=body,
-            version=str(getattr(target, "version", "")),
-            trace_id="",
-        )
-        record.predictions = [PredictionLog(uuid.uuid4().hex, 0, body)]
-        self._emit(record)
+def shadow_record(
+    *,
+    served_log_id: str,
+    served: Any,
+    answer: Any,
+    status: int,
+    difference: float | None,
+    model: str,
+    version: str,
+    path: str,
+    duration_ms: float,
+) -> RequestLog:
+    """The request log's record of one shadow answer, beside the served request it copies.
+
+    ``protocol`` ``shadow``, ``requestId`` the served request's ``requestLogId``,
+    and a response (and its one prediction) holding ``shadow_of``, ``served``,
+    ``shadow`` and ``difference``.
+    """
+    import orjson
+
+    body = orjson.dumps(
+        {"shadow_of": served_log_id, "served": _plain(served), "shadow": _plain(answer), "difference": difference},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+        default=str,
+    ).decode()
+    record = RequestLog(
+        request_log_id=uuid.uuid4().hex,
+        request_id=served_log_id,
+        created=time.time(),
+        method="SHADOW",
+        path=path,
+        protocol="shadow",
+        model=model,
+        status=status,
+        duration_ms=duration_ms,
+        request_body="",
+        response_body=body,
+        version=version,
+        trace_id="",
+    )
+    record.predictions = [PredictionLog(uuid.uuid4().hex, 0, body)]
+    return record

@@ -13,6 +13,10 @@ Linux only: the hand-off uses Unix sockets and ``/dev/shm``
 cleans up after them; :mod:`.host` is the host process; :mod:`.client` the
 worker side; :mod:`.calls` names the kinds of message between them.  See
 docs/model-processes.md.
+
+The shadow process (:mod:`.shadow`, its worker side :mod:`.shadow_pipe`) loads
+versions the same way: it runs a worker's ``shadow:`` copies at idle CPU priority
+(docs/traffic-control.md).
 """
 
 from __future__ import annotations

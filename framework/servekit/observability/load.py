@@ -225,11 +225,6 @@ def running(model: str, arrivals: list[float]) -> Iterator[None]:
             _load.flush()
 
 
-def in_flight() -> int:
-    """Requests this process has accepted and not answered yet (a shadow copy waits for none)."""
-    return _load._concurrency
-
-
 def counts() -> dict[str, tuple[int, int]]:
     """This process's ``(waiting, running)`` per model (tests; a scrape sums every process's)."""
     return _load.snapshot()

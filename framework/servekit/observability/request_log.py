@@ -301,9 +301,13 @@ def _hook_impls(app: Flask) -> list[Any]:
 
 
 def _emit(app: Flask, record: RequestLog) -> None:
-    """Call every ``log_request`` implementation; one that fails neither fails the
-    request nor keeps the record from the others."""
-    hook = app.extensions["servekit"].plugins.hook.log_request
+    emit(app.extensions["servekit"].plugins, record)
+
+
+def emit(pm: Any, record: RequestLog) -> None:
+    """Call every ``log_request`` implementation of the plugin manager ``pm``; one that fails
+    neither fails the request nor keeps the record from the others (a shadow process logs so too)."""
+    hook = pm.hook.log_request
     for impl in reversed(hook.get_hookimpls()):  # pluggy's order: last registered first
         try:
             impl.function(*[{"record": record}[name] for name in impl.argnames])

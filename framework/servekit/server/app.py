@@ -27,6 +27,7 @@ from servekit.dataplane.response_cache import ResponseCache
 from servekit.errors import MethodNotAllowed, NotFound, PayloadTooLarge, ServekitError, render, retry_headers
 from servekit.folders.layout import discover, repository_roots
 from servekit.hooks import manager as plugins
+from servekit.hosts.shadow_pipe import ShadowProcess
 from servekit.protocols import generic, health, openai, retrieval, triton_generate, v1, v2
 from servekit.protocols.http import json_response
 from servekit.protocols.warmup import Warmer
@@ -102,6 +103,7 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
     quotas.install(app, api_key)
     limits.install(app, settings)
     observability.install(app, settings)
+    _install_shadows(app, dp)
 
     app.extensions["servekit.request_hooks"] = _request_hooks(app)  # the fast lane runs these itself
     pm = dp.plugins
@@ -110,6 +112,13 @@ def create_app(settings: Settings | None = None, dataplane: DataPlane | None = N
         control.start()
     pm.hook.server_started(models=dp.model_names())
     return app
+
+
+def _install_shadows(app: Flask, dp: DataPlane) -> None:
+    """``shadow:`` copies run in a process of each worker's, at idle CPU priority, and are logged
+    through the request log's store (:mod:`servekit.hosts.shadow_pipe`)."""
+    dp.shadows.close()  # a data plane reused by a new app: its earlier process finishes
+    dp.shadows = ShadowProcess(dp.plugins, dp.repository.batching, app.extensions.get("servekit.request_log"))
 
 
 def _request_hooks(app: Flask) -> set:

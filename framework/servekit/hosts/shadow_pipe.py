@@ -1,0 +1,530 @@
+"""The worker side of shadow traffic: each copy is one frame on a pipe to the worker's shadow process.
+
+A worker that serves a model with ``shadow:`` hands each copy (the candidate's
+settings, the request's inputs and arguments, the served answer and its
+``requestLogId``) to :class:`ShadowProcess`, the data plane's
+:class:`~servekit.dataplane.traffic.ShadowRunner` on a server.  The copy runs in
+a process of the worker's own (:mod:`servekit.hosts.shadow`), started on the first
+copy, at idle CPU priority: the candidate's compute, the difference and the
+request log's record all happen there, on CPU time the serving processes leave.
+
+What a copy costs the worker is one pickle (protocol 5) and one ``write(2)``,
+on the request's thread, under one lock per worker.  The pipe is made as large as
+the system allows (up to :data:`PIPE_BYTES`, ``/proc/sys/fs/pipe-max-size``)
+and its write end never blocks: a frame that does not fit in the room left
+(:class:`PipeRoom`) is not written, and the copy is dropped and counted in
+``servekit_shadow_dropped_total{model}``.  A frame is written whole or not at
+all; a write the kernel cut short (it never should) retires that pipe, whose
+process reads what came before it, drops the cut frame at the pipe's end and
+exits, and the next copy starts a new process.
+
+A frame is a 4-byte little-endian length and a pickle of a tuple:
+
+- ``("copy", KEY, SPEC or None, INPUTS, KWARGS, SERVED, SERVED_LOG_ID, MODEL, PATH)``:
+  ``SPEC`` (name, version, folder, fingerprint, settings, batching: what a model
+  host loads a version from) goes with a candidate's first copy to a process,
+  and later copies name it by ``KEY`` alone;
+- ``("sync", TOKEN)``: the process writes ``TOKEN`` (8 bytes) back on a second
+  pipe once every copy before it is logged and in the store (:meth:`ShadowProcess.wait_idle`).
+
+The process ends when its pipe does: the worker closes it on a clean exit (and
+waits for the copies handed in), and a worker that dies, however it dies,
+closes it with its other descriptors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import copyreg
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servekit.dataplane import traffic
+
+log = logging.getLogger("servekit.hosts")
+
+#: the shadow process's command, before its two descriptors and its settings
+COMMAND = [sys.executable, "-m", "servekit.hosts.shadow"]
+#: the largest pipe asked for (the kernel's ``pipe-max-size`` may allow less)
+PIPE_BYTES = 1 << 20
+#: the pipe's size where the system cannot say (a non-Linux pipe)
+DEFAULT_PIPE_BYTES = 16 * 1024
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: after a shadow process failed or was retired, the next one starts no sooner than this
+RESTART_PAUSE_S = 5.0
+#: on a clean exit, how long the worker waits for its shadow process to run the copies handed in
+CLOSE_GRACE_S = 10.0
+_LENGTH = struct.Struct("<I")
+#: what the shadow process answers a ``sync`` frame with
+TOKEN = struct.Struct("<Q")
+
+
+def rebuild_array(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An array :func:`encode` sent as its bytes (writable, as the request's own was)."""
+    return np.frombuffer(bytearray(data), dtype).reshape(shape)
+
+
+def _reduce_array(array: np.ndarray) -> Any:
+    """An array as its bytes, dtype and shape: a third of numpy's own pickle's cost on small arrays."""
+    if array.dtype.hasobject or array.dtype.fields is not None:
+        return array.__reduce_ex__(5)
+    return rebuild_array, (array.tobytes(), array.dtype.str, array.shape)
+
+
+class _Pickler(pickle.Pickler):
+    dispatch_table = {**copyreg.dispatch_table, np.ndarray: _reduce_array}
+
+
+def encode(message: tuple[Any, ...]) -> bytes:
+    """One frame: the length, then the pickle (protocol 5)."""
+    out = io.BytesIO()
+    out.write(b"\0" * _LENGTH.size)
+    _Pickler(out, protocol=5).dump(message)
+    frame = out.getbuffer()
+    _LENGTH.pack_into(frame, 0, len(frame) - _LENGTH.size)
+    del frame
+    return out.getvalue()
+
+
+def decode(body: bytes) -> tuple[Any, ...]:
+    return pickle.loads(body)
+
+
+class FrameReader:
+    """The shadow process's side of the pipe: one frame at a time, read only when it is wanted,
+    so that the copies waiting stay in the pipe, where the worker sees how full it is."""
+
+    def __init__(self, fd: int, alive: Callable[[], bool] = lambda: True, poll_s: float = 1.0):
+        self.fd, self.alive, self.poll_s = fd, alive, poll_s
+        self._poll = select.poll()  # not select(): a worker's descriptors (kept here) may pass 1024
+        self._poll.register(fd, select.POLLIN)
+
+    def read(self) -> bytes | None:
+        """The next frame's pickle (:func:`decode` it); ``None`` at the pipe's end (a frame cut
+        by it is dropped) or once ``alive`` says the worker is gone."""
+        head = self._exactly(_LENGTH.size)
+        if head is None:
+            return None
+        return self._exactly(_LENGTH.unpack(head)[0])
+
+    def _exactly(self, size: int) -> bytes | None:
+        parts, left = [], size
+        while left:
+            if not self._wait():
+                return None
+            data = os.read(self.fd, left)
+            if not data:
+                return None
+            parts.append(data)
+            left -= len(data)
+        return b"".join(parts)
+
+    def _wait(self) -> bool:
+        while True:
+            ready = self._poll.poll(self.poll_s * 1000)
+            if not self.alive():
+                return False
+            if ready:
+                return True
+
+
+def pipe_capacity(fd: int, wanted: int = PIPE_BYTES) -> int:
+    """Make the pipe of ``fd`` as large as allowed, up to ``wanted``; the size it has."""
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return DEFAULT_PIPE_BYTES
+    try:
+        wanted = min(wanted, int(Path("/proc/sys/fs/pipe-max-size").read_text()))
+    except (OSError, ValueError):
+        pass
+    with contextlib.suppress(OSError):  # past the user's pipe-user-pages-soft: the default size
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, wanted)
+    return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+
+
+def unread(fd: int) -> int:
+    """Bytes written to the pipe of ``fd`` and not read yet (``FIONREAD``; either end)."""
+    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder, signed=True)
+
+
+class PipeRoom:
+    """Whether a write fits in a pipe now, followed from its only writer.
+
+    The kernel keeps a pipe's bytes in page-sized buffers, at most capacity / page
+    of them: a write first fills the last buffer if its remainder (the length
+    modulo a page) fits there, then takes new buffers, and a buffer is freed once
+    all its bytes are read.  So a pipe of small frames holds fewer bytes than its
+    capacity, and "capacity minus what is unread" overstates the room.  This
+    follows the buffers as the writer filled them and, from ``FIONREAD``, which
+    of them the reader has emptied: the room it reports is never more than the
+    kernel's (a read that happens meanwhile only makes more).
+    """
+
+    def __init__(self, capacity: int, page: int = PAGE):
+        self.capacity = capacity
+        self.page = page
+        self.slots = max(1, capacity // page)
+        self.written = 0
+        #: the buffers the reader has not emptied: [stream offset of the end, bytes in the buffer]
+        self.buffers: collections.deque[list[int]] = collections.deque()
+
+    def _forget_read(self, unread_bytes: int) -> None:
+        read = self.written - unread_bytes
+        while self.buffers and self.buffers[0][0] <= read:
+            self.buffers.popleft()
+
+    def _new_buffers(self, size: int) -> tuple[int, int]:
+        """How many buffers a write of ``size`` takes, and how many of its bytes go into the last one."""
+        rest = size % self.page
+        if rest and self.buffers and self.buffers[-1][1] + rest <= self.page:
+            return (size - rest) // self.page, rest
+        return -(-size // self.page), 0
+
+    def fits(self, size: int, unread_bytes: int) -> bool:
+        self._forget_read(unread_bytes)
+        return len(self.buffers) + self._new_buffers(size)[0] <= self.slots
+
+    def wrote(self, size: int) -> None:
+        """A write of ``size`` bytes went in whole (after :meth:`fits` said it would)."""
+        _, merged = self._new_buffers(size)
+        end = self.written
+        if merged:
+            self.buffers[-1][0] += merged
+            self.buffers[-1][1] += merged
+            end += merged
+        left = size - merged
+        while left:
+            part = min(self.page, left)
+            end += part
+            self.buffers.append([end, part])
+            left -= part
+        self.written += size
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of an array, or of the arrays of a dict (a request's tensors, an answer)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(v.nbytes for v in value.values() if isinstance(v, np.ndarray))
+    return 0
+
+
+def idle_priority(pid: int = 0) -> str:
+    """Put a process (0: this thread, and the threads it starts) at ``SCHED_IDLE``: it gets a CPU
+    only when nothing else wants it.  Where that is refused, the lowest nice value; which one."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        return "SCHED_IDLE"
+    except (AttributeError, OSError):
+        pass
+    with contextlib.suppress(OSError):
+        if pid == 0:
+            os.nice(19 - os.nice(0))
+        else:
+            os.setpriority(os.PRIO_PROCESS, pid, 19)
+    return "nice 19"
+
+
+class _Child:
+    """One shadow process and the pipes to it; its process starts in the background."""
+
+    def __init__(self, frames: int, answers: int, capacity: int, lock: threading.Lock):
+        self.frames, self.answers = frames, answers
+        self.room = PipeRoom(capacity)
+        self.lock = lock  # the worker's writer lock
+        self.proc: subprocess.Popen | None = None
+        self.started = threading.Event()
+        self.retired = False
+        #: the candidates whose settings this process was sent
+        self.sent: set[str] = set()
+        self.synced = 0
+        self._finish_lock = threading.Lock()
+
+    @classmethod
+    def start(cls, config: dict[str, Any], lock: threading.Lock) -> _Child:
+        frames_r, frames_w = os.pipe()  # both close on exec: only the shadow process gets its ends
+        answers_r, answers_w = os.pipe()
+        capacity = pipe_capacity(frames_w)
+        os.set_blocking(frames_w, False)
+        child = cls(frames_w, answers_r, capacity, lock)
+        threading.Thread(
+            target=child._spawn, args=(config, frames_r, answers_w), name="servekit-shadow-start", daemon=True
+        ).start()
+        return child
+
+    def _spawn(self, config: dict[str, Any], frames_r: int, answers_w: int) -> None:
+        """Start the process (copies meanwhile wait in the pipe); a failure closes its end, so the
+        worker's next write finds the pipe broken."""
+        try:
+            self.proc = subprocess.Popen(
+                [*COMMAND, str(frames_r), str(answers_w), json.dumps(config)],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(frames_r, answers_w),
+                close_fds=True,
+            )
+            idle_priority(self.proc.pid)  # at once: its imports are CPU time too
+            log.info("shadow process started (pid %d) for worker %d", self.proc.pid, os.getpid())
+        except Exception:
+            log.exception("the shadow process could not be started; copies are dropped")
+        finally:
+            os.close(frames_r)
+            os.close(answers_w)
+            self.started.set()
+
+    def write(self, frame: bytes) -> bool:
+        """Write one frame whole, without waiting; ``False``: not written."""
+        with self.lock:
+            if self.retired:
+                return False
+            try:
+                before = unread(self.frames)
+                if not self.room.fits(len(frame), before):
+                    return False
+                written = os.write(self.frames, frame)
+            except BlockingIOError:
+                return False  # less room than followed: nothing was written
+            except OSError:  # the process is gone (EPIPE)
+                self._retire()
+                return False
+            if written < len(frame):  # a cut frame: the reader drops it at the pipe's end
+                self._retire()
+                return False
+            self.room.wrote(written)
+            return True
+
+    def gone(self) -> bool:
+        """Whether its process has exited (or never started)."""
+        if not self.started.is_set():
+            return False
+        return self.proc is None or self.proc.poll() is not None
+
+    def retire(self) -> None:
+        with self.lock:
+            self._retire()
+
+    def _retire(self) -> None:
+        if not self.retired:
+            self.retired = True
+            os.close(self.frames)  # its process reads to the end, then exits
+
+    def wait_synced(self, token: int, deadline: float) -> bool:
+        """Read the process's answers until ``token`` came back (or the process ended)."""
+        while self.synced < token:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poll = select.poll()  # not select(): a busy worker's descriptors pass 1024
+            poll.register(self.answers, select.POLLIN)
+            if not poll.poll(left * 1000):
+                return False
+            data = os.read(self.answers, 4096)
+            if not data:
+                return True  # the process ended: it logs nothing more
+            for (value,) in TOKEN.iter_unpack(data[: len(data) - len(data) % TOKEN.size]):
+                self.synced = max(self.synced, value)
+        return True
+
+    def finish(self, deadline: float) -> None:
+        """After :meth:`retire`: wait for the process to run what it was sent, then reap it."""
+        with self._finish_lock:
+            if self.answers < 0:
+                return  # finished already
+            self.started.wait(max(0.0, deadline - time.monotonic()))
+            if self.proc is not None:
+                try:
+                    self.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("shadow process %d did not finish its copies in time; stopped", self.proc.pid)
+                    self.proc.kill()
+                    self.proc.wait()
+            os.close(self.answers)
+            self.answers = -1
+
+
+class ShadowProcess:
+    """The data plane's shadow runner on a server: one shadow process per worker (see the module).
+
+    ``pm`` gives the ``--plugin`` entries the process loads candidates with;
+    ``store`` is the built-in request log (:class:`~servekit.observability.log_store.SqlRequestLog`),
+    which the process writes to through its own spool, beside any other
+    ``log_request`` plugin it loads.
+    """
+
+    def __init__(self, pm: Any, batching: Any, store: Any = None):
+        from servekit.hosts import plugin_specs
+
+        self.config = {
+            "plugins": plugin_specs(pm),
+            "store": [store.url, str(store.spool.folder)] if store is not None else None,
+            "log_level": logging.getLevelName(logging.getLogger().level),
+        }
+        self.batching = [batching.max_batch_size, batching.max_batch_time_ms]
+        self._specs: dict[int, tuple[weakref.ref[Any], str, dict[str, Any]]] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        """This process's own state (a forked worker does not share its parent's process)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()  # the one writer lock of this worker
+        self._start_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._child: _Child | None = None
+        self._retired: list[_Child] = []
+        self._next_start = 0.0
+        self._token = 0
+        self._exit_hook = False
+        self.closed = False
+        #: copies dropped by this worker (also in ``servekit_shadow_dropped_total``)
+        self.dropped = 0
+        self._told: set[str] = set()  # what was said once: a model's copies too large, or not pickled
+
+    # -- the request's side ----------------------------------------------------------------------
+
+    def submit(self, target: Any, request: Any, served: Any, served_log_id: str, model: str, path: str) -> None:
+        child = self._current()
+        inputs, kwargs = request
+        if child is not None and _tensor_bytes(inputs) + _tensor_bytes(served) > child.room.capacity:
+            self._too_large(model, child.room.capacity)
+        elif child is not None:
+            key, spec = self._spec(target)
+            first = key not in child.sent
+            try:
+                frame = encode(
+                    ("copy", key, spec if first else None, inputs, kwargs, served, served_log_id, model, path)
+                )
+            except Exception as exc:  # an input that cannot be pickled
+                if f"{model}|pickle" not in self._told:
+                    self._told.add(f"{model}|pickle")
+                    log.warning(
+                        "model %s: a shadow copy could not be pickled (%s); such copies are dropped", model, exc
+                    )
+                frame = b""
+            if frame and child.write(frame):
+                if first:
+                    child.sent.add(key)
+                return
+            if child.gone():
+                child.retire()  # its process ended: the next copy starts another
+        self.dropped += 1
+        traffic.count_dropped(model)
+
+    def _too_large(self, model: str, capacity: int) -> None:
+        """A copy that could never fit is dropped before it is pickled; said once per model."""
+        if model not in self._told:
+            self._told.add(model)
+            log.warning(
+                "model %s: a shadow copy larger than the pipe to the shadow process (%d bytes) is dropped; "
+                "copies that large never run",
+                model,
+                capacity,
+            )
+
+    def _current(self) -> _Child | None:
+        """The shadow process's pipe, started now if there is none; ``None`` while none may start."""
+        if self._pid != os.getpid():
+            self._reset()
+        child = self._child
+        if child is not None and not child.retired:
+            return child
+        with self._start_lock:
+            child = self._child
+            if child is not None and not child.retired:
+                return child
+            if self.closed or time.monotonic() < self._next_start:
+                return None
+            if child is not None:
+                self._retired.append(child)
+                threading.Thread(target=child.finish, args=(time.monotonic() + 60.0,), daemon=True).start()
+            self._next_start = time.monotonic() + RESTART_PAUSE_S
+            self._child = _Child.start(self.config, self._lock)
+            if not self._exit_hook:
+                atexit.register(_close_at_exit, weakref.ref(self))
+                self._exit_hook = True
+            return self._child
+
+    def _spec(self, mv: Any) -> tuple[str, dict[str, Any]]:
+        """The candidate's key and what the shadow process loads it from (made once per loaded version)."""
+        entry = self._specs.get(id(mv))
+        if entry is not None and entry[0]() is mv:
+            return entry[1], entry[2]
+        from servekit.control.plan import config_key
+
+        spec = {
+            "name": mv.name,
+            "version": mv.version,
+            "path": str(mv.path),
+            "base_path": str(mv.config.base_path or mv.path.parent),
+            "fingerprint": mv.fingerprint,
+            "config": mv.raw_config,
+            "batching": self.batching,
+        }
+        text = f"{mv.name}|{mv.version}|{mv.path}|{mv.fingerprint}|{config_key(mv.raw_config)}"
+        key = hashlib.sha1(text.encode()).hexdigest()[:16]
+        if len(self._specs) > 64:  # versions unloaded since
+            self._specs = {k: v for k, v in self._specs.items() if v[0]() is not None}
+        self._specs[id(mv)] = (weakref.ref(mv), key, spec)
+        return key, spec
+
+    # -- tests and shutdown -------------------------------------------------------------------------
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Until every copy handed in so far is logged and in the store; whether that happened in time."""
+        deadline = time.monotonic() + timeout
+        with self._sync_lock:
+            for old in list(self._retired):
+                old.finish(deadline)
+                self._retired.remove(old)
+            child = self._child
+            if child is None or self._pid != os.getpid():
+                return True
+            self._token += 1
+            token = self._token
+            frame = encode(("sync", token))
+            while not child.write(frame):  # unlike a copy, this one waits for room
+                if child.retired or child.gone():
+                    return True  # nothing more will be logged there
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+            return child.wait_synced(token, deadline)
+
+    def close(self, grace: float = CLOSE_GRACE_S) -> None:
+        """No more copies: the shadow process runs those it has, then ends (stopped after ``grace`` s)."""
+        if self._pid != os.getpid():
+            return
+        with self._start_lock:
+            self.closed = True
+            children, self._child = [*self._retired, *([self._child] if self._child else [])], None
+            self._retired = []
+        deadline = time.monotonic() + grace
+        for child in children:
+            child.retire()
+        for child in children:
+            child.finish(deadline)
+
+
+def _close_at_exit(ref: weakref.ref[ShadowProcess]) -> None:
+    runner = ref()
+    if runner is not None:
+        with contextlib.suppress(Exception):
+            runner.close()
