@@ -251,3 +251,30 @@ def test_a_copy_that_cannot_be_pickled_is_dropped_counted_and_said_once(stand_in
             runner.submit(version(), request, {}, f"served-{i}", "unpicklable", "/shadow/unpicklable")
     assert runner.dropped == 3 and dropped_total("unpicklable") - before == 3
     assert sum("could not be pickled" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_board_carries_the_worker_s_concurrency_and_a_copy_waits_for_it_to_fall_to_zero(monkeypatch):
+    """The worker's requests in flight, on memory the shadow process maps: a copy runs once the
+    worker holds none, or after DEFER_S at most."""
+    from servekit.hosts import shadow
+    from servekit.observability import load
+
+    fd, board = shadow_pipe._shared_board()
+    monkeypatch.setattr(load._load, "board", None)
+    load.share_concurrency(board)
+    try:
+        idle = shadow.WorkerIdle(fd)
+        load.arrived("m")
+        assert load.read_board(idle.board) == 1
+        monkeypatch.setattr(shadow, "DEFER_S", 0.3)
+        started = time.monotonic()
+        idle.wait()  # the worker stays busy: the copy runs after DEFER_S
+        assert time.monotonic() - started >= 0.3
+        load.left("m")
+        assert load.read_board(idle.board) == 0
+        started = time.monotonic()
+        idle.wait()
+        assert time.monotonic() - started < 0.3
+    finally:
+        load._load.board = None
+        os.close(fd)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import mmap
 import os
 import signal
 import sys
@@ -213,8 +214,34 @@ def _outlive_no_worker(parent: int, grace: float = 10.0) -> None:
     os._exit(1)
 
 
+#: a copy waits at most this long for its worker to answer no request, then runs anyway
+DEFER_S = 0.5
+#: how often the worker's concurrency is looked at while a copy waits
+BOARD_POLL_S = 0.001
+
+
+class WorkerIdle:
+    """Waits, before each copy, until the worker holds no request (its concurrency on the shared
+    board is 0), up to :data:`DEFER_S`.  ``SCHED_IDLE`` keeps a copy from taking a CPU a serving
+    thread wants, but not from slowing it: on the 2 CPUs of a small VM a loop at idle priority on
+    one CPU made single requests on the other 8-11 % slower (bench/shadow.py, RESULTS.md)."""
+
+    def __init__(self, board_fd: int):
+        self.board = mmap.mmap(board_fd, 8, prot=mmap.PROT_READ) if board_fd >= 0 else None
+
+    def wait(self) -> None:
+        if self.board is None:
+            return
+        from servekit.observability.load import read_board
+
+        until = time.monotonic() + DEFER_S
+        while read_board(self.board) > 0 and time.monotonic() < until:
+            time.sleep(BOARD_POLL_S)
+
+
 def main(argv: list[str]) -> int:
     frames, answers, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
+    idle = WorkerIdle(int(argv[3]) if len(argv) > 3 else -1)
     priority = idle_priority()  # before any thread starts: they inherit it
     parent = os.getppid()
     # a terminal's Ctrl-C reaches the whole group: the worker decides when this process ends
@@ -231,7 +258,10 @@ def main(argv: list[str]) -> int:
     try:
         while (body := reader.read()) is not None:
             try:
-                shadow.handle(decode(body), answers)
+                message = decode(body)
+                if message[0] == "copy":
+                    idle.wait()
+                shadow.handle(message, answers)
             except Exception:
                 log.exception("shadow process: a copy failed to log")
     finally:

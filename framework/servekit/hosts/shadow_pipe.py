@@ -43,6 +43,7 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import pickle
 import select
@@ -60,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from servekit.dataplane import traffic
+from servekit.observability import load
 
 log = logging.getLogger("servekit.hosts")
 
@@ -75,6 +77,8 @@ RESTART_PAUSE_S = 5.0
 #: on a clean exit, how long the worker waits for its shadow process to run the copies handed in
 CLOSE_GRACE_S = 10.0
 _LENGTH = struct.Struct("<I")
+#: how long the shadow process naps while its pipe is empty (copies wait that much longer)
+NAP_S = 0.02
 #: what the shadow process answers a ``sync`` frame with
 TOKEN = struct.Struct("<Q")
 
@@ -140,12 +144,20 @@ class FrameReader:
         return b"".join(parts)
 
     def _wait(self) -> bool:
+        """Until the pipe holds bytes (or says it ended).  While it is empty the reader naps
+        (:data:`NAP_S`) rather than waits on it: a process waiting on a pipe is woken by every
+        write, and that wake-up is the serving worker's CPU, once per copy."""
+        naps = 0
         while True:
-            ready = self._poll.poll(self.poll_s * 1000)
-            if not self.alive():
-                return False
+            ready = self._poll.poll(0)
             if ready:
                 return True
+            if naps * NAP_S >= self.poll_s:
+                naps = 0
+                if not self.alive():
+                    return False
+            time.sleep(NAP_S)
+            naps += 1
 
 
 def pipe_capacity(fd: int, wanted: int = PIPE_BYTES) -> int:
@@ -199,8 +211,11 @@ class PipeRoom:
             return (size - rest) // self.page, rest
         return -(-size // self.page), 0
 
-    def fits(self, size: int, unread_bytes: int) -> bool:
-        self._forget_read(unread_bytes)
+    def fits(self, size: int, unread_bytes: int | None = None) -> bool:
+        """Whether a write of ``size`` fits; with ``unread_bytes`` (``FIONREAD``) the buffers read
+        since are forgotten first, without it nothing is taken as read (never more room than there is)."""
+        if unread_bytes is not None:
+            self._forget_read(unread_bytes)
         return len(self.buffers) + self._new_buffers(size)[0] <= self.slots
 
     def wrote(self, size: int) -> None:
@@ -229,6 +244,19 @@ def _tensor_bytes(value: Any) -> int:
     return 0
 
 
+def _shared_board() -> tuple[int, mmap.mmap] | None:
+    """8 bytes of memory the shadow process maps too (a memfd): the worker's concurrency, so that
+    copies run while the worker answers no request (:func:`servekit.observability.load.share_concurrency`)."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create("servekit-shadow-board", os.MFD_CLOEXEC)  # the process gets it through pass_fds
+        os.ftruncate(fd, mmap.PAGESIZE)
+        return fd, mmap.mmap(fd, 8)
+    except OSError:
+        return None
+
+
 def idle_priority(pid: int = 0) -> str:
     """Put a process (0: this thread, and the threads it starts) at ``SCHED_IDLE``: it gets a CPU
     only when nothing else wants it.  Where that is refused, the lowest nice value; which one."""
@@ -250,6 +278,8 @@ class _Child:
 
     def __init__(self, frames: int, answers: int, capacity: int, lock: threading.Lock):
         self.frames, self.answers = frames, answers
+        #: the worker's concurrency, shared with the process (``None`` where no memfd can be made)
+        self.board: mmap.mmap | None = None
         self.room = PipeRoom(capacity)
         self.lock = lock  # the worker's writer lock
         self.proc: subprocess.Popen | None = None
@@ -267,19 +297,29 @@ class _Child:
         capacity = pipe_capacity(frames_w)
         os.set_blocking(frames_w, False)
         child = cls(frames_w, answers_r, capacity, lock)
+        board = _shared_board()
+        if board is not None:
+            board_fd, child.board = board
+            load.share_concurrency(child.board)
+        else:
+            board_fd = -1
         threading.Thread(
-            target=child._spawn, args=(config, frames_r, answers_w), name="servekit-shadow-start", daemon=True
+            target=child._spawn,
+            args=(config, frames_r, answers_w, board_fd),
+            name="servekit-shadow-start",
+            daemon=True,
         ).start()
         return child
 
-    def _spawn(self, config: dict[str, Any], frames_r: int, answers_w: int) -> None:
+    def _spawn(self, config: dict[str, Any], frames_r: int, answers_w: int, board_fd: int) -> None:
         """Start the process (copies meanwhile wait in the pipe); a failure closes its end, so the
         worker's next write finds the pipe broken."""
+        passed = (frames_r, answers_w) + ((board_fd,) if board_fd >= 0 else ())
         try:
             self.proc = subprocess.Popen(
-                [*COMMAND, str(frames_r), str(answers_w), json.dumps(config)],
+                [*COMMAND, str(frames_r), str(answers_w), json.dumps(config), str(board_fd)],
                 stdin=subprocess.DEVNULL,
-                pass_fds=(frames_r, answers_w),
+                pass_fds=passed,
                 close_fds=True,
             )
             idle_priority(self.proc.pid)  # at once: its imports are CPU time too
@@ -287,8 +327,8 @@ class _Child:
         except Exception:
             log.exception("the shadow process could not be started; copies are dropped")
         finally:
-            os.close(frames_r)
-            os.close(answers_w)
+            for fd in passed:
+                os.close(fd)
             self.started.set()
 
     def write(self, frame: bytes) -> bool:
@@ -297,8 +337,9 @@ class _Child:
             if self.retired:
                 return False
             try:
-                before = unread(self.frames)
-                if not self.room.fits(len(frame), before):
+                # the kernel is asked what was read (an ioctl) only when the buffers as written leave
+                # no room: most copies find room without it
+                if not self.room.fits(len(frame)) and not self.room.fits(len(frame), unread(self.frames)):
                     return False
                 written = os.write(self.frames, frame)
             except BlockingIOError:

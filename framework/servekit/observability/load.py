@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import contextvars
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -103,6 +104,8 @@ class _Load(Tally):
         self._concurrency = 0
         self._published_concurrency = 0
         self._queue: dict[str, list[Any]] = {}  # model -> [sum, bucket counts]
+        #: shared memory another process reads this process's concurrency from (:func:`share_concurrency`)
+        self.board: Any = None
 
     def move(self, model: str, waiting: int, running: int, concurrency: int = 0) -> None:
         with self._lock:
@@ -113,6 +116,8 @@ class _Load(Tally):
                 counts[0] += waiting
                 counts[1] += running
             self._concurrency += concurrency
+            if concurrency and self.board is not None:
+                _BOARD.pack_into(self.board, 0, self._concurrency)
         self.started()
 
     def queued(self, model: str, seconds: float, count: int = 1) -> None:
@@ -223,6 +228,24 @@ def running(model: str, arrivals: list[float]) -> Iterator[None]:
             # before the answer leaves: the worker's own -1 must never reach the
             # gauges ahead of this +1, or a scrape in between would see waiting < 0
             _load.flush()
+
+
+#: the board's layout: this process's concurrency, a native signed 64-bit integer
+_BOARD = struct.Struct("q")
+
+
+def share_concurrency(board: Any) -> None:
+    """Keep this process's concurrency (requests accepted and not answered) in ``board``, a
+    writable buffer of 8 bytes another process maps too: a shadow process runs its copies
+    while the count is 0 (:mod:`servekit.hosts.shadow`)."""
+    with _load._lock:
+        _BOARD.pack_into(board, 0, _load._concurrency)
+        _load.board = board
+
+
+def read_board(board: Any) -> int:
+    """The concurrency a :func:`share_concurrency` board holds."""
+    return int(_BOARD.unpack_from(board, 0)[0])
 
 
 def counts() -> dict[str, tuple[int, int]]:
