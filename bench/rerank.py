@@ -7,16 +7,25 @@ The folder is a cross-encoder the size of ``cross-encoder/ms-marco-MiniLM-L6-v2`
 all-MiniLM-L6-v2 encoder with a one-label head: 22.7 M parameters; scores are not meaningful,
 the cost is).  Each server runs alone on the machine, answers one checked request, gets a 2 s
 warm-up, then ``wrk`` holds 32 connections for ``--seconds``.  Bodies: TEI's ``/rerank``
-(``query``, ``texts``) for servekit and the FastAPI peer; KServe's V1 ``:predict`` with the 16
-(query, passage) pairs as ``instances`` for KServe (its Hugging Face server has no rerank route
-on its own backend; with ``task: sequence_classification`` it answers the pairs' logits).
+(``query``, ``texts``) for servekit and the FastAPI peer; KServe's V1 ``:predict`` for KServe, whose
+Hugging Face server has no rerank route and no sentence-pair input on its own (transformers)
+backend: its tokenizer call takes texts only, and transformers refuses a JSON pair as a
+pre-tokenized example. So each pair goes as one text, ``QUERY [SEP] PASSAGE``: the same tokens,
+padding and forward passes as the pair (its segment ids are all 0, so its logits differ a little;
+the cost is the same), ``task: sequence_classification``, ``--backend huggingface``. Its answer
+is each pair's class (0: a one-label head has one); ``--return_raw_logits``, which would give the
+scores, fails on a one-label head (``IndexError`` in its postprocess, every request a 500).
 
-KServe's server runs from ``bench/.venvs/kserve-hf`` (KServe 0.21.0 from PyPI, its
-``huggingfaceserver`` from KServe's repository, torch and transformers as servekit's):
+KServe's server runs from ``bench/.venvs/kserve-hf``: KServe 0.21.0 from PyPI with the vLLM it
+pins (0.24.0, which brings its own torch 2.11; KServe's OpenAI types import vLLM at start even
+for the transformers backend), its ``huggingfaceserver`` and ``kserve-storage`` from KServe's
+repository:
     python -m venv bench/.venvs/kserve-hf
-    bench/.venvs/kserve-hf/bin/pip install kserve==0.21.0 torch==2.13.0 transformers accelerate
-    bench/.venvs/kserve-hf/bin/pip install --no-deps KSERVE_REPO/python/huggingfaceserver
-"""
+    bench/.venvs/kserve-hf/bin/pip install kserve==0.21.0 vllm==0.24.0 transformers accelerate
+    bench/.venvs/kserve-hf/bin/pip install --no-deps KSERVE_REPO/python/huggingfaceserver KSERVE_REPO/python/storage
+With the default ``--backend auto`` the server picks vLLM for a BERT classifier, and vLLM's
+CUDA wheel cannot name a device on a machine without a GPU: it exits before it reads its
+arguments. """
 
 from __future__ import annotations
 
@@ -79,7 +88,7 @@ def post(url: str, body: dict, timeout: float = 60) -> object:
 def servers(folder: Path) -> dict[str, dict]:
     texts = passages()
     tei = {"query": QUERY, "texts": texts}
-    pairs = {"instances": [[QUERY, text] for text in texts]}
+    pairs = {"instances": [f"{QUERY} [SEP] {text}" for text in texts]}  # the module's docstring says why
     found = {
         "servekit": {
             "command": lambda port: [sys.executable, "-m", "servekit", "serve", str(folder.parent),
@@ -101,8 +110,8 @@ def servers(folder: Path) -> dict[str, dict]:
         for workers in (1, 2):
             found[f"kserve-hf-{workers}w"] = {
                 "command": lambda port, w=workers: [str(KSERVE_PYTHON), "-m", "huggingfaceserver", "--model_dir",
-                                                    str(folder), "--model_name", "reranker", "--task",
-                                                    "sequence_classification", "--http_port", str(port),
+                                                    str(folder), "--model_name", "reranker", "--backend", "huggingface",
+                                                    "--task", "sequence_classification", "--http_port", str(port),
                                                     "--enable_grpc", "false", "--workers", str(w)],
                 "path": "/v1/models/reranker:predict", "body": pairs,
                 "note": f"KServe 0.21.0 huggingfaceserver (task sequence_classification), {workers} worker(s)",
