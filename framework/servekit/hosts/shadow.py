@@ -1,11 +1,13 @@
 """The shadow process: a worker's shadow copies, run at idle CPU priority and logged.
 
 Started by :class:`servekit.hosts.shadow_pipe.ShadowProcess` on its worker's
-first copy, as ``python -m servekit.hosts.shadow FRAMES ANSWERS CONFIG`` (two pipe
-descriptors and a JSON document: the ``--plugin`` entries, the request log's store
-and the log level).  It puts itself at ``SCHED_IDLE`` (where refused, nice 19), so
-it computes only on CPU time the serving processes leave idle, and reads its
-worker's frames one at a time (the format is :mod:`.shadow_pipe`'s).
+first copy, as ``python -m servekit.hosts.shadow FRAMES ANSWERS CONFIG BOARD`` (two
+pipe descriptors, a JSON document: the ``--plugin`` entries, the request log's store
+and the log level, and the descriptor of the worker's concurrency board, ``-1`` for
+none).  It puts itself at ``SCHED_IDLE`` (where refused, nice 19), so it computes
+only on CPU time the serving processes leave idle, reads its worker's frames one at
+a time (the format is :mod:`.shadow_pipe`'s), and starts a copy once its worker
+holds no request (:class:`WorkerIdle`).
 
 For each copy it loads the candidate version as a model host would (plugins,
 ``model.py``, the version's settings as its worker loaded them: :class:`Candidates`
