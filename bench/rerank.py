@@ -25,7 +25,7 @@ repository:
     bench/.venvs/kserve-hf/bin/pip install --no-deps KSERVE_REPO/python/huggingfaceserver KSERVE_REPO/python/storage
 With the default ``--backend auto`` the server picks vLLM for a BERT classifier, and vLLM's
 CUDA wheel cannot name a device on a machine without a GPU: it exits before it reads its
-arguments. """
+arguments."""
 
 from __future__ import annotations
 
