@@ -1,5 +1,32 @@
 #!/usr/bin/env bash
 # Quickstart 2: install everything the suite needs and run the whole test suite.
+# Debian's packages for the end-to-end tests of the outside world, as root on Debian, when missing:
+# Chromium (the status-page test), Prometheus (and promtool's checks of the alert rules), HAProxy in
+# front of the scale-out rehearsal, PostgreSQL for the request log, and a Docker daemon with
+# debootstrap for the real-image test (tests/scaffold/test_docker_image.py). Without them those
+# tests skip with the reason. One `apt-get update` for all, in the background while pip installs.
+debian_packages() {
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 0
+    local missing=() tool
+    for tool in chromium:chromium prometheus:/usr/bin/promtool haproxy:/usr/sbin/haproxy \
+        postgresql:/usr/lib/postgresql docker.io:dockerd debootstrap:debootstrap; do
+        if [[ "${tool#*:}" == /* ]]; then
+            [ -e "${tool#*:}" ] && continue
+        else
+            command -v "${tool#*:}" >/dev/null 2>&1 || [ -x "/usr/sbin/${tool#*:}" ] && continue
+        fi
+        missing+=("${tool%%:*}")
+    done
+    [ ${#missing[@]} -gt 0 ] || return 0
+    apt-get update -qq || { echo "apt-get update failed; the tests that need ${missing[*]} will skip"; return 0; }
+    apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 && return 0
+    # one at a time, so a package this system lacks leaves the others in
+    for tool in "${missing[@]}"; do
+        apt-get install -y -qq "$tool" >/dev/null || echo "could not install $tool; the tests that need it will skip"
+    done
+}
+debian_packages &
+debian_packages=$!
 . "$(dirname "$0")/bootstrap.sh" "all,test"
 # TF Serving's client package depends on the full `tensorflow`; we run it beside
 # tensorflow-cpu, so it goes in without its dependencies.
@@ -42,32 +69,8 @@ for pb in 5.26.1 6.33.5; do
         || python -m pip install --quiet --no-deps --target ".cache/protobuf-$pb" "protobuf==$pb" \
         || echo "could not install protobuf $pb; its tests will skip"
 done
-# The status-page test drives headless Chromium; as root on Debian, install it when missing
-# (without it that test skips with the reason).
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "could not install chromium; its test will skip"
-fi
-# Debian's packages for the end-to-end tests of the outside world: Prometheus (and promtool's
-# checks of the alert rules), HAProxy in front of the scale-out rehearsal, and PostgreSQL for the
-# request log; as root on Debian, install them when missing (without them those tests skip).
-for tool in prometheus:/usr/bin/promtool haproxy:/usr/sbin/haproxy postgresql:/usr/lib/postgresql; do
-    if [ ! -e "${tool#*:}" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        (apt-get update -qq && apt-get install -y -qq "${tool%%:*}" >/dev/null) \
-            || echo "could not install ${tool%%:*}; the tests that need it will skip"
-    fi
-done
-# The real-image test (tests/scaffold/test_docker_image.py) runs a Docker daemon of its own and builds a
-# Debian base image with debootstrap; as root on Debian, install both when missing (without
-# them that test skips with the reason).
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    missing=""
-    command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || missing="$missing docker.io"
-    command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || missing="$missing debootstrap"
-    if [ -n "$missing" ]; then
-        (apt-get update -qq && apt-get install -y -qq $missing >/dev/null) \
-            || echo "could not install$missing; the real-image test will skip"
-    fi
-fi
+# Debian's packages, waited for before the tests start (installed beside the pip installs above).
+wait "$debian_packages" || true
 # The suite in parallel, a module's tests in one worker since they share its servers; then the
 # tests that need the machine alone (marked `alone`), one at a time. One worker more than the CPUs
 # (SERVEKIT_TEST_WORKERS to choose): many tests wait for a server to start, and the spare worker
