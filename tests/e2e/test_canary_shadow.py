@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 from servekit.testing import ServerProcess
+from sklearn_models import SCALING_MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -21,20 +22,6 @@ pytestmark = pytest.mark.slow
 #: parallel run keeps busy, its start and its copies wait for minutes, which is its purpose
 needs_idle_cpu = pytest.mark.alone
 
-#: answers its input times FACTOR (each version folder writes its own)
-SCALING_MODEL = """
-import servekit
-
-
-@servekit.hookimpl
-def load(path):
-    return FACTOR
-
-
-@servekit.hookimpl
-def predict(model, inputs):
-    return inputs * model
-"""
 
 SPLIT = "version_policy: all\ntraffic:\n  weights: {1: 50, 2: 50}\n  sticky: x-user\n"
 SHADOWED = (

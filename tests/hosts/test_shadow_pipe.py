@@ -23,6 +23,7 @@ from servekit.hosts import shadow_pipe
 from servekit.observability import metrics
 from servekit.observability.log_store import Query
 from servekit.types import BatchingConfig
+from sklearn_models import SCALING_MODEL
 
 
 class Version(SimpleNamespace):
@@ -195,21 +196,6 @@ def test_a_sync_waits_for_room_where_a_copy_would_be_dropped(stand_in, caplog):
     runner.close(grace=30)
     got = json.loads(Path(str(go) + ".json").read_text())
     assert got[0] == ["copy", "small"] and got[1][0] == "sync"
-
-
-SCALING_MODEL = """
-import servekit
-
-
-@servekit.hookimpl
-def load(path):
-    return FACTOR
-
-
-@servekit.hookimpl
-def predict(model, inputs):
-    return inputs * model
-"""
 
 
 @pytest.mark.slow

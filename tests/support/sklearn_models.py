@@ -44,6 +44,22 @@ def fit_regressor(folder: Path, version: int = 1) -> Path:
     return target
 
 
+#: a ``model.py`` that answers its input times FACTOR (replace FACTOR: each version folder writes its own)
+SCALING_MODEL = """
+import servekit
+
+
+@servekit.hookimpl
+def load(path):
+    return FACTOR
+
+
+@servekit.hookimpl
+def predict(model, inputs):
+    return inputs * model
+"""
+
+
 ECHO_MODEL = """
 import numpy as np
 import servekit

@@ -31,7 +31,7 @@ from servekit.hooks.specs import hookimpl
 from servekit.hosts.runtime import cleanup, default_placement, in_host, prepare_server
 from servekit.types import BatchingConfig, LoadedVersion, ModelConfig
 
-__all__ = ["attach", "cleanup", "placement_of", "prepare_server"]
+__all__ = ["attach", "cleanup", "load_spec", "placement_of", "prepare_server"]
 
 log = logging.getLogger("servekit.hosts")
 
@@ -69,12 +69,7 @@ def attach(mv: LoadedVersion, pm: pluggy.PluginManager, batching: BatchingConfig
     settings = f"{mv.config.device}|{config_key(mv.raw_config)}"
     key = client.host_key(mv.name, mv.version, mv.path, mv.fingerprint, settings)
     spec = {
-        "name": mv.name,
-        "version": mv.version,
-        "path": str(mv.path),
-        "base_path": str(mv.config.base_path or mv.path.parent),
-        "fingerprint": mv.fingerprint,
-        "config": mv.raw_config,  # the settings the control plane decided, not a fresh read of the folder
+        **load_spec(mv),
         "plugins": plugin_specs(pm),
         "batching": [batching.max_batch_size, batching.max_batch_time_ms],
         "folder": str(folder),
@@ -103,6 +98,18 @@ class _Tokenizer:
     @hookimpl
     def tokenizer(self) -> Any:
         return self.value
+
+
+def load_spec(mv: LoadedVersion) -> dict[str, Any]:
+    """What another process loads ``mv`` from, as its worker loaded it (a model host, a shadow process)."""
+    return {
+        "name": mv.name,
+        "version": mv.version,
+        "path": str(mv.path),
+        "base_path": str(mv.config.base_path or mv.path.parent),
+        "fingerprint": mv.fingerprint,
+        "config": mv.raw_config,  # the settings the control plane decided, not a fresh read of the folder
+    }
 
 
 def plugin_specs(pm: pluggy.PluginManager) -> list[str]:

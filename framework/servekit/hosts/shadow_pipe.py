@@ -509,16 +509,9 @@ class ShadowProcess:
         if entry is not None and entry[0]() is mv:
             return entry[1], entry[2]
         from servekit.control.plan import config_key
+        from servekit.hosts import load_spec
 
-        spec = {
-            "name": mv.name,
-            "version": mv.version,
-            "path": str(mv.path),
-            "base_path": str(mv.config.base_path or mv.path.parent),
-            "fingerprint": mv.fingerprint,
-            "config": mv.raw_config,
-            "batching": self.batching,
-        }
+        spec = {**load_spec(mv), "batching": self.batching}
         text = f"{mv.name}|{mv.version}|{mv.path}|{mv.fingerprint}|{config_key(mv.raw_config)}"
         key = hashlib.sha1(text.encode()).hexdigest()[:16]
         if len(self._specs) > 64:  # versions unloaded since
