@@ -281,3 +281,27 @@ def test_a_worker_killed_with_sigkill_takes_its_shadow_process_with_it_and_so_do
         rid = infer(running_server, "shadowed", value=3.0).headers["X-Request-Log-Id"]
         wait_until(lambda: any(r["requestId"] == rid for r in shadows(running_server, "shadowed")))
     assert not running(second)  # the server's stop ended its worker, and the worker its shadow process
+
+
+@needs_idle_cpu
+def test_two_workers_each_copy_through_a_shadow_process_of_their_own_into_one_request_log(tmp_path):
+    """Two workers: copies from both reach the one store, each once; each worker has its own process."""
+    for version in (1, 2):
+        folder = tmp_path / "many" / str(version)
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text(SCALING_MODEL.replace("FACTOR", str(version * 10)))
+    (tmp_path / "many" / "servekit.yaml").write_text(SHADOWED)
+    with ServerProcess(tmp_path, workers=2, threads=8, request_log_url="sqlite") as two:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: infer(two, "many", value=float(i)), range(200)))
+        served = {r.headers["X-Request-Log-Id"]: i for i, r in enumerate(answers)}
+        wait_until(lambda: len(shadows(two, "many")) >= 200)
+        records = shadows(two, "many")
+        assert len(records) == 200 and {record["requestId"] for record in records} == set(served)
+        for record in records:
+            assert record["response"]["shadow"]["output_0"] == [[20.0 * served[record["requestId"]]]]
+        both = workers(two)
+        assert len(both) == 2
+        with_copies = [w for w in both if any(b"servekit.hosts.shadow" in line for line in children(w).values())]
+        # 8 clients at once reach both workers (in three runs, always both)
+        assert len(with_copies) == 2 and len({shadow_process(w) for w in with_copies}) == 2
