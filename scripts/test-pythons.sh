@@ -10,6 +10,7 @@
 # Usage: bash scripts/test-pythons.sh [VERSION...]   (default: 3.10 3.13)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/installer.sh
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(3.10 3.13)
 
@@ -69,17 +70,16 @@ for version in "${versions[@]}"; do
     venv=".venv-py$version"
     echo "== Python $version ($python): quick lane in $venv"
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || { status=1; continue; }
-    pip=("$venv/bin/python" -m pip install --quiet)
-    stamp="$venv/.servekit-installed-$(sha1sum pyproject.toml scripts/test-pythons.sh | sha1sum | cut -c1-12)"
+    stamp="$venv/.servekit-installed-$(sha1sum pyproject.toml scripts/test-pythons.sh scripts/installer.sh | sha1sum | cut -c1-12)"
     if [ ! -f "$stamp" ]; then
-        "${pip[@]}" --upgrade pip tomli
-        "${pip[@]}" -e . || { echo "servekit does not install on Python $version"; status=1; continue; }
+        install_into "$venv/bin/python" --upgrade pip tomli
+        install_into "$venv/bin/python" -e . || { echo "servekit does not install on Python $version"; status=1; continue; }
         mapfile -t reqs < <(requirements "$venv/bin/python" | grep -Ev "$LEFT_OUT")
-        if ! "${pip[@]}" "${reqs[@]}"; then
+        if ! install_into "$venv/bin/python" "${reqs[@]}"; then
             # one at a time, so one extra without a release for this Python leaves the rest in
             missing=()
             for req in "${reqs[@]}"; do
-                "${pip[@]}" "$req" >/dev/null 2>&1 || missing+=("$req")
+                install_into "$venv/bin/python" "$req" >/dev/null 2>&1 || missing+=("$req")
             done
             echo "Python $version: not installable here, their tests skip: ${missing[*]:-none}"
         fi

@@ -4,7 +4,8 @@
 # Chromium (the status-page test), Prometheus (and promtool's checks of the alert rules), HAProxy in
 # front of the scale-out rehearsal, PostgreSQL for the request log, and a Docker daemon with
 # debootstrap for the real-image test (tests/scaffold/test_docker_image.py). Without them those
-# tests skip with the reason. One `apt-get update` for all, in the background while pip installs.
+# tests skip with the reason. One `apt-get update` for all, in the background while the Python
+# packages install.
 debian_packages() {
     [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 0
     local missing=() tool
@@ -30,20 +31,20 @@ debian_packages=$!
 . "$(dirname "$0")/bootstrap.sh" "all,test"
 # TF Serving's client package depends on the full `tensorflow`; we run it beside
 # tensorflow-cpu, so it goes in without its dependencies.
-python -c "import tensorflow_serving" 2>/dev/null || python -m pip install --quiet --no-deps "tensorflow-serving-api>=2.15"
+python -c "import tensorflow_serving" 2>/dev/null || install_into .venv/bin/python --no-deps "tensorflow-serving-api>=2.15"
 # Structured outputs' grammar engine and the clients tested through it, without their pins: xgrammar
-# requires triton (286 MB, never imported on CPU), instructor jiter<0.15 and rich<15 (pip would take
+# requires triton (286 MB, never imported on CPU), instructor jiter<0.15 and rich<15 (a resolver would take
 # openai back to 3.3 to fit), LiteLLM importlib-metadata<9. What they need that nothing else brings
 # is named (tests/e2e/test_structured_outputs.py).
-python -c "import xgrammar, instructor, litellm" 2>/dev/null || python -m pip install --quiet --no-deps \
+python -c "import xgrammar, instructor, litellm" 2>/dev/null || install_into .venv/bin/python --no-deps \
     "xgrammar>=0.2.9" apache-tvm-ffi "instructor>=1.17" docstring-parser "litellm>=1.110" fastuuid h2 hpack hyperframe
 # LangChain's HuggingFaceEndpointEmbeddings (tests/e2e/test_retrieval_clients.py) pins huggingface-hub<2, which
 # transformers 5 refuses; it runs on hub 2, so it goes in without its pins too.
-python -c "import langchain_huggingface" 2>/dev/null || python -m pip install --quiet --no-deps "langchain-huggingface>=1.2"
+python -c "import langchain_huggingface" 2>/dev/null || install_into .venv/bin/python --no-deps "langchain-huggingface>=1.2"
 # KServe's own client pins protobuf < 7 and much else, so it lives in a virtualenv of its own;
 # tests/e2e/test_kserve_client.py drives servekit with it.
 if [ ! -x .venv-kserve/bin/python ]; then
-    (python -m venv .venv-kserve && .venv-kserve/bin/python -m pip install --quiet "kserve==0.21.0") \
+    (python -m venv .venv-kserve && install_into .venv-kserve/bin/python "kserve==0.21.0") \
         || echo "could not install KServe's client; its test will skip"
 fi
 # `mlflow server` needs the full mlflow (the test extra has mlflow-skinny, the client only), so
@@ -53,23 +54,23 @@ if [ ! -x .venv-mlflow/bin/mlflow ]; then
     mlflow_version="$(python -c 'from importlib.metadata import version; print(version("mlflow-skinny"))' 2>/dev/null)"
     # at the client's version, else the newest full mlflow before it (a release of mlflow-skinny can
     # reach the index before the packages the full mlflow of that release pins)
-    # pip's resolution errors of the first try go to a log, not to the screen: the fallback is expected
+    # the resolution errors of the first try go to a log, not to the screen: the fallback is expected
     (python -m venv .venv-mlflow \
-        && { .venv-mlflow/bin/python -m pip install --quiet "mlflow${mlflow_version:+==$mlflow_version}" \
+        && { install_into .venv-mlflow/bin/python "mlflow${mlflow_version:+==$mlflow_version}" \
                 >.venv-mlflow/first-try.log 2>&1 \
             || { [ -n "$mlflow_version" ] \
                 && echo "mlflow $mlflow_version cannot be installed yet (.venv-mlflow/first-try.log); taking the newest mlflow before it" \
-                && .venv-mlflow/bin/python -m pip install --quiet "mlflow<=$mlflow_version"; }; }) \
+                && install_into .venv-mlflow/bin/python "mlflow<=$mlflow_version"; }; }) \
         || echo "could not install mlflow's server; the registry test will skip"
 fi
 # servekit's gRPC stubs read with protobuf 5.26.1 and up: tests/server/test_grpc_startup.py runs them on the
 # grpc extra's floor and on the 6.x a Triton client moves protobuf to, from these folders
 for pb in 5.26.1 6.33.5; do
     [ -d ".cache/protobuf-$pb/google/protobuf" ] \
-        || python -m pip install --quiet --no-deps --target ".cache/protobuf-$pb" "protobuf==$pb" \
+        || install_into .venv/bin/python --no-deps --target ".cache/protobuf-$pb" "protobuf==$pb" \
         || echo "could not install protobuf $pb; its tests will skip"
 done
-# Debian's packages, waited for before the tests start (installed beside the pip installs above).
+# Debian's packages, waited for before the tests start (installed beside the Python installs above).
 wait "$debian_packages" || true
 # The suite in parallel, a module's tests in one worker since they share its servers; then the
 # tests that need the machine alone (marked `alone`), one at a time. One worker more than the CPUs

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import sys
 from collections import Counter
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,12 @@ def import_graph(packages: list[Path]) -> dict[str, set[str]]:
     return {name: imported(name, path, modules) for name, path in modules.items()}
 
 
+@cache
+def package_graph() -> dict[str, set[str]]:
+    """The import graph of servekit and its plugins, read once for this module's tests (none changes it)."""
+    return import_graph(PACKAGES)
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -122,7 +129,7 @@ def describe(graph: dict[str, set[str]], component: list[str]) -> str:
 
 
 def test_servekit_and_its_plugins_have_no_import_cycle():
-    graph = import_graph(PACKAGES)
+    graph = package_graph()
     assert "servekit.dataplane" in graph and "servekit_sklearn" in graph
     found = cycles(graph)
     assert not found, "import cycles (deferred and TYPE_CHECKING imports count):\n" + "\n\n".join(
@@ -201,7 +208,7 @@ GRPC_ASSEMBLY = {
 
 def test_protocols_do_not_import_each_other():
     """Each wire protocol reaches the others' work only through the shared helpers and the data plane."""
-    graph = import_graph(PACKAGES)
+    graph = package_graph()
     protocols = {
         m
         for m in graph
@@ -235,7 +242,7 @@ def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_no_import_cycle_between_folders():
     """hosts/, control/, protocols/, server/, ...: each folder sits above or below another, never both."""
-    graph = folder_graph(import_graph(PACKAGES))
+    graph = folder_graph(package_graph())
     assert "servekit.hosts" in graph and "servekit.dataplane" in graph
     found = cycles(graph)
     assert not found, "import cycles between folders:\n" + "\n\n".join(describe(graph, c) for c in found)
@@ -278,7 +285,7 @@ PLUGIN_API = {"servekit", "servekit.errors", "servekit.types"}
 
 def test_plugins_import_only_the_public_plugin_api():
     """First-party plugins use what a third-party plugin can: ``servekit``, ``servekit.errors``, ``servekit.types``."""
-    graph = import_graph(PACKAGES)
+    graph = package_graph()
     reaching = {
         module: sorted(
             e for e in edges if e.startswith("servekit") and e.split(".")[0] == "servekit" and e not in PLUGIN_API
@@ -311,7 +318,7 @@ def test_the_package_root_holds_only_the_kernel():
 
 def test_nothing_inside_servekit_imports_its_public_face():
     """``servekit/__init__.py`` re-exports from every layer, so a layer that imported it would close a cycle."""
-    graph = import_graph(PACKAGES)
+    graph = package_graph()
     importers = sorted(m for m, edges in graph.items() if "servekit" in edges and m.startswith("servekit."))
     assert not importers, importers
 
@@ -438,7 +445,7 @@ def test_the_architecture_page_draws_every_folder_and_its_arrows():
     missing = [f for f in folders if f"{f}/" not in picture]
     assert not missing, f"docs/architecture.md's picture lacks the folders {missing}"
     drawn = page.split("<!-- arrows: start -->")[1].split("<!-- arrows: end -->")[0].strip().strip("`").strip()
-    actual = drawn_arrows(import_graph(PACKAGES))
+    actual = drawn_arrows(package_graph())
     assert drawn == actual, f"docs/architecture.md's arrows drifted; the source has:\n{actual}"
 
 

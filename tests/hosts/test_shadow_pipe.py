@@ -239,28 +239,41 @@ def test_a_copy_that_cannot_be_pickled_is_dropped_counted_and_said_once(stand_in
     assert sum("could not be pickled" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_the_board_carries_the_worker_s_concurrency_and_a_copy_waits_for_it_to_fall_to_zero(monkeypatch):
+def test_the_board_carries_the_worker_s_concurrency_and_a_copy_waits_for_a_pause(monkeypatch):
     """The worker's requests in flight, on memory the shadow process maps: a copy runs once the
-    worker holds none, or after DEFER_S at most."""
+    worker has held none for QUIET_S, or once it is DEFER_S old, or once the waiting copies fill
+    BACKLOG_SHARE of the pipe."""
     from servekit.hosts import shadow
     from servekit.observability import load
 
     fd, board = shadow_pipe._shared_board()
+    r, w = os.pipe()
     monkeypatch.setattr(load._load, "board", None)
     load.share_concurrency(board)
     try:
-        idle = shadow.WorkerIdle(fd)
+        idle = shadow.WorkerIdle(fd, r, shadow_pipe.pipe_size(r))
         load.arrived("m")
         assert load.read_board(idle.board) == 1
         monkeypatch.setattr(shadow, "DEFER_S", 0.3)
         started = time.monotonic()
-        idle.wait()  # the worker stays busy: the copy runs after DEFER_S
+        idle.wait(started)  # the worker stays busy: the copy runs once it is DEFER_S old
         assert time.monotonic() - started >= 0.3
+        # from here on DEFER_S is long: returning well before it shows what else ended the wait
+        monkeypatch.setattr(shadow, "DEFER_S", 10.0)
+        started = time.monotonic()
+        idle.wait(started - 9.9)  # handed in 9.9 s ago: it waits what is left of DEFER_S
+        assert 0.1 <= time.monotonic() - started < 5.0
+        os.write(w, b"x" * (shadow_pipe.pipe_size(w) // 2 + 1))
+        started = time.monotonic()
+        idle.wait(started)  # the pipe is more than half full: no waiting for the worker
+        assert time.monotonic() - started < 5.0
+        os.read(r, shadow_pipe.pipe_size(r))
         load.left("m")
         assert load.read_board(idle.board) == 0
         started = time.monotonic()
-        idle.wait()
-        assert time.monotonic() - started < 0.3
+        idle.wait(started)  # the worker holds no request: the copy runs after QUIET_S
+        assert shadow.QUIET_S <= time.monotonic() - started < 5.0
     finally:
         load._load.board = None
-        os.close(fd)
+        for each in (fd, r, w):
+            os.close(each)

@@ -87,11 +87,14 @@ def test_metrics_scraped_during_a_load_run_add_up_to_the_requests_sent(server):
         done.set()
         scraper.result()
 
-    # each worker flushes its tally into the shared values every half second (and before its own scrapes)
+    # each worker flushes its tally into the shared values every half second (and before its own
+    # scrapes); a scrape that reads another worker's files while it flushes may see its counter
+    # written and its histogram not yet, so both are waited for
     text = settled(
         server,
         lambda t: (
             samples(t, "servekit_requests_total", model="linear", protocol="v1") == good + bad
+            and samples(t, "servekit_request_duration_seconds_count", model="linear", protocol="v1") == good + bad
             and samples(t, "servekit_requests_in_flight") == 1
         ),
     )

@@ -6,8 +6,8 @@ pipe descriptors, a JSON document: the ``--plugin`` entries, the request log's s
 and the log level, and the descriptor of the worker's concurrency board, ``-1`` for
 none).  It puts itself at ``SCHED_IDLE`` (where refused, nice 19), so it computes
 only on CPU time the serving processes leave idle, reads its worker's frames one at
-a time (the format is :mod:`.shadow_pipe`'s), and starts a copy once its worker
-holds no request (:class:`WorkerIdle`).
+a time (the format is :mod:`.shadow_pipe`'s), and starts a copy in a pause of its
+worker's traffic (:class:`WorkerIdle`).
 
 For each copy it loads the candidate version as a model host would (plugins,
 ``model.py``, the version's settings as its worker loaded them: :class:`Candidates`
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servekit.hosts.shadow_pipe import TOKEN, FrameReader, decode, idle_priority
+from servekit.hosts.shadow_pipe import TOKEN, FrameReader, decode, idle_priority, pipe_size
 
 log = logging.getLogger("servekit.hosts")
 
@@ -145,6 +145,7 @@ class Shadow:
         served_log_id: str,
         model: str,
         path: str,
+        submitted: float,
     ) -> None:
         from servekit.dataplane import traffic
         from servekit.errors import ServekitError
@@ -216,34 +217,73 @@ def _outlive_no_worker(parent: int, grace: float = 10.0) -> None:
     os._exit(1)
 
 
-#: a copy waits at most this long for its worker to answer no request, then runs anyway
-DEFER_S = 0.5
-#: how often the worker's concurrency is looked at while a copy waits
-BOARD_POLL_S = 0.001
+#: a copy runs once its worker has answered every request for this long at a stretch ...
+QUIET_S = 0.002
+#: ... or once it has waited this long since the worker handed it in (its record is in the request
+#: log within about this much, however busy the worker stays) ...
+DEFER_S = 5.0
+#: ... or once the copies waiting fill this share of the pipe (the worker drops a copy only when the
+#: pipe is full: under a load that never pauses, copies run beside it rather than being dropped)
+BACKLOG_SHARE = 0.5
+#: how often the board is looked at while a copy waits, and the pipe's fill
+BOARD_POLL_S = 0.002
+BACKLOG_POLL_S = 0.05
 
 
 class WorkerIdle:
-    """Waits, before each copy, until the worker holds no request (its concurrency on the shared
-    board is 0), up to :data:`DEFER_S`.  ``SCHED_IDLE`` keeps a copy from taking a CPU a serving
-    thread wants, but not from slowing it: on the 2 CPUs of a small VM a loop at idle priority on
-    one CPU made single requests on the other 8-11 % slower (bench/shadow.py, RESULTS.md)."""
+    """Waits, before each copy, until the worker has held no request for :data:`QUIET_S` (its
+    concurrency on the shared board is 0), until the copy is :data:`DEFER_S` old, or until the
+    waiting copies fill :data:`BACKLOG_SHARE` of the pipe, whichever comes first.  ``SCHED_IDLE``
+    keeps a copy from taking a CPU a serving thread wants, but not from slowing it: on the 2 CPUs
+    of a small VM a loop at idle priority on one CPU made single requests on the other 8-11 %
+    slower (bench/shadow.py, RESULTS.md).  So copies wait for the pauses in the worker's traffic,
+    and a burst's copies run in the pause after it."""
 
-    def __init__(self, board_fd: int):
+    def __init__(self, board_fd: int, frames_fd: int = -1, capacity: int = 0):
         self.board = mmap.mmap(board_fd, 8, prot=mmap.PROT_READ) if board_fd >= 0 else None
+        self.frames_fd, self.capacity = frames_fd, capacity
 
-    def wait(self) -> None:
+    def wait(self, submitted: float) -> None:
+        """Before the copy the worker handed in at ``submitted`` (``time.monotonic()``, one clock
+        for every process of the machine) runs."""
         if self.board is None:
             return
         from servekit.observability.load import read_board
 
-        until = time.monotonic() + DEFER_S
-        while read_board(self.board) > 0 and time.monotonic() < until:
+        until = submitted + DEFER_S
+        backlog_at = 0.0
+        quiet_since: float | None = None
+        while True:
+            now = time.monotonic()
+            if read_board(self.board) > 0:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= QUIET_S:
+                return
+            if now >= until:
+                return
+            if now >= backlog_at:
+                backlog_at = now + BACKLOG_POLL_S
+                if self._backlog() >= BACKLOG_SHARE:
+                    return
             time.sleep(BOARD_POLL_S)
+
+    def _backlog(self) -> float:
+        """The share of the pipe the copies waiting fill (0 where it cannot be told)."""
+        if self.frames_fd < 0 or self.capacity <= 0:
+            return 0.0
+        from servekit.hosts.shadow_pipe import unread
+
+        try:
+            return unread(self.frames_fd) / self.capacity
+        except OSError:
+            return 0.0
 
 
 def main(argv: list[str]) -> int:
     frames, answers, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
-    idle = WorkerIdle(int(argv[3]) if len(argv) > 3 else -1)
+    idle = WorkerIdle(int(argv[3]) if len(argv) > 3 else -1, frames, pipe_size(frames))
     priority = idle_priority()  # before any thread starts: they inherit it
     parent = os.getppid()
     # a terminal's Ctrl-C reaches the whole group: the worker decides when this process ends
@@ -262,7 +302,7 @@ def main(argv: list[str]) -> int:
             try:
                 message = decode(body)
                 if message[0] == "copy":
-                    idle.wait()
+                    idle.wait(message[-1])
                 shadow.handle(message, answers)
             except Exception:
                 log.exception("shadow process: a copy failed to log")

@@ -20,10 +20,11 @@ exits, and the next copy starts a new process.
 
 A frame is a 4-byte little-endian length and a pickle of a tuple:
 
-- ``("copy", KEY, SPEC or None, INPUTS, KWARGS, SERVED, SERVED_LOG_ID, MODEL, PATH)``:
+- ``("copy", KEY, SPEC or None, INPUTS, KWARGS, SERVED, SERVED_LOG_ID, MODEL, PATH, SUBMITTED)``:
   ``SPEC`` (name, version, folder, fingerprint, settings, batching: what a model
   host loads a version from) goes with a candidate's first copy to a process,
-  and later copies name it by ``KEY`` alone;
+  and later copies name it by ``KEY`` alone; ``SUBMITTED`` is ``time.monotonic()``
+  when the worker handed the copy in (how long it may wait for a pause);
 - ``("sync", TOKEN)``: the process writes ``TOKEN`` (8 bytes) back on a second
   pipe once every copy before it is logged and in the store (:meth:`ShadowProcess.wait_idle`).
 
@@ -170,6 +171,13 @@ def pipe_capacity(fd: int, wanted: int = PIPE_BYTES) -> int:
         pass
     with contextlib.suppress(OSError):  # past the user's pipe-user-pages-soft: the default size
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, wanted)
+    return pipe_size(fd)
+
+
+def pipe_size(fd: int) -> int:
+    """The size of the pipe of ``fd`` (either end)."""
+    if not hasattr(fcntl, "F_GETPIPE_SZ"):
+        return DEFAULT_PIPE_BYTES
     return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
 
 
@@ -451,7 +459,18 @@ class ShadowProcess:
             first = key not in child.sent
             try:
                 frame = encode(
-                    ("copy", key, spec if first else None, inputs, kwargs, served, served_log_id, model, path)
+                    (
+                        "copy",
+                        key,
+                        spec if first else None,
+                        inputs,
+                        kwargs,
+                        served,
+                        served_log_id,
+                        model,
+                        path,
+                        time.monotonic(),
+                    )
                 )
             except Exception as exc:  # an input that cannot be pickled
                 if f"{model}|pickle" not in self._told:
