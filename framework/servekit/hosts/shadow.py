@@ -217,8 +217,10 @@ def _outlive_no_worker(parent: int, grace: float = 10.0) -> None:
     os._exit(1)
 
 
-#: a copy runs once its worker has answered every request for this long at a stretch ...
-QUIET_S = 0.002
+#: a copy runs once its worker has answered every request for this long at a stretch (the gaps of
+#: a few ms between a busy worker's requests are no pause: with 2 ms, most of bench/shadow.py's
+#: copies ran during its bursts, beside the served requests) ...
+QUIET_S = 0.02
 #: ... or once it has waited this long since the worker handed it in (its record is in the request
 #: log within about this much, however busy the worker stays) ...
 DEFER_S = 5.0
@@ -226,7 +228,7 @@ DEFER_S = 5.0
 #: pipe is full: under a load that never pauses, copies run beside it rather than being dropped)
 BACKLOG_SHARE = 0.5
 #: how often the board is looked at while a copy waits, and the pipe's fill
-BOARD_POLL_S = 0.002
+BOARD_POLL_S = 0.005
 BACKLOG_POLL_S = 0.05
 
 
@@ -242,6 +244,9 @@ class WorkerIdle:
     def __init__(self, board_fd: int, frames_fd: int = -1, capacity: int = 0):
         self.board = mmap.mmap(board_fd, 8, prot=mmap.PROT_READ) if board_fd >= 0 else None
         self.frames_fd, self.capacity = frames_fd, capacity
+        #: since when the worker has held no request, as last seen (kept from one copy to the next:
+        #: in a pause, the copies waiting run back to back)
+        self.quiet_since: float | None = None
 
     def wait(self, submitted: float) -> None:
         """Before the copy the worker handed in at ``submitted`` (``time.monotonic()``, one clock
@@ -252,14 +257,13 @@ class WorkerIdle:
 
         until = submitted + DEFER_S
         backlog_at = 0.0
-        quiet_since: float | None = None
         while True:
             now = time.monotonic()
             if read_board(self.board) > 0:
-                quiet_since = None
-            elif quiet_since is None:
-                quiet_since = now
-            elif now - quiet_since >= QUIET_S:
+                self.quiet_since = None
+            elif self.quiet_since is None:
+                self.quiet_since = now
+            elif now - self.quiet_since >= QUIET_S:
                 return
             if now >= until:
                 return
