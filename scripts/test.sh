@@ -81,10 +81,10 @@ set +e
 # pytest worker re-rewrote each test module's asserts and every server the suite starts compiled
 # servekit from source again (about 6 CPU-s a worker's collection, 0.15 s a server start).
 unset PYTHONDONTWRITEBYTECODE
-# --no-loadscope-reorder: xdist would otherwise hand out the modules with the most tests first,
-# overriding the long-modules-first order of tests/support/lanes.py (the fuzz test then started
-# ten minutes in and was the run's last two minutes alone).
-python -m pytest -n "${SERVEKIT_TEST_WORKERS:-$(($(nproc) + 1))}" --dist loadfile --no-loadscope-reorder "$@"
+# pyproject.toml's addopts give each module to one worker, longest first (--dist loadfile
+# --no-loadscope-reorder: with xdist's own order the fuzz test started ten minutes in and was the
+# run's last two minutes alone).
+python -m pytest -n "${SERVEKIT_TEST_WORKERS:-$(($(nproc) + 1))}" "$@"
 status=$?
 python -m pytest --alone "$@"
 alone=$?

@@ -56,6 +56,16 @@ LONG_POLES = (
     "tests/e2e/test_faults.py",
     "plugins/servekit_tensorflow/tests/test_tflite.py",
     "tests/test_typecheck.py",  # mypy, cold in a fresh clone
+    # then the quick lane's longest (3-8 CPU-s each there), so that its last seconds hold only short ones
+    "tests/hosts/test_hosts.py",
+    "plugins/servekit_onnx/tests/test_onnx.py",
+    "plugins/servekit_mlflow/tests/test_mlflow.py",
+    "plugins/servekit_sklearn/tests/test_sklearn_plugin.py",
+    "tests/scaffold/test_manifests.py",
+    "tests/dataplane/test_repository.py",
+    "tests/server/test_limits.py",
+    "plugins/servekit_xgboost/tests/test_xgboost.py",
+    "tests/scaffold/test_cpu_install.py",
 )
 
 
