@@ -145,7 +145,7 @@ class Shadow:
         served_log_id: str,
         model: str,
         path: str,
-        submitted: float,
+        submitted: float,  # when the worker handed it in: what WorkerIdle waited by, before this
     ) -> None:
         from servekit.dataplane import traffic
         from servekit.errors import ServekitError
