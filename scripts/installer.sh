@@ -6,7 +6,8 @@
 # 12 s against about 2 minutes. uv reads no pip.conf: pip's PIP_FIND_LINKS, PIP_INDEX_URL,
 # PIP_EXTRA_INDEX_URL, PIP_CONSTRAINT and PIP_CERT are handed to it as its own (docs/torch.md sets
 # PIP_EXTRA_INDEX_URL for PyTorch's CPU builds). SERVEKIT_INSTALLER=pip installs with pip alone.
-# uv is taken from PATH, else from .venv (bootstrap.sh installs it there), else pip is used.
+# uv is taken from PATH, else from .venv (bootstrap.sh installs it there), else pip is used; what
+# uv fails to install is tried again with pip.
 
 installer_uv() {
     [ "${SERVEKIT_INSTALLER:-uv}" = uv ] || return 1
@@ -27,8 +28,9 @@ install_into() {
             [ -z "${PIP_CONSTRAINT:-}" ] || export UV_CONSTRAINT="${UV_CONSTRAINT:-$PIP_CONSTRAINT}"
             [ -z "${PIP_CERT:-}" ] || export SSL_CERT_FILE="${SSL_CERT_FILE:-$PIP_CERT}"
             exec "$uv" pip install --quiet --python "$python" "$@"
-        )
-    else
-        "$python" -m pip install --quiet "$@"
+        ) && return 0
+        # what uv could not do (an index only pip.conf names, a proxy only pip knows), pip may
+        echo "uv could not install ${*: -1}; trying pip" >&2
     fi
+    "$python" -m pip install --quiet "$@"
 }
