@@ -198,7 +198,9 @@ def idle_allowed() -> bool:
 
 @needs_idle_cpu
 def test_the_shadow_process_runs_at_idle_priority_every_thread_of_it(server):
-    infer(server, "shadowed")
+    # it starts and loads its first candidate at its worker's priority, then goes idle for good
+    served = infer(server, "shadowed").headers["X-Request-Log-Id"]
+    wait_until(lambda: any(r["requestId"] == served for r in shadows(server, "shadowed")))
     (worker,) = workers(server)
     pid = shadow_process(worker)
     threads = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]

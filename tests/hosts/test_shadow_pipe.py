@@ -241,8 +241,8 @@ def test_a_copy_that_cannot_be_pickled_is_dropped_counted_and_said_once(stand_in
 
 def test_the_board_carries_the_worker_s_concurrency_and_a_copy_waits_for_a_pause(monkeypatch):
     """The worker's requests in flight, on memory the shadow process maps: a copy runs once the
-    worker has held none for QUIET_S, or once it is DEFER_S old, or once the waiting copies fill
-    BACKLOG_SHARE of the pipe."""
+    worker has held none for QUIET_S, or once it is DEFER_S old; copies that fill half the pipe
+    meanwhile are read out of it (in order), and run at once only when SPILL_BYTES are waiting."""
     from servekit.hosts import shadow
     from servekit.observability import load
 
@@ -251,23 +251,41 @@ def test_the_board_carries_the_worker_s_concurrency_and_a_copy_waits_for_a_pause
     monkeypatch.setattr(load._load, "board", None)
     load.share_concurrency(board)
     try:
-        idle = shadow.WorkerIdle(fd, r, shadow_pipe.pipe_size(r))
+        idle = shadow.WorkerIdle(fd, shadow_pipe.FrameReader(r), shadow_pipe.pipe_size(r))
         load.arrived("m")
         assert load.read_board(idle.board) == 1
         monkeypatch.setattr(shadow, "DEFER_S", 0.3)
         started = time.monotonic()
         idle.wait(started)  # the worker stays busy: the copy runs once it is DEFER_S old
         assert time.monotonic() - started >= 0.3
-        # from here on DEFER_S is long: returning well before it shows what else ended the wait
+        started = time.monotonic()
+        idle.wait(started - 0.2)  # handed in 0.2 s ago: it waits what is left of DEFER_S
+        assert time.monotonic() - started >= 0.1
+
+        # more than half the pipe of frames: read out of the pipe, and the copy still waits
+        frame = shadow_pipe.encode(("copy", "x" * 1000))
+        count = shadow_pipe.pipe_size(w) // 2 // len(frame) + 2
+        for i in range(count):
+            os.write(w, shadow_pipe.encode(("copy", i)))
+            os.write(w, frame)
+        started = time.monotonic()
+        idle.wait(started)
+        assert time.monotonic() - started >= 0.3 and shadow_pipe.unread(r) == 0
+        assert len(idle.spilled) == 2 * count
+        # with no room left to read them into, a copy runs at once
+        monkeypatch.setattr(shadow, "SPILL_BYTES", 1)
         monkeypatch.setattr(shadow, "DEFER_S", 10.0)
+        for _ in range(count):
+            os.write(w, frame)
         started = time.monotonic()
-        idle.wait(started - 9.9)  # handed in 9.9 s ago: it waits what is left of DEFER_S
-        assert 0.1 <= time.monotonic() - started < 5.0
-        os.write(w, b"x" * (shadow_pipe.pipe_size(w) // 2 + 1))
-        started = time.monotonic()
-        idle.wait(started)  # the pipe is more than half full: no waiting for the worker
-        assert time.monotonic() - started < 5.0
-        os.read(r, shadow_pipe.pipe_size(r))
+        idle.wait(started)
+        assert time.monotonic() - started < 5.0  # well before DEFER_S
+        # the frames come out in the order the worker wrote them, the pipe's after the read ones
+        got = [shadow_pipe.decode(idle.next_frame()) for _ in range(3 * count)]
+        assert [m[1] for m in got[: 2 * count : 2]] == list(range(count))
+        assert all(m == ("copy", "x" * 1000) for m in got[1 : 2 * count : 2] + got[2 * count :])
+        assert idle.spilled_bytes == 0 and shadow_pipe.unread(r) == 0
+
         load.left("m")
         assert load.read_board(idle.board) == 0
         started = time.monotonic()

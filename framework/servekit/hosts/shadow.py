@@ -4,10 +4,12 @@ Started by :class:`servekit.hosts.shadow_pipe.ShadowProcess` on its worker's
 first copy, as ``python -m servekit.hosts.shadow FRAMES ANSWERS CONFIG BOARD`` (two
 pipe descriptors, a JSON document: the ``--plugin`` entries, the request log's store
 and the log level, and the descriptor of the worker's concurrency board, ``-1`` for
-none).  It puts itself at ``SCHED_IDLE`` (where refused, nice 19), so it computes
-only on CPU time the serving processes leave idle, reads its worker's frames one at
-a time (the format is :mod:`.shadow_pipe`'s), and starts a copy in a pause of its
-worker's traffic (:class:`WorkerIdle`).
+none).  Once started and its first candidate loaded, it puts every thread of it at
+``SCHED_IDLE`` (where refused, nice 19), so it computes only on CPU time the serving
+processes leave idle, reads its worker's frames one at
+a time (the format is :mod:`.shadow_pipe`'s; ahead of their turn only to keep the
+pipe from filling), and starts a copy in a pause of its worker's traffic
+(:class:`WorkerIdle`).
 
 For each copy it loads the candidate version as a model host would (plugins,
 ``model.py``, the version's settings as its worker loaded them: :class:`Candidates`
@@ -177,6 +179,17 @@ class Shadow:
         )
         request_log.emit(self.pm, record)
 
+    def prepare(self, key: str, spec: dict[str, Any] | None) -> None:
+        """Load a copy's candidate ahead of the copy (its error, if any, is the copy's answer then)."""
+        from servekit.errors import ServekitError
+
+        if spec is not None:
+            self.candidates.specs[key] = spec
+        try:
+            self.candidates.get(key)
+        except ServekitError:
+            pass
+
     def answer(self, key: str, inputs: Any, kwargs: dict[str, Any]) -> Any:
         """The candidate's answer to the copy, as named outputs (a stream joined)."""
         from servekit.dataplane.data_plane import DEFAULT_OUTPUT, join_stream
@@ -224,29 +237,45 @@ QUIET_S = 0.02
 #: ... or once it has waited this long since the worker handed it in (its record is in the request
 #: log within about this much, however busy the worker stays) ...
 DEFER_S = 5.0
-#: ... or once the copies waiting fill this share of the pipe (the worker drops a copy only when the
-#: pipe is full: under a load that never pauses, copies run beside it rather than being dropped)
+#: ... and once the copies waiting fill this share of the pipe, they are read out of it into this
+#: process's memory, up to :data:`SPILL_BYTES`, so that the worker finds room and drops none; past
+#: that they run at once (under a load that never pauses, beside it, rather than being dropped)
 BACKLOG_SHARE = 0.5
+SPILL_BYTES = 64 << 20
 #: how often the board is looked at while a copy waits, and the pipe's fill
 BOARD_POLL_S = 0.005
 BACKLOG_POLL_S = 0.05
 
 
 class WorkerIdle:
-    """Waits, before each copy, until the worker has held no request for :data:`QUIET_S` (its
-    concurrency on the shared board is 0), until the copy is :data:`DEFER_S` old, or until the
-    waiting copies fill :data:`BACKLOG_SHARE` of the pipe, whichever comes first.  ``SCHED_IDLE``
-    keeps a copy from taking a CPU a serving thread wants, but not from slowing it: on the 2 CPUs
-    of a small VM a loop at idle priority on one CPU made single requests on the other 8-11 %
-    slower (bench/shadow.py, RESULTS.md).  So copies wait for the pauses in the worker's traffic,
-    and a burst's copies run in the pause after it."""
+    """Hands out the worker's frames in order and waits, before each copy, until the worker has
+    held no request for :data:`QUIET_S` (its concurrency on the shared board is 0), or until the
+    copy is :data:`DEFER_S` old, or until the copies waiting fill :data:`SPILL_BYTES`, whichever
+    comes first.  ``SCHED_IDLE`` keeps a copy from taking a CPU a serving thread wants, but not
+    from slowing it: on the 2 CPUs of a small VM a loop at idle priority on one CPU made single
+    requests on the other 8-11 % slower (bench/shadow.py, RESULTS.md).  So copies wait for the
+    pauses in the worker's traffic, and a burst's copies run in the pause after it."""
 
-    def __init__(self, board_fd: int, frames_fd: int = -1, capacity: int = 0):
+    def __init__(self, board_fd: int, reader: FrameReader | None = None, capacity: int = 0):
         self.board = mmap.mmap(board_fd, 8, prot=mmap.PROT_READ) if board_fd >= 0 else None
-        self.frames_fd, self.capacity = frames_fd, capacity
+        self.reader, self.capacity = reader, capacity
         #: since when the worker has held no request, as last seen (kept from one copy to the next:
         #: in a pause, the copies waiting run back to back)
         self.quiet_since: float | None = None
+        #: frames read out of the pipe ahead of their turn, and their bytes
+        self.spilled: collections.deque[bytes] = collections.deque()
+        self.spilled_bytes = 0
+        self.ended = False
+
+    def next_frame(self) -> bytes | None:
+        """The worker's next frame (:func:`decode` it); ``None`` once they have all been handed out."""
+        if self.spilled:
+            body = self.spilled.popleft()
+            self.spilled_bytes -= len(body)
+            return body
+        if self.ended or self.reader is None:
+            return None
+        return self.reader.read()
 
     def wait(self, submitted: float) -> None:
         """Before the copy the worker handed in at ``submitted`` (``time.monotonic()``, one clock
@@ -269,26 +298,47 @@ class WorkerIdle:
                 return
             if now >= backlog_at:
                 backlog_at = now + BACKLOG_POLL_S
-                if self._backlog() >= BACKLOG_SHARE:
+                if self._backlog() >= BACKLOG_SHARE and not self._spill():
                     return
             time.sleep(BOARD_POLL_S)
 
     def _backlog(self) -> float:
         """The share of the pipe the copies waiting fill (0 where it cannot be told)."""
-        if self.frames_fd < 0 or self.capacity <= 0:
+        if self.reader is None or self.capacity <= 0:
             return 0.0
         from servekit.hosts.shadow_pipe import unread
 
         try:
-            return unread(self.frames_fd) / self.capacity
+            return unread(self.reader.fd) / self.capacity
         except OSError:
             return 0.0
+
+    def _spill(self) -> bool:
+        """Read the frames in the pipe into memory, up to :data:`SPILL_BYTES`; whether there was room."""
+        from servekit.hosts.shadow_pipe import unread
+
+        assert self.reader is not None
+        while self.spilled_bytes < SPILL_BYTES and not self.ended and unread(self.reader.fd) > 0:
+            body = self.reader.read()  # a frame is written whole: this one is in the pipe already
+            if body is None:
+                self.ended = True
+                break
+            self.spilled.append(body)
+            self.spilled_bytes += len(body)
+        return self.spilled_bytes < SPILL_BYTES
+
+
+def idle_every_thread() -> str:
+    """Put every thread of this process at idle priority (:func:`.shadow_pipe.idle_priority`; a
+    thread started later takes its starter's); which priority that was."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return idle_priority()
+    return [idle_priority(int(task.name)) for task in tasks.iterdir()][-1]
 
 
 def main(argv: list[str]) -> int:
     frames, answers, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
-    idle = WorkerIdle(int(argv[3]) if len(argv) > 3 else -1, frames, pipe_size(frames))
-    priority = idle_priority()  # before any thread starts: they inherit it
     parent = os.getppid()
     # a terminal's Ctrl-C reaches the whole group: the worker decides when this process ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -297,15 +347,23 @@ def main(argv: list[str]) -> int:
         level=str(config.get("log_level") or "INFO").upper(),
         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
     )
-    log.debug("shadow process %d for worker %d at %s", os.getpid(), parent, priority)
     threading.Thread(target=_outlive_no_worker, args=(parent,), name="servekit-shadow-watch", daemon=True).start()
     shadow = Shadow(config)
     reader = FrameReader(frames, alive=lambda: os.getppid() == parent)
+    idle = WorkerIdle(int(argv[3]) if len(argv) > 3 else -1, reader, pipe_size(frames))
+    # Started, and its first candidate loaded, at its worker's priority: at idle priority under a
+    # load that never paused it took seconds to start, while the copies filled the pipe and were
+    # dropped. From its first copy on, every thread of it is at idle priority.
+    priority = ""
     try:
-        while (body := reader.read()) is not None:
+        while (body := idle.next_frame()) is not None:
             try:
                 message = decode(body)
                 if message[0] == "copy":
+                    if not priority:
+                        shadow.prepare(message[1], message[2])
+                        priority = idle_every_thread()
+                        log.debug("shadow process %d for worker %d at %s", os.getpid(), parent, priority)
                     idle.wait(message[-1])
                 shadow.handle(message, answers)
             except Exception:

@@ -330,7 +330,6 @@ class _Child:
                 pass_fds=passed,
                 close_fds=True,
             )
-            idle_priority(self.proc.pid)  # at once: its imports are CPU time too
             log.info("shadow process started (pid %d) for worker %d", self.proc.pid, os.getpid())
         except Exception:
             log.exception("the shadow process could not be started; copies are dropped")
