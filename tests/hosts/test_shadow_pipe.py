@@ -167,6 +167,7 @@ def test_a_full_pipe_drops_and_counts_the_copy_without_waiting_and_never_cuts_a_
         runner.submit(candidate, inputs, {"y": np.zeros(4)}, f"served-{i}", "full", "/shadow/full")
         slowest = max(slowest, time.perf_counter() - started)
     assert slowest < 0.5  # never waits for room (the first copy also creates the pipe)
+    runner.flush()  # what the writer thread has not written yet
     assert runner.dropped > 1000
     assert dropped_total("full") - before == runner.dropped
     go.touch()
@@ -235,6 +236,7 @@ def test_a_copy_that_cannot_be_pickled_is_dropped_counted_and_said_once(stand_in
     with caplog.at_level(logging.WARNING, logger="servekit.hosts"):
         for i in range(3):
             runner.submit(version(), request, {}, f"served-{i}", "unpicklable", "/shadow/unpicklable")
+        runner.flush()  # pickled by the writer thread
     assert runner.dropped == 3 and dropped_total("unpicklable") - before == 3
     assert sum("could not be pickled" in r.getMessage() for r in caplog.records) == 1
 
