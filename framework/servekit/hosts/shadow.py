@@ -6,10 +6,9 @@ pipe descriptors, a JSON document: the ``--plugin`` entries, the request log's s
 and the log level, and the descriptor of the worker's concurrency board, ``-1`` for
 none).  Once started and its first candidate loaded, it puts every thread of it at
 ``SCHED_IDLE`` (where refused, nice 19), so it computes only on CPU time the serving
-processes leave idle, reads its worker's frames one at
-a time (the format is :mod:`.shadow_pipe`'s; ahead of their turn only to keep the
-pipe from filling), and starts a copy in a pause of its worker's traffic
-(:class:`WorkerIdle`).
+processes leave idle.  It reads its worker's frames one at a time (the format is
+:mod:`.shadow_pipe`'s; ahead of their turn only to keep the pipe from filling), and
+starts a copy in a pause of its worker's traffic (:class:`WorkerIdle`).
 
 For each copy it loads the candidate version as a model host would (plugins,
 ``model.py``, the version's settings as its worker loaded them: :class:`Candidates`
