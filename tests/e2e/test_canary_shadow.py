@@ -97,6 +97,16 @@ def shadows(server: ServerProcess, model: str) -> list[dict]:
     return [record for record in r.json()["requests"] if record["protocol"] == "shadow"]
 
 
+def concurrent_copies(server: ServerProcess, model: str, count: int) -> tuple[dict[str, int], list[dict]]:
+    """``count`` requests from 8 clients at once (the i-th sends i): each served one's request log
+    id with its i, and the shadow records, once as many are in the log."""
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: infer(server, model, value=float(i)), range(count)))
+    served = {r.headers["X-Request-Log-Id"]: i for i, r in enumerate(answers)}
+    wait_until(lambda: len(shadows(server, model)) >= count)
+    return served, shadows(server, model)
+
+
 def dropped(server: ServerProcess, model: str) -> float:
     text = requests.get(server.url + "/metrics", timeout=30).text
     prefix = f'servekit_shadow_dropped_total{{model="{model}"}}'
@@ -138,11 +148,7 @@ def test_a_changed_split_takes_effect_without_a_restart_and_a_bad_one_is_named_w
 @needs_idle_cpu
 def test_every_shadow_answer_of_concurrent_requests_reaches_the_log_with_its_difference(server):
     """8 clients at once, 400 requests: none of the copies is dropped, each is logged once, beside its own."""
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda i: infer(server, "many", value=float(i)), range(400)))
-    served = {r.headers["X-Request-Log-Id"]: i for i, r in enumerate(answers)}
-    wait_until(lambda: len(shadows(server, "many")) >= 400)
-    records = shadows(server, "many")
+    served, records = concurrent_copies(server, "many", 400)
     assert len(records) == 400 and {record["requestId"] for record in records} == set(served)
     for record in records:
         i = served[record["requestId"]]
@@ -294,11 +300,7 @@ def test_two_workers_each_copy_through_a_shadow_process_of_their_own_into_one_re
         (folder / "model.py").write_text(SCALING_MODEL.replace("FACTOR", str(version * 10)))
     (tmp_path / "many" / "servekit.yaml").write_text(SHADOWED)
     with ServerProcess(tmp_path, workers=2, threads=8, request_log_url="sqlite") as two:
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda i: infer(two, "many", value=float(i)), range(200)))
-        served = {r.headers["X-Request-Log-Id"]: i for i, r in enumerate(answers)}
-        wait_until(lambda: len(shadows(two, "many")) >= 200)
-        records = shadows(two, "many")
+        served, records = concurrent_copies(two, "many", 200)
         assert len(records) == 200 and {record["requestId"] for record in records} == set(served)
         for record in records:
             assert record["response"]["shadow"]["output_0"] == [[20.0 * served[record["requestId"]]]]

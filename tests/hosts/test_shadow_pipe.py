@@ -253,7 +253,7 @@ def test_the_board_carries_the_worker_s_concurrency_and_a_copy_waits_for_a_pause
     monkeypatch.setattr(load._load, "board", None)
     load.share_concurrency(board)
     try:
-        idle = shadow.WorkerIdle(fd, shadow_pipe.FrameReader(r), shadow_pipe.pipe_size(r))
+        idle = shadow.WorkerIdle(fd, shadow_pipe.FrameReader(r))
         load.arrived("m")
         assert load.read_board(idle.board) == 1
         monkeypatch.setattr(shadow, "DEFER_S", 0.3)

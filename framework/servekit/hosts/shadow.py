@@ -255,9 +255,10 @@ class WorkerIdle:
     requests on the other 8-11 % slower (bench/shadow.py, RESULTS.md).  So copies wait for the
     pauses in the worker's traffic, and a burst's copies run in the pause after it."""
 
-    def __init__(self, board_fd: int, reader: FrameReader | None = None, capacity: int = 0):
+    def __init__(self, board_fd: int, reader: FrameReader | None = None):
         self.board = mmap.mmap(board_fd, 8, prot=mmap.PROT_READ) if board_fd >= 0 else None
-        self.reader, self.capacity = reader, capacity
+        self.reader = reader
+        self.capacity = pipe_size(reader.fd) if reader is not None else 0
         #: since when the worker has held no request, as last seen (kept from one copy to the next:
         #: in a pause, the copies waiting run back to back)
         self.quiet_since: float | None = None
@@ -349,7 +350,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=_outlive_no_worker, args=(parent,), name="servekit-shadow-watch", daemon=True).start()
     shadow = Shadow(config)
     reader = FrameReader(frames, alive=lambda: os.getppid() == parent)
-    idle = WorkerIdle(int(argv[3]) if len(argv) > 3 else -1, reader, pipe_size(frames))
+    idle = WorkerIdle(int(argv[3]) if len(argv) > 3 else -1, reader)
     # Started, and its first candidate loaded, at its worker's priority: at idle priority under a
     # load that never paused it took seconds to start, while the copies filled the pipe and were
     # dropped. From its first copy on, every thread of it is at idle priority.
