@@ -39,7 +39,9 @@ def folder(tmp_path) -> Path:
 
 
 def context_only(folder: Path, *args: str) -> int:
-    return cli(["build", str(folder), "--context-only", "--no-wheel", *args])
+    """``servekit build --context-only``, with the startup probe's seconds given: these tests are about the
+    build context, and timing the model's start (tests/scaffold/test_manifests.py's) takes as long as a start."""
+    return cli(["build", str(folder), "--context-only", "--no-wheel", *args, "--startup-seconds", "60"])
 
 
 def dockerfile(folder: Path) -> str:

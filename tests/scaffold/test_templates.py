@@ -309,6 +309,11 @@ def test_gunicorn_conf_refuses_a_taken_port_in_one_line(monkeypatch):
 # -- servekit build ----------------------------------------------------------------------
 
 
+#: The startup probe's seconds, given: the tests below are about the build context, and timing the
+#: model's start (tests/scaffold/test_manifests.py's) takes as long as a start.
+UNTIMED = ("--startup-seconds", "60")
+
+
 @pytest.fixture
 def model_folder(tmp_path) -> Path:
     folder = tmp_path / "iris"
@@ -356,19 +361,19 @@ def test_build_without_docker_fails_in_one_line_but_writes_the_context(model_fol
 
 def test_build_context_only_succeeds_without_docker(model_folder, monkeypatch, capsys):
     monkeypatch.setattr(scaffold, "docker_available", lambda client=None: False)
-    assert cli(["build", str(model_folder), "--context-only", "--no-wheel"]) == 0
+    assert cli(["build", str(model_folder), "--context-only", "--no-wheel", *UNTIMED]) == 0
     assert "build context ready" in capsys.readouterr().out
     assert (model_folder / "Dockerfile").is_file()
 
 
 def test_build_keeps_an_edited_dockerfile(model_folder, capsys):
-    assert cli(["build", str(model_folder), "--no-docker", "--no-wheel"]) == 0
+    assert cli(["build", str(model_folder), "--no-docker", "--no-wheel", *UNTIMED]) == 0
     dockerfile = model_folder / "Dockerfile"
     edited = (
         "\n".join(line for line in dockerfile.read_text().splitlines() if scaffold.MARKER not in line) + "\n# mine\n"
     )
     dockerfile.write_text(edited)
-    assert cli(["build", str(model_folder), "--no-docker", "--gpu", "--no-wheel"]) == 0
+    assert cli(["build", str(model_folder), "--no-docker", "--gpu", "--no-wheel", *UNTIMED]) == 0
     assert dockerfile.read_text() == edited
     assert "kept Dockerfile" in capsys.readouterr().out
 
@@ -413,7 +418,9 @@ def test_source_install_puts_a_servekit_wheel_in_the_context(model_folder, capsy
 
 def test_wheel_option_refuses_what_is_not_a_wheel(model_folder, capsys):
     assert cli(["build", str(model_folder), "--context-only", "--wheel", str(model_folder / "1" / "model.joblib")]) == 2
-    assert capsys.readouterr().err.startswith("servekit build: --wheel: expected a servekit wheel file")
+    out, err = capsys.readouterr()
+    assert err.startswith("servekit build: --wheel: expected a servekit wheel file")
+    assert out == ""  # refused before the model is timed, which takes as long as its start
 
 
 def test_docker_available_needs_an_engine(monkeypatch, tmp_path):
@@ -654,6 +661,7 @@ def test_build_takes_tls_and_key_secrets_from_the_command_line(model_folder, cap
                 "--tls-client-ca",
                 "--api-keys-secret",
                 "iris-keys",
+                *UNTIMED,
             ]
         )
         == 0

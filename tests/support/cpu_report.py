@@ -4,9 +4,9 @@ Wall-clock durations (``--durations``) say which tests are long, not which are
 expensive: on 2 CPUs a parallel run is bound by the CPU its tests burn, and a
 test that waits on a server costs little.  With ``SERVEKIT_TEST_CPU_REPORT=FILE``
 each pytest process (every xdist worker) appends one JSON line per test to
-``FILE``: the node id and the user+system seconds of the process itself and of
+``FILE``: the node id, the user+system seconds of the process itself and of
 its waited-for children (servers, subprocesses) across the test's setup, call
-and teardown.  A module-scoped server's cost lands on the test whose teardown
+and teardown, and the children's share of them.  A module-scoped server's cost lands on the test whose teardown
 stops it, so sum by module::
 
     SERVEKIT_TEST_CPU_REPORT=/tmp/cpu.jsonl bash scripts/test.sh -q
@@ -27,10 +27,11 @@ import pytest
 ENV = "SERVEKIT_TEST_CPU_REPORT"
 
 
-def _cpu_seconds() -> float:
+def _cpu_seconds() -> tuple[float, float]:
+    """The CPU seconds of this process, and of its waited-for children."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 class CpuReport:
@@ -41,9 +42,11 @@ class CpuReport:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
-        before = _cpu_seconds()
+        own, children = _cpu_seconds()
         yield
-        line = json.dumps({"test": item.nodeid, "cpu": round(_cpu_seconds() - before, 3), "pid": os.getpid()})
+        own_after, children_after = _cpu_seconds()
+        own, children = own_after - own, children_after - children
+        line = json.dumps({"test": item.nodeid, "cpu": round(own + children, 3), "children": round(children, 3)})
         with open(self.path, "a") as report:
             report.write(line + "\n")
 
@@ -58,12 +61,18 @@ def register(config: pytest.Config) -> None:
 def summary(path: str, top: int = 40) -> str:
     """The modules by CPU seconds, most first, with the run's total."""
     by_module: collections.Counter[str] = collections.Counter()
+    in_children: collections.Counter[str] = collections.Counter()
     with open(path) as report:
         for line in report:
             record = json.loads(line)
-            by_module[record["test"].split("::")[0]] += record["cpu"]
-    lines = [f"{sum(by_module.values()):8.1f}  all {len(by_module)} modules"]
-    lines += [f"{seconds:8.1f}  {module}" for module, seconds in by_module.most_common(top)]
+            module = record["test"].split("::")[0]
+            by_module[module] += record["cpu"]
+            in_children[module] += record.get("children", 0.0)
+    lines = [
+        "     all  children",
+        f"{sum(by_module.values()):8.1f}  {sum(in_children.values()):8.1f}  all {len(by_module)} modules",
+    ]
+    lines += [f"{seconds:8.1f}  {in_children[module]:8.1f}  {module}" for module, seconds in by_module.most_common(top)]
     return "\n".join(lines)
 
 

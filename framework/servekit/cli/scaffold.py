@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servekit.scaffold import build_settings as scaffold_settings
-from servekit.scaffold.project import BuildOptions, ScaffoldError, build, new_project, untrained
+from servekit.scaffold.project import BuildOptions, ScaffoldError, build, checked_wheel, new_project, untrained
 from servekit.scaffold.render import DEFAULT_CUDA, DEFAULT_PYTHON, PROMETHEUS_URL
 
 COMMANDS = ("new", "build")
@@ -221,6 +221,8 @@ def _build(args: Any) -> int:
         startup_seconds=args.startup_seconds,
     )
     _check_scaling(args)
+    if args.wheel not in (None, "auto", "build"):
+        checked_wheel(Path(args.wheel))  # refused before the model is timed, which takes as long as its start
     if options.startup_seconds is None and not untrained(folder):  # an untrained one is refused or warned about
         options.startup_seconds = _measured_startup(folder.resolve(), options.model_name)
     return build(folder, options, run_docker=False if args.context_only else None, wheel=args.wheel, settings=settings)

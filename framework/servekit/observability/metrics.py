@@ -43,13 +43,14 @@ import sqlite3
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Protocol
-
-from flask import Blueprint, Response, current_app
+from typing import TYPE_CHECKING, Any, Protocol
 
 from servekit.hooks.specs import hookimpl
 from servekit.observability.tally import Tally
 from servekit.observability.tally import add_to_histogram as _add_to_histogram
+
+if TYPE_CHECKING:
+    from flask import Blueprint
 
 log = logging.getLogger("servekit.metrics")
 
@@ -69,9 +70,6 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
-
-bp = Blueprint("metrics", __name__)
-
 
 # -- the multiprocess folder (server side) ------------------------------------------
 
@@ -385,11 +383,19 @@ def render(dataplane: Served) -> tuple[bytes, str]:
     return text + generate_latest(live), CONTENT_TYPE_LATEST
 
 
-@bp.get("/metrics")
-@bp.get("/monitoring/prometheus/metrics")  # TF Serving's path (--monitoring_config_file)
-def scrape():
-    body, content_type = render(current_app.extensions["servekit"])
-    return Response(body, status=200, content_type=content_type)
+def blueprint() -> Blueprint:
+    """The scrape routes, for one app (Flask is imported here: a model host counts and serves no HTTP)."""
+    from flask import Blueprint, Response, current_app
+
+    bp = Blueprint("metrics", __name__)
+
+    @bp.get("/metrics")
+    @bp.get("/monitoring/prometheus/metrics")  # TF Serving's path (--monitoring_config_file)
+    def scrape():
+        body, content_type = render(current_app.extensions["servekit"])
+        return Response(body, status=200, content_type=content_type)
+
+    return bp
 
 
 # -- batch sizes, as a cross-cutting plugin ------------------------------------------------

@@ -351,7 +351,7 @@ def vendor_wheel(folder: Path, wheel: str | None) -> Path | None:
     from an index), ``"build"`` (always one, built from the source tree) or
     ``None`` (never).
     """
-    given = _checked_wheel(Path(wheel)) if wheel not in (None, "auto", "build") else None
+    given = checked_wheel(Path(wheel)) if wheel not in (None, "auto", "build") else None
     into = folder / WHEELS
     for stale in into.glob("servekit-*.whl"):
         stale.unlink()  # only the wheel of this build stays in the context
@@ -373,7 +373,8 @@ def vendor_wheel(folder: Path, wheel: str | None) -> Path | None:
     )
 
 
-def _checked_wheel(wheel: Path) -> Path:
+def checked_wheel(wheel: Path) -> Path:
+    """``--wheel PATH``, when it names a servekit wheel file; a usage error otherwise."""
     if not wheel.is_file() or not re.match(r"servekit-[^-]+-.*\.whl$", wheel.name):
         raise ScaffoldError(f"--wheel: expected a servekit wheel file (servekit-VERSION-....whl), found {wheel}", 2)
     return wheel

@@ -16,7 +16,7 @@ import pluggy
 from flask import Flask, request
 from werkzeug.exceptions import HTTPException
 
-from servekit import hosts, observability, storage
+from servekit import hosts, storage
 from servekit.codecs import bounds
 from servekit.control import ControlPlane, transport
 from servekit.control.plan import Planner
@@ -28,6 +28,7 @@ from servekit.errors import MethodNotAllowed, NotFound, PayloadTooLarge, Serveki
 from servekit.folders.layout import discover, repository_roots
 from servekit.hooks import manager as plugins
 from servekit.hosts.shadow_pipe import ShadowProcess
+from servekit.observability import middleware as observability
 from servekit.protocols import generic, health, openai, retrieval, triton_generate, v1, v2
 from servekit.protocols.http import json_response
 from servekit.protocols.warmup import Warmer
