@@ -19,6 +19,7 @@ result (pluggy's tracer), to see which plugin answered and with what.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -163,13 +164,22 @@ def _class_plugins(module: Any) -> list[tuple[str, Any]]:
     return found
 
 
+@functools.cache
+def installed_entry_points(path: tuple[str, ...]) -> tuple[tuple[importlib.metadata.EntryPoint, str], ...]:
+    """The ``servekit`` entry points of the distributions on ``path`` (``sys.path``), each with its
+    distribution's name, read once per process and path: reading them parses every installed
+    distribution's metadata, tens of milliseconds, and a worker builds its plugin manager after
+    its server process built one to describe the plugins."""
+    found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    return tuple((ep, ep.dist.name if ep.dist else "?") for ep in found)
+
+
 def load_entry_points(pm: pluggy.PluginManager) -> None:
     """Register every installed plugin of the ``servekit`` group (or the allow-listed ones)."""
     allow = os.environ.get("SERVEKIT_LOAD_PLUGINS")
     allowed = None if allow is None else {n.strip() for n in allow.split(",") if n.strip()}
     seen: dict[str, str] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist.name if ep.dist else "?"
+    for ep, dist in installed_entry_points(tuple(sys.path)):
         if allowed is not None and ep.name not in allowed:
             continue
         if ep.name in seen:
