@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 
-def fit_iris(folder: Path, version: int = 1, *, named: bool = True, fmt: str = "joblib") -> Path:
-    """A LogisticRegression on iris, saved as BASE/iris/VERSION/model.<fmt>."""
-    import joblib
+@functools.cache
+def iris_classifier(named: bool = True) -> Any:
+    """A LogisticRegression fitted on iris (with its feature names, or on bare arrays), fitted once per process."""
     import pandas as pd
     from sklearn.datasets import load_iris
     from sklearn.linear_model import LogisticRegression
@@ -18,7 +20,14 @@ def fit_iris(folder: Path, version: int = 1, *, named: bool = True, fmt: str = "
     iris = load_iris(as_frame=True)
     X = iris.data.rename(columns=lambda c: c.replace(" (cm)", "").replace(" ", "_"))
     y = pd.Series(iris.target_names[iris.target])
-    model = LogisticRegression(max_iter=1000).fit(X if named else X.to_numpy(), y)
+    return LogisticRegression(max_iter=1000).fit(X if named else X.to_numpy(), y)
+
+
+def fit_iris(folder: Path, version: int = 1, *, named: bool = True, fmt: str = "joblib") -> Path:
+    """:func:`iris_classifier`, saved as BASE/iris/VERSION/model.<fmt>."""
+    import joblib
+
+    model = iris_classifier(named)
     target = folder / str(version) / f"model.{fmt}"
     target.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "skops":
