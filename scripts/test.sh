@@ -73,9 +73,10 @@ done
 # Debian's packages, waited for before the tests start (installed beside the Python installs above).
 wait "$debian_packages" || true
 # The suite in parallel, a module's tests in one worker since they share its servers; then the
-# tests that need the machine alone (marked `alone`), one at a time. One worker more than the CPUs
-# (SERVEKIT_TEST_WORKERS to choose): many tests wait for a server to start, and the spare worker
-# fills those waits (on 2 CPUs the whole suite took 12:04 with 2 workers, 11:11 with 3).
+# tests that need the machine alone (marked `alone`), one at a time. Two workers more than the CPUs
+# (SERVEKIT_TEST_WORKERS to choose): many tests wait for a server to start, and the spare workers
+# fill those waits (on 2 CPUs the whole suite took 12:04 with 2 workers, 11:11 with 3 on one machine;
+# 17:00 with 3, 16:15 with 4 on another).
 set +e
 # Bytecode is written and reused: with PYTHONDONTWRITEBYTECODE set (some images set it), every
 # pytest worker re-rewrote each test module's asserts and every server the suite starts compiled
@@ -84,7 +85,7 @@ unset PYTHONDONTWRITEBYTECODE
 # pyproject.toml's addopts give each module to one worker, longest first (--dist loadfile
 # --no-loadscope-reorder: with xdist's own order the fuzz test started ten minutes in and was the
 # run's last two minutes alone).
-python -m pytest -n "${SERVEKIT_TEST_WORKERS:-$(($(nproc) + 1))}" "$@"
+python -m pytest -n "${SERVEKIT_TEST_WORKERS:-$(($(nproc) + 2))}" "$@"
 status=$?
 python -m pytest --alone "$@"
 alone=$?
