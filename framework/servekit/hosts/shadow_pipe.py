@@ -346,25 +346,7 @@ class _Child:
 
     def write(self, frame: bytes) -> bool:
         """Write one frame whole, without waiting; ``False``: not written."""
-        with self.lock:
-            if self.retired:
-                return False
-            try:
-                # the kernel is asked what was read (an ioctl) only when the buffers as written leave
-                # no room: most copies find room without it
-                if not self.room.fits(len(frame)) and not self.room.fits(len(frame), unread(self.frames)):
-                    return False
-                written = os.write(self.frames, frame)
-            except BlockingIOError:
-                return False  # less room than followed: nothing was written
-            except OSError:  # the process is gone (EPIPE)
-                self._retire()
-                return False
-            if written < len(frame):  # a cut frame: the reader drops it at the pipe's end
-                self._retire()
-                return False
-            self.room.wrote(written)
-            return True
+        return self.write_many([frame])[0]
 
     def write_many(self, frames: list[bytes]) -> list[bool]:
         """Write the frames that fit, each whole, in one ``write(2)``, without waiting; which were."""
