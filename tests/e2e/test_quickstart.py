@@ -93,7 +93,7 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120
         try:
             if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except requests.RequestException:  # not listening yet, or its first worker still starting
             pass
         time.sleep(0.1)
     raise AssertionError(f"not ready after {timeout}s:\n{log.read_text()}")

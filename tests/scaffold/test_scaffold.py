@@ -95,7 +95,7 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180
         try:
             if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
                 return
-        except requests.ConnectionError:
+        except requests.RequestException:  # not listening yet, or its first worker still starting
             pass
         time.sleep(0.2)
     raise TimeoutError(log.read_text()[-5000:])
