@@ -14,11 +14,10 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
+from processes import wait_ready
 from repo_paths import REPO as ROOT
 from servekit.testing import free_port
 
@@ -74,7 +73,7 @@ def test_served_as_the_quickstart_does_grpc_answers(tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_ready(proc, f"http://127.0.0.1:{http_port}", tmp_path / "serve.log")
+        wait_ready(f"http://127.0.0.1:{http_port}", proc, tmp_path / "serve.log")
         snippet = readme_grpc_snippet().replace("localhost:8081", f"127.0.0.1:{grpc_port}")
         run = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
@@ -84,16 +83,3 @@ def test_served_as_the_quickstart_does_grpc_answers(tmp_path):
         proc.terminate()
         proc.wait(60)
         log.close()
-
-
-def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:  # not listening yet, or its first worker still starting
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"not ready after {timeout}s:\n{log.read_text()}")

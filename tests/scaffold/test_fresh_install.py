@@ -19,11 +19,10 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
-import requests
+from processes import wait_ready
 from repo_paths import REPO
 from servekit.scaffold import project as scaffold
 from servekit.testing import free_port
@@ -122,20 +121,6 @@ def sections(readme: str) -> dict[str, list[tuple[str, str]]]:
 def commands(code: str) -> list[str]:
     """The command lines of a bash block (continuations joined)."""
     return [line for line in code.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"servekit serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if requests.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:  # not listening yet, or its first worker still starting
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(log.read_text()[-4000:])
 
 
 def test_the_fresh_virtualenv_has_no_servekit(fresh_venv, tmp_path):

@@ -22,6 +22,7 @@ import pytest
 import requests
 from generated_projects import assert_tests_passed, bake
 from generated_projects import generated as generated_project
+from processes import wait_ready
 from servekit.testing import free_port
 from servekit.version import __version__
 
@@ -84,21 +85,6 @@ def image_env(project: Path, port: int) -> dict[str, str]:
         "SERVEKIT_HTTP_PORT": str(port),
         "SERVEKIT_GRPC_PORT": "0",
     }
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-5000:]
-        try:
-            if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:  # not listening yet, or its first worker still starting
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(log.read_text()[-5000:])
 
 
 @pytest.mark.parametrize(

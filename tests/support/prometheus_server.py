@@ -48,7 +48,7 @@ class Prometheus:
             try:
                 if requests.get(self.url + "/-/ready", timeout=2).status_code == 200:
                     return
-            except requests.RequestException:  # not listening yet, or its first worker still starting
+            except requests.RequestException:  # not listening yet, or not answering yet
                 pass
             time.sleep(0.2)
         raise TimeoutError("prometheus did not get ready")

@@ -39,9 +39,8 @@ from servekit.observability import metrics
 from servekit.server import gunicorn_errors
 
 # The app's code (Flask, the protocols, the data plane) is imported here, in the master, before it
-# forks: each worker starts with it and answers its first request sooner, and the modules'
-# pages are shared. Imported after the fork instead, it made every worker import it again while
-# the control plane's threads in the master import alongside.
+# forks: each worker starts with it (imported after the fork, every worker imported it again before
+# its first answer), and the modules' pages are shared.
 from servekit.server.app import create_app
 from servekit.server.settings import Settings, worker_count
 
