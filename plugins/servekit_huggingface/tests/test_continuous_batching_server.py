@@ -44,8 +44,8 @@ def server(gpt_folder):
         yield srv
 
 
-def gauge(server, name: str, model: str = "gpt") -> float:
-    text = requests.get(server.url + "/metrics", timeout=10).text
+def gauge(server, name: str, model: str = "gpt", timeout: float = 10) -> float:
+    text = requests.get(server.url + "/metrics", timeout=timeout).text
     values = [float(v) for v in re.findall(rf'^{name}\{{[^}}]*model="{model}"[^}}]*\}} (\S+)$', text, re.M)]
     return sum(values)
 
@@ -54,7 +54,10 @@ class GaugeWatcher:
     """Polls the running gauge in the background and keeps its highest value.
 
     Several pollers, each on its own connections: a poll that lands on a worker
-    whose threads are all streaming waits there, and the others go on.
+    whose threads are all streaming waits there, and the others go on. A poll gives
+    up after two seconds and tries again on a new connection, so that the pollers do not
+    all end up waiting behind the streams of one worker (the workers need not take
+    the streams half each).
     """
 
     def __init__(self, server, pollers: int = 4, model: str = "gpt"):
@@ -63,7 +66,11 @@ class GaugeWatcher:
 
     def _poll(self) -> None:
         while not self.stopped.is_set():
-            self.highest = max(self.highest, gauge(self.server, "servekit_generation_running", self.model))
+            try:
+                running = gauge(self.server, "servekit_generation_running", self.model, timeout=2)
+            except requests.Timeout:
+                continue
+            self.highest = max(self.highest, running)
             time.sleep(0.02)
 
     def __enter__(self) -> GaugeWatcher:
