@@ -52,28 +52,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = keep
 
 
-#: How many objects the cyclic garbage collector may track before a module boundary freezes them.
+#: How many objects the cyclic garbage collector may track before they are frozen out of its walks.
 FREEZE_ABOVE = 100_000
 
 
+def freeze_what_lives() -> None:
+    """What is alive, when it is many, is frozen out of the cyclic garbage collector's walks: each full
+    collection would walk all of it again, and none of it is garbage. Refcounting still frees frozen
+    objects; only their cycles stay."""
+    if len(gc.get_objects(generation=2)) > FREEZE_ABOVE:
+        gc.collect()
+        gc.freeze()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """What collection imported (TensorFlow, torch, transformers and the test modules: about 880,000
-    objects in the whole suite) is frozen out of the cyclic garbage collector's reach: each full
-    collection a worker runs would walk all of it again (0.47 s each), and none of it is garbage."""
-    gc.collect()
-    gc.freeze()
+    """What collection imported: TensorFlow, torch, transformers and the test modules, about 880,000
+    objects in the whole suite (a full collection over them: 0.47 s)."""
+    freeze_what_lives()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """At the end of each module (its fixtures torn down), what is still alive and is many (a framework
-    a test imported) is frozen too; refcounting still frees frozen objects, only their cycles stay."""
+    """At the end of each module (its fixtures torn down): a framework one of its tests imported."""
     yield
-    if nextitem is not None and nextitem.path == item.path:
-        return
-    if len(gc.get_objects(generation=2)) > FREEZE_ABOVE:
-        gc.collect()
-        gc.freeze()
+    if nextitem is None or nextitem.path != item.path:
+        freeze_what_lives()
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -76,7 +76,8 @@ wait "$debian_packages" || true
 # tests that need the machine alone (marked `alone`), one at a time. Two workers more than the CPUs
 # (SERVEKIT_TEST_WORKERS to choose): many tests wait for a server to start, and the spare workers
 # fill those waits (on 2 CPUs the whole suite took 12:04 with 2 workers, 11:11 with 3 on one machine;
-# on another, 3 workers kept 1.65 of the CPUs busy, 4 kept 1.70-1.71: 17:00 against 16:15 and 17:00).
+# on another, 3 workers kept 1.65 of the CPUs busy, 4 kept 1.70-1.71: 17:00 against 16:15 and 17:00;
+# 5 workers were no better there, 18:44 against 16:18 and 18:03 with 4).
 set +e
 # Bytecode is written and reused: with PYTHONDONTWRITEBYTECODE set (some images set it), every
 # pytest worker re-rewrote each test module's asserts and every server the suite starts compiled
