@@ -18,13 +18,17 @@ from pathlib import Path
 
 import cpu_report
 import pytest
+import server_forks
 from lanes import long_poles_first, marks_alone, quick_lane, wholly_slow
 from repo_paths import TF_DATA
+from servekit.testing import ServerProcess
 from sklearn_models import ECHO_MODEL, fit_iris, fit_regressor
 
 
 def pytest_configure(config: pytest.Config) -> None:
     cpu_report.register(config)  # SERVEKIT_TEST_CPU_REPORT=FILE: CPU seconds per test (tests/support/cpu_report.py)
+    # servers fork from a warm process rather than import servekit and scikit-learn afresh (tests/support/server_forks.py)
+    ServerProcess.launcher = server_forks.launch
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

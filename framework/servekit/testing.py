@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,12 @@ class ServerProcess:
     fork one per CPU); the HTTP engine is ``--server`` or ``SERVEKIT_SERVER``.
     """
 
+    #: What starts the command: ``launcher(command, stdout=..., stderr=..., env=...)`` returns a
+    #: ``subprocess.Popen``, or an object that answers as one (``pid``, ``poll``, ``wait``,
+    #: ``send_signal``, ``terminate``, ``kill``, ``returncode``). servekit's own suite forks its
+    #: servers from a warm process this way (tests/support/server_forks.py in its repository).
+    launcher: Callable[..., Any] = subprocess.Popen
+
     def __init__(self, *paths: str | Path, env: dict[str, str] | None = None, client_ssl: Any = None, **settings: Any):
         self.paths = [str(p) for p in paths]
         #: an ``ssl.SSLContext`` the readiness probe uses against a TLS server (its CA, a client cert)
@@ -47,7 +54,7 @@ class ServerProcess:
             self.grpc_port = free_port()
         self.settings = {"poll_interval": 0.5, "workers": 1, **settings}
         self.env = env or {}
-        self.proc: subprocess.Popen | None = None
+        self.proc: Any = None  # what the launcher returned
         # kept open: the server writes to it for its whole life, output() reads it back
         self.log = tempfile.NamedTemporaryFile(prefix="servekit-", suffix=".log", delete=False)  # noqa: SIM115
 
@@ -84,7 +91,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 120.0, wait: bool = True) -> ServerProcess:
         env = {**os.environ, **self.env}
-        self.proc = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = type(self).launcher(self.command(), stdout=self.log, stderr=subprocess.STDOUT, env=env)
         if wait:
             self.wait_ready(timeout)
         return self
