@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 from typing import IO, Any
 
 ENV = "SERVEKIT_TEST_FORKS"
@@ -54,7 +53,22 @@ PRELOAD = (
 
 #: environment variables read when the interpreter or a preloaded library starts: a command whose
 #: value differs from the fork server's cannot be forked from it
-READ_AT_START = ("PYTHON", "LD_", "LC_", "LANG", "OMP_", "MKL_", "OPENBLAS_", "GOTO", "KMP_", "SKLEARN_", "SCIPY_", "NUMPY_", "JOBLIB_", "MALLOC")
+READ_AT_START = (
+    "PYTHON",
+    "LD_",
+    "LC_",
+    "LANG",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "GOTO",
+    "KMP_",
+    "SKLEARN_",
+    "SCIPY_",
+    "NUMPY_",
+    "JOBLIB_",
+    "MALLOC",
+)
 
 _HEADER = struct.Struct("!I")
 
