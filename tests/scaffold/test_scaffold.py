@@ -72,7 +72,8 @@ def start_command(project: Path) -> list[str]:
 
 
 def image_env(project: Path, port: int) -> dict[str, str]:
-    """The ENV the Dockerfile sets, with the model folder and ports of this machine."""
+    """The ENV the Dockerfile sets, with the model folder and ports of this machine, and one worker
+    (as the deploy manifests set SERVEKIT_WORKERS): a second would import the framework again."""
     text = (project / "Dockerfile").read_text()
     model_name = re.search(r"SERVEKIT_MODEL_NAME=(\S+)", text).group(1)
     return {
@@ -84,6 +85,7 @@ def image_env(project: Path, port: int) -> dict[str, str]:
         "SERVEKIT_HOST": "127.0.0.1",
         "SERVEKIT_HTTP_PORT": str(port),
         "SERVEKIT_GRPC_PORT": "0",
+        "SERVEKIT_WORKERS": "1",
     }
 
 
