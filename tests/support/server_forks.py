@@ -304,7 +304,10 @@ def main(address: str) -> None:
     import importlib
 
     for name in PRELOAD:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # not installed in this environment: a server that needs it imports it, as fresh
     forked = _serve(address)
     if forked is not None:
         _become_server(*forked)
