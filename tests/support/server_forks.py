@@ -80,6 +80,17 @@ def _read_at_start(env: dict[str, str]) -> dict[str, str]:
 # -- the client, in the pytest process ------------------------------------------------------------
 
 
+def _read_line(channel: socket.socket) -> bytes:
+    """One line from the fork server, a byte at a time (``pid N``, then ``exit CODE``); empty at its end."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = channel.recv(1)
+        if not byte:
+            return b""
+        line += byte
+    return line
+
+
 class ForkedServer:
     """A server forked by the fork server, answering as ``subprocess.Popen`` does."""
 
@@ -94,15 +105,13 @@ class ForkedServer:
         with self._lock:
             if self.returncode is not None:
                 return
-            ready, _, _ = select.select([self._channel], [], [], timeout)
-            if not ready:
+            waiting = select.poll()
+            waiting.register(self._channel, select.POLLIN)
+            if not waiting.poll(None if timeout is None else timeout * 1000):
                 return
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = self._channel.recv(64)
-                if not chunk:
-                    raise RuntimeError(f"the fork server went away before server {self.pid} exited")
-                line += chunk
+            line = _read_line(self._channel)
+            if not line:
+                raise RuntimeError(f"the fork server went away before server {self.pid} exited")
             self.returncode = int(line.split()[1])
             self._channel.close()
 
@@ -173,13 +182,10 @@ class _ForkServerHandle:
         channel.connect(self.address)
         request = json.dumps({"argv": command[3:], "env": env, "cwd": os.getcwd()}).encode()
         socket.send_fds(channel, [_HEADER.pack(len(request)) + request], [output.fileno()])
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = channel.recv(64)
-            if not chunk:
-                channel.close()
-                raise RuntimeError("the fork server closed the connection before it forked")
-            line += chunk
+        line = _read_line(channel)  # no further: the exit line may follow at once
+        if not line:
+            channel.close()
+            raise RuntimeError("the fork server closed the connection before it forked")
         return ForkedServer(command, int(line.split()[1]), channel)
 
 
