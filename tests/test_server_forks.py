@@ -42,6 +42,7 @@ def _parent(pid: int) -> int:
 def test_a_forked_server_has_the_command_s_environment_folder_and_output(echo_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert ServerProcess.launcher is server_forks.launch
+    reaped = server_forks.reaped_cpu()
     with ServerProcess(echo_model, env={"SERVEKIT_MAX_REQUEST_SIZE": "1000"}) as server:
         assert isinstance(server.proc, server_forks.ForkedServer)
         assert _parent(server.proc.pid) != os.getpid()  # the fork server's child, not this process's
@@ -54,6 +55,7 @@ def test_a_forked_server_has_the_command_s_environment_folder_and_output(echo_mo
         assert server.proc.poll() is None
         assert server.stop() == 0  # SIGTERM drains and exits cleanly, as a fresh gunicorn master does
     assert "Booting worker" in server.output()  # its log reached the file the command was given
+    assert server_forks.reaped_cpu() > reaped  # its CPU, and its worker's, reach the CPU report
 
 
 def test_a_forked_server_exits_with_the_status_a_fresh_one_gives(tmp_path):

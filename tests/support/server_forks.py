@@ -80,8 +80,29 @@ def _read_at_start(env: dict[str, str]) -> dict[str, str]:
 # -- the client, in the pytest process ------------------------------------------------------------
 
 
+class _Reaped:
+    """The CPU seconds of the forked servers this process has seen exit (theirs and their workers')."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self.lock:
+            self.seconds += seconds
+
+
+_reaped = _Reaped()
+
+
+def reaped_cpu() -> float:
+    """CPU seconds of the forked servers waited for so far: what ``RUSAGE_CHILDREN`` would count had
+    they been this process's children (tests/support/cpu_report.py adds them)."""
+    return _reaped.seconds
+
+
 def _read_line(channel: socket.socket) -> bytes:
-    """One line from the fork server, a byte at a time (``pid N``, then ``exit CODE``); empty at its end."""
+    """One line from the fork server, a byte at a time (``pid N``, then ``exit CODE CPU_SECONDS``); empty at its end."""
     line = b""
     while not line.endswith(b"\n"):
         byte = channel.recv(1)
@@ -112,8 +133,10 @@ class ForkedServer:
             line = _read_line(self._channel)
             if not line:
                 raise RuntimeError(f"the fork server went away before server {self.pid} exited")
-            self.returncode = int(line.split()[1])
+            _, code, cpu = line.split()
+            self.returncode = int(code)
             self._channel.close()
+            _reaped.add(float(cpu))
 
     def poll(self) -> int | None:
         self._read_exit(0)
@@ -251,15 +274,16 @@ def _serve(address: str) -> tuple[dict[str, Any], int] | None:
                     pass
                 while True:
                     try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
+                        pid, status, usage = os.wait4(-1, os.WNOHANG)
                     except ChildProcessError:
                         break
                     if pid == 0:
                         break
                     channel = channels.pop(pid, None)
                     if channel is not None:
+                        code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
                         try:
-                            channel.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                            channel.sendall(f"exit {code} {cpu:.3f}\n".encode())
                         except OSError:
                             pass  # nobody waits for this one any more
                         channel.close()
