@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 import server_forks
+from processes import parent_of
 from servekit.testing import ServerProcess
 from sklearn_models import ECHO_MODEL
 
@@ -35,17 +36,13 @@ def echo_model(tmp_path_factory) -> Path:
     return folder
 
 
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def test_a_forked_server_has_the_command_s_environment_folder_and_output(echo_model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert ServerProcess.launcher is server_forks.launch
     reaped = server_forks.reaped_cpu()
     with ServerProcess(echo_model, env={"SERVEKIT_MAX_REQUEST_SIZE": "1000"}) as server:
         assert isinstance(server.proc, server_forks.ForkedServer)
-        assert _parent(server.proc.pid) != os.getpid()  # the fork server's child, not this process's
+        assert parent_of(server.proc.pid) != os.getpid()  # the fork server's child, not this process's
         assert os.readlink(f"/proc/{server.proc.pid}/cwd") == str(tmp_path)
         answer = requests.get(server.url + "/v2/models/echo", timeout=30)
         assert answer.status_code == 200 and answer.json()["name"] == "echo"

@@ -32,13 +32,18 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180
     raise TimeoutError(f"not ready after {timeout} s:\n{log.read_text()[-5000:]}")
 
 
+def parent_of(pid: int) -> int:
+    """The parent process id of ``pid``, from ``/proc/PID/stat`` (after the command's closing parenthesis)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def kill_tree(root: int) -> list[int]:
     """SIGKILL ``root`` and every process under it, all at once (as when a container dies); their ids."""
     tree = [root]
     for pid in tree:
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
-                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                if parent_of(int(stat.parent.name)) == pid:
                     tree.append(int(stat.parent.name))
             except (OSError, IndexError, ValueError):
                 pass
