@@ -21,6 +21,7 @@ import pytest
 import server_forks
 from lanes import long_poles_first, marks_alone, quick_lane, wholly_slow
 from repo_paths import TF_DATA
+from servekit.hosts import client as host_client
 from servekit.testing import ServerProcess
 from sklearn_models import ECHO_MODEL, fit_iris, fit_regressor
 
@@ -29,6 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     cpu_report.register(config)  # SERVEKIT_TEST_CPU_REPORT=FILE: CPU seconds per test (tests/support/cpu_report.py)
     # servers fork from a warm process rather than import servekit and scikit-learn afresh (tests/support/server_forks.py)
     ServerProcess.launcher = server_forks.launch
+    host_client.launcher = server_forks.launch_host  # and the model hosts the tests start in-process
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

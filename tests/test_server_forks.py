@@ -90,3 +90,63 @@ def test_a_command_it_cannot_reproduce_starts_fresh(echo_model):
             [sys.executable, "-m", "servekit", "--version"], stdout=log, stderr=subprocess.STDOUT, env=env
         )
         assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
+
+
+#: a model that needs torch, and says whether its process had imported torch before it loaded, and which it is
+TORCH_MODEL = """
+import os
+import sys
+
+import numpy as np
+import servekit
+
+WARM = "torch" in sys.modules
+import torch  # noqa: E402
+
+
+@servekit.hookimpl
+def load(path):
+    return "needs-torch"
+
+
+@servekit.hookimpl
+def predict(inputs, parameters):
+    return {"warm": np.array([WARM]), "pid": np.array([os.getpid()]), "ppid": np.array([os.getppid()])}
+"""
+
+
+def test_kind_of_reads_what_the_model_folders_need(tmp_path):
+    def folder(name: str, files: dict[str, str]) -> str:
+        for relative, text in files.items():
+            (tmp_path / name / relative).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / relative).write_text(text)
+        return str(tmp_path / name)
+
+    saved_model = folder("tf", {"1/saved_model.pb": "", "1/variables/variables.index": ""})
+    safetensors = folder("hf", {"1/model.safetensors": "", "1/config.json": "{}"})
+    torch_source = folder("custom", {"model.py": "import torch\n"})
+    sklearn = folder("iris", {"1/model.joblib": ""})
+    assert server_forks.kind_of([saved_model]) == "tensorflow"
+    assert server_forks.kind_of([safetensors]) == "torch"
+    assert server_forks.kind_of([torch_source]) == "torch"
+    assert server_forks.kind_of([sklearn]) == "base"
+    assert server_forks.kind_of([sklearn, safetensors]) == "torch"
+    assert server_forks.kind_of([saved_model, safetensors]) == "base"  # both: neither is imported ahead
+    assert server_forks.kind_of(["s3://bucket/models", str(tmp_path / "missing")]) == "base"
+
+
+def test_a_torch_model_s_server_and_model_host_fork_from_a_process_that_imported_torch(tmp_path):
+    (tmp_path / "needs-torch").mkdir()
+    (tmp_path / "needs-torch" / "model.py").write_text(TORCH_MODEL)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
+    with ServerProcess(tmp_path / "needs-torch", placement="process", env={"HF_HUB_OFFLINE": "1"}) as server:
+        assert isinstance(server.proc, server_forks.ForkedServer)
+        answer = requests.post(server.url + "/v2/models/needs-torch/infer", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+        assert outputs["warm"] == [True]  # torch was in the process before model.py imported it
+        # the model host is no worker's child: it forked from the same warm process as the server
+        warm_process = parent_of(server.proc.pid)
+        assert outputs["ppid"] == [warm_process] and outputs["pid"] != [server.proc.pid]
+        assert b"server_forks.py" in Path(f"/proc/{warm_process}/cmdline").read_bytes()
+        assert server.stop() == 0

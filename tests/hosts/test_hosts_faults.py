@@ -21,6 +21,11 @@ from servekit.testing import ServerProcess
 
 pytestmark = pytest.mark.slow
 
+#: these servers start fresh, and so do their hosts: the tests find a host by its command line and
+#: environment, as ``ps`` shows them, and a host forked from the suite's fork server
+#: (tests/support/server_forks.py) shows the fork server's
+FRESH = {"SERVEKIT_TEST_FORKS": "0"}
+
 MODEL = """
 import os
 import time
@@ -103,7 +108,7 @@ def metric(url: str, name: str) -> float:
 
 
 def test_every_worker_hands_requests_to_one_host_and_they_batch_together(tmp_path):
-    with ServerProcess(hosted_repo(tmp_path), workers=2, threads=8) as server:
+    with ServerProcess(hosted_repo(tmp_path), workers=2, threads=8, env=FRESH) as server:
         owner = server.proc.pid
         pids = {outputs(predict(server.url))["pid"][0] for _ in range(6)}
         assert set(pids) == set(hosts_of(owner)) and len(pids) == 1
@@ -132,7 +137,7 @@ def test_every_worker_hands_requests_to_one_host_and_they_batch_together(tmp_pat
 
 
 def test_kill_9_of_a_host_fails_only_its_in_flight_requests_then_it_serves_again(tmp_path):
-    with ServerProcess(hosted_repo(tmp_path), workers=2, threads=8) as server:
+    with ServerProcess(hosted_repo(tmp_path), workers=2, threads=8, env=FRESH) as server:
         owner = server.proc.pid
         predict(server.url)
         ((host_pid, server_id),) = hosts_of(owner).items()
@@ -170,7 +175,7 @@ def test_kill_9_of_a_host_fails_only_its_in_flight_requests_then_it_serves_again
 
 
 def test_sigterm_drains_the_http_side_then_the_hosts_losing_no_accepted_request(tmp_path):
-    server = ServerProcess(hosted_repo(tmp_path), workers=2, threads=6, shutdown_delay=1.0, drain_seconds=20)
+    server = ServerProcess(hosted_repo(tmp_path), workers=2, threads=6, shutdown_delay=1.0, drain_seconds=20, env=FRESH)
     server.start()
     owner = server.proc.pid
     predict(server.url)
@@ -224,7 +229,7 @@ def test_sigterm_drains_the_http_side_then_the_hosts_losing_no_accepted_request(
 
 
 def test_kill_9_of_the_server_leaves_no_host_and_no_shared_memory(tmp_path):
-    server = ServerProcess(hosted_repo(tmp_path), workers=2)
+    server = ServerProcess(hosted_repo(tmp_path), workers=2, env=FRESH)
     server.start()
     owner = server.proc.pid
     with ThreadPoolExecutor(4) as pool:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,12 @@ log = logging.getLogger("servekit.hosts")
 
 #: The longest a host may take to load its model before the start is abandoned.
 START_TIMEOUT = 600.0
-_children: list[subprocess.Popen] = []
+#: What starts a host: ``launcher(command, stdin=..., env=..., close_fds=True)`` returns a
+#: ``subprocess.Popen``, or an object that answers as one (``pid``, ``poll``, ``kill``,
+#: ``returncode``). servekit's own suite forks the hosts of its test servers from a warm process
+#: this way (tests/support/server_forks.py in its repository).
+launcher: Callable[..., Any] = subprocess.Popen
+_children: list[Any] = []
 #: every live client of this process (reset in a forked child)
 clients: weakref.WeakSet[HostClient] = weakref.WeakSet()
 
@@ -177,7 +182,7 @@ class Replica:
         spec_path = Path(f"{self.stem}.json")
         spec_path.write_text(json.dumps(spec))
         env = {**os.environ, runtime.ENV_IN_HOST: "1"}
-        proc = subprocess.Popen(
+        proc = launcher(
             [sys.executable, "-m", "servekit.hosts.host", str(spec_path)],
             stdin=subprocess.DEVNULL,
             env=env,
