@@ -16,15 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 import pytest
+from lazy_modules import lazy_module
 
 pytestmark = pytest.mark.slow
 
-xgb = pytest.importorskip("xgboost")
-lgb = pytest.importorskip("lightgbm")
-ort = pytest.importorskip("onnxruntime")
-pytest.importorskip("skl2onnx")
-httpclient = pytest.importorskip("tritonclient.http")
-grpcclient = pytest.importorskip("tritonclient.grpc")
+# looked up at collection, imported by the first test that needs them
+xgb = lazy_module("xgboost")
+lgb = lazy_module("lightgbm")
+ort = lazy_module("onnxruntime")
+lazy_module("skl2onnx")
+httpclient = lazy_module("tritonclient.http")
+grpcclient = lazy_module("tritonclient.grpc")
 from framework_models import FEATURES, data, save_lightgbm, save_pyfunc, save_xgboost, sklearn_onnx
 from servekit.testing import ServerProcess
 

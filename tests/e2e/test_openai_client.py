@@ -11,10 +11,11 @@ import httpx
 import numpy as np
 import pytest
 from generative_models import build_tiny_gpt2, minilm_folder
+from lazy_modules import lazy_module
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
-openai = pytest.importorskip("openai")
+openai = lazy_module("openai")  # looked up at collection, imported by the first test that needs it
 
 
 @pytest.fixture(scope="module")

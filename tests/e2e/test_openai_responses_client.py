@@ -10,10 +10,11 @@ import json
 
 import pytest
 from generative_models import ECHO_MODEL_PY, TOOL_MODEL_PY, write_model
+from lazy_modules import lazy_module
 
 pytestmark = pytest.mark.slow  # starts a real server
 
-openai = pytest.importorskip("openai")
+openai = lazy_module("openai")  # looked up at collection, imported by the first test that needs it
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,11 @@ import importlib.util
 import httpx
 import pytest
 from generative_models import ECHO_MODEL_PY, build_tiny_gpt2, write_model
+from lazy_modules import lazy_module
 
 pytestmark = pytest.mark.slow  # starts a real server, imports torch
 
-openai = pytest.importorskip("openai")
+openai = lazy_module("openai")  # looked up at collection, imported by the first test that needs it
 # torch and transformers are imported by the test that uses them, not at collection (in every worker)
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
     pytest.skip("torch and transformers are needed", allow_module_level=True)

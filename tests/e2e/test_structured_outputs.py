@@ -19,12 +19,14 @@ import httpx
 import jsonschema
 import pytest
 from generative_models import HERMES_CHAT_TEMPLATE, TOOL_MODEL_PY, build_tiny_gpt2, write_model
+from lazy_modules import lazy_module
 from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.slow  # starts a real server
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("xgrammar")  # the structured-outputs extra
+# looked up at collection, imported by the first test that needs them (xgrammar imports torch)
+openai = lazy_module("openai")
+lazy_module("xgrammar")  # the structured-outputs extra, which the server imports
 
 
 class Pet(BaseModel):

@@ -13,11 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from generative_models import minilm_folder
+from lazy_modules import lazy_module
 
 pytestmark = pytest.mark.slow  # starts a real server
 
-openai = pytest.importorskip("openai")
-transformers = pytest.importorskip("transformers")
+# looked up at collection, imported by the first test that needs them
+openai = lazy_module("openai")
+transformers = lazy_module("transformers")
 
 #: Embeds text by its length; it has no tokenizer, so it cannot read token ids.
 NO_TOKENIZER = """

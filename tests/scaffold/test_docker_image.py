@@ -23,13 +23,13 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import docker_support
 import numpy as np
 import pytest
 import requests
-import sklearn
 from servekit.scaffold import project as scaffold
 from servekit.server import slow_clients
 from servekit.testing import free_port
@@ -89,7 +89,7 @@ def project(tmp_path_factory, daemon) -> Path:
     assert trained.returncode == 0, trained.stderr
     # the image unpickles what this scikit-learn wrote: the same versions (Debian's Python is 3.11 too)
     with (folder / "requirements.txt").open("a") as requirements:
-        requirements.write(f"scikit-learn=={sklearn.__version__}\nnumpy=={np.__version__}\n")
+        requirements.write(f"scikit-learn=={version('scikit-learn')}\nnumpy=={np.__version__}\n")
     return folder
 
 

@@ -9,13 +9,15 @@ import json
 import jsonschema
 import pytest
 from generative_models import build_tiny_gpt2, load_causal
+from lazy_modules import lazy_module
 from servekit.errors import BadRequest
 from servekit.types import Constraint, GenerationRequest
 
 # needs torch: out of the quick lane
 pytestmark = pytest.mark.slow
-torch = pytest.importorskip("torch")
-pytest.importorskip("xgrammar")  # the structured-outputs extra
+# looked up at collection, imported by the first test that loads a model
+lazy_module("torch")
+lazy_module("xgrammar")  # the structured-outputs extra
 
 SCHEMA = {
     "type": "object",

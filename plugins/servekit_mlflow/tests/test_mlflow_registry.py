@@ -18,12 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lazy_modules import lazy_module
 from repo_paths import REPO as ROOT
 
 pytestmark = pytest.mark.slow
 
-mlflow = pytest.importorskip("mlflow")
-xgb = pytest.importorskip("xgboost")
+# looked up at collection, imported by the first test that needs them
+mlflow = lazy_module("mlflow")
+xgb = lazy_module("xgboost")
 from framework_models import data, xgboost_booster
 from servekit.testing import free_port
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from lazy_modules import lazy_module
 from repo_paths import TF_DATA
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
-tf = pytest.importorskip("tensorflow")
+tf = lazy_module("tensorflow")  # looked up at collection, imported by the first test that needs it
 
 THREE = "saved_model_half_plus_three"
 TWO = "saved_model_half_plus_two_2_versions"

@@ -16,11 +16,12 @@ import sys
 
 import numpy as np
 import pytest
+from lazy_modules import lazy_module
 from repo_paths import REPO, TF_DATA
 
 pytestmark = pytest.mark.slow  # builds models with TensorFlow and starts servers
 
-pytest.importorskip("tensorflow")
+lazy_module("tensorflow")  # looked up at collection, imported by the tests that build models
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,13 @@ import shutil
 import numpy as np
 import pytest
 import requests
+from lazy_modules import lazy_module
 from repo_paths import TF_DATA
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("servekit_tensorflow")
+lazy_module("tensorflow")  # looked up, not imported: the server imports it
+lazy_module("servekit_tensorflow")
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from lazy_modules import lazy_module
 from servekit.protocols.grpc.protos.inference import grpc_service_pb2
 from servekit.protocols.grpc.protos.tensorflow.core.framework import types_pb2
 from servekit.protocols.grpc.protos.tensorflow.core.protobuf import meta_graph_pb2
@@ -25,14 +26,14 @@ from servekit.protocols.grpc.protos.tensorflow_serving.apis import (
 
 # needs torch or TensorFlow (or TF Serving's protos, which import TensorFlow): out of the quick lane
 pytestmark = pytest.mark.slow
-tf_apis = pytest.importorskip("tensorflow_serving.apis")
-from tensorflow_serving.apis import get_model_metadata_pb2 as tf_metadata
-from tensorflow_serving.apis import get_model_status_pb2 as tf_status
-from tensorflow_serving.apis import inference_pb2 as tf_inference
-from tensorflow_serving.apis import model_service_pb2 as tf_model_service
-from tensorflow_serving.apis import predict_pb2 as tf_predict
-from tensorflow_serving.apis import prediction_service_pb2 as tf_prediction_service
-from tritonclient.grpc import service_pb2 as triton
+# imported by the first test that reads them, not at collection (every worker of a parallel run collects)
+tf_metadata = lazy_module("tensorflow_serving.apis.get_model_metadata_pb2")
+tf_status = lazy_module("tensorflow_serving.apis.get_model_status_pb2")
+tf_inference = lazy_module("tensorflow_serving.apis.inference_pb2")
+tf_model_service = lazy_module("tensorflow_serving.apis.model_service_pb2")
+tf_predict = lazy_module("tensorflow_serving.apis.predict_pb2")
+tf_prediction_service = lazy_module("tensorflow_serving.apis.prediction_service_pb2")
+triton = lazy_module("tritonclient.grpc.service_pb2")
 
 #: Public fields our protos do not declare (a client sending them keeps them as unknown fields).
 NEWER_OR_LEFT_OUT = {
@@ -43,13 +44,12 @@ NEWER_OR_LEFT_OUT = {
 }
 
 PAIRS = [
-    (predict_pb2, tf_predict),
-    (
-        inference_pb2,
-        tf_inference,
-    ),  # imports classification, regression, input, model, example, feature
-    (get_model_metadata_pb2, tf_metadata),  # SignatureDef, TensorInfo, TensorProto
-    (get_model_status_pb2, tf_status),
+    pytest.param(predict_pb2, tf_predict, id="predict_pb2"),
+    # imports classification, regression, input, model, example, feature
+    pytest.param(inference_pb2, tf_inference, id="inference_pb2"),
+    # SignatureDef, TensorInfo, TensorProto
+    pytest.param(get_model_metadata_pb2, tf_metadata, id="get_model_metadata_pb2"),
+    pytest.param(get_model_status_pb2, tf_status, id="get_model_status_pb2"),
 ]
 
 
@@ -97,7 +97,7 @@ def field_table(msg):
     }
 
 
-@pytest.mark.parametrize(("ours", "theirs"), PAIRS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+@pytest.mark.parametrize(("ours", "theirs"), PAIRS)
 def test_messages_match_tensorflow_serving(ours, theirs):
     mine, reference = messages(ours.DESCRIPTOR), messages(theirs.DESCRIPTOR)
     for name, msg in mine.items():

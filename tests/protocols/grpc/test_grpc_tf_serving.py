@@ -5,27 +5,29 @@ from __future__ import annotations
 import json
 
 import grpc
+import ml_dtypes
 import numpy as np
 import pytest
 import requests
 from google.protobuf import json_format
 from grpc_support import shared_server, tf_plugin_installed
+from lazy_modules import lazy_module
+from repo_paths import TF_DATA
 
 pytestmark = pytest.mark.slow  # starts real servers or subprocesses
 
-tf = pytest.importorskip("tensorflow")
-from repo_paths import TF_DATA
-from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow_serving.apis import (
-    classification_pb2,
-    get_model_metadata_pb2,
-    get_model_status_pb2,
-    inference_pb2,
-    model_service_pb2_grpc,
-    predict_pb2,
-    prediction_service_pb2_grpc,
-    regression_pb2,
-)
+# looked up at collection, imported by the first test that reads them (TF Serving's protos import TensorFlow)
+tf = lazy_module("tensorflow")
+example_pb2 = lazy_module("tensorflow.core.example.example_pb2")
+feature_pb2 = lazy_module("tensorflow.core.example.feature_pb2")
+classification_pb2 = lazy_module("tensorflow_serving.apis.classification_pb2")
+get_model_metadata_pb2 = lazy_module("tensorflow_serving.apis.get_model_metadata_pb2")
+get_model_status_pb2 = lazy_module("tensorflow_serving.apis.get_model_status_pb2")
+inference_pb2 = lazy_module("tensorflow_serving.apis.inference_pb2")
+model_service_pb2_grpc = lazy_module("tensorflow_serving.apis.model_service_pb2_grpc")
+predict_pb2 = lazy_module("tensorflow_serving.apis.predict_pb2")
+prediction_service_pb2_grpc = lazy_module("tensorflow_serving.apis.prediction_service_pb2_grpc")
+regression_pb2 = lazy_module("tensorflow_serving.apis.regression_pb2")
 
 IRIS_FEATURES = ("sepal_length", "sepal_width", "petal_length", "petal_width")
 SETOSA = [5.1, 3.5, 1.4, 0.2]
@@ -182,7 +184,7 @@ ALL_DTYPES = [
     np.bool_,
     np.complex64,
     np.complex128,
-    tf.bfloat16.as_numpy_dtype,
+    ml_dtypes.bfloat16,  # TensorFlow's own bfloat16 (tf.bfloat16.as_numpy_dtype)
 ]
 
 
@@ -204,19 +206,20 @@ def test_predict_strings(predictions):
 @pytest.mark.parametrize(
     ("field", "dtype", "values"),
     [
-        ("float_val", tf.float32, [1.5, -2.0]),
-        ("int_val", tf.int8, [-128, 127]),
-        ("int_val", tf.uint16, [0, 65535]),
-        ("int64_val", tf.int64, [-(2**63), 2**63 - 1]),
-        ("uint32_val", tf.uint32, [0, 2**32 - 1]),
-        ("uint64_val", tf.uint64, [0, 2**64 - 1]),
-        ("bool_val", tf.bool, [True, False]),
-        ("half_val", tf.float16, [np.float16(1.5).view(np.uint16), np.float16(-2).view(np.uint16)]),
-        ("scomplex_val", tf.complex64, [1.0, 2.0, 3.0, -4.0]),
-        ("dcomplex_val", tf.complex128, [1.0, 2.0, 3.0, -4.0]),
+        ("float_val", "float32", [1.5, -2.0]),
+        ("int_val", "int8", [-128, 127]),
+        ("int_val", "uint16", [0, 65535]),
+        ("int64_val", "int64", [-(2**63), 2**63 - 1]),
+        ("uint32_val", "uint32", [0, 2**32 - 1]),
+        ("uint64_val", "uint64", [0, 2**64 - 1]),
+        ("bool_val", "bool", [True, False]),
+        ("half_val", "float16", [np.float16(1.5).view(np.uint16), np.float16(-2).view(np.uint16)]),
+        ("scomplex_val", "complex64", [1.0, 2.0, 3.0, -4.0]),
+        ("dcomplex_val", "complex128", [1.0, 2.0, 3.0, -4.0]),
     ],
 )
 def test_predict_typed_fields_by_dtype(predictions, field, dtype, values):
+    dtype = getattr(tf, dtype)
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "echo"
     tensor = request.inputs["x"]
@@ -511,11 +514,11 @@ def test_model_status_of_a_failed_load(models):
     assert status.status.error_code != 0 and status.status.error_message
 
 
-@pytest.mark.parametrize("request_", [status_request("nope"), status_request("iris", 9), status_request("")])
-def test_model_status_errors(models, request_):
-    code = rpc_error(models.GetModelStatus, request_).code()
+@pytest.mark.parametrize("asked", [("nope",), ("iris", 9), ("",)], ids=["unknown-model", "unknown-version", "no-name"])
+def test_model_status_errors(models, asked):
+    code = rpc_error(models.GetModelStatus, status_request(*asked)).code()
     assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
-    assert (code == grpc.StatusCode.INVALID_ARGUMENT) == (request_.model_spec.name == "")
+    assert (code == grpc.StatusCode.INVALID_ARGUMENT) == (asked[0] == "")
 
 
 def test_reload_config_without_a_model_list_is_refused(channel):
