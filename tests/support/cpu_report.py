@@ -6,7 +6,7 @@ test that waits on a server costs little.  With ``SERVEKIT_TEST_CPU_REPORT=FILE`
 each pytest process (every xdist worker) appends one JSON line per test to
 ``FILE``: the node id, the user+system seconds of the process itself and of
 its waited-for children (servers, subprocesses) across the test's setup, call
-and teardown, and the children's share of them.  A module-scoped server's cost lands on the test whose teardown
+and teardown, the children's share of them, and when and in which worker it ended.  A module-scoped server's cost lands on the test whose teardown
 stops it, so sum by module::
 
     SERVEKIT_TEST_CPU_REPORT=/tmp/cpu.jsonl bash scripts/test.sh -q
@@ -20,6 +20,7 @@ import json
 import os
 import resource
 import sys
+import time
 from collections.abc import Generator
 
 import pytest
@@ -47,7 +48,16 @@ class CpuReport:
         yield
         own_after, children_after = _cpu_seconds()
         own, children = own_after - own, children_after - children
-        line = json.dumps({"test": item.nodeid, "cpu": round(own + children, 3), "children": round(children, 3)})
+        line = json.dumps(
+            {
+                "test": item.nodeid,
+                "cpu": round(own + children, 3),
+                "children": round(children, 3),
+                # when it ended, and where: a timeline of the run, for its tail
+                "end": round(time.time(), 2),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+            }
+        )
         with open(self.path, "a") as report:
             report.write(line + "\n")
 
