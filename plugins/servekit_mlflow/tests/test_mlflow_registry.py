@@ -43,10 +43,7 @@ def server_command() -> list[str]:
     )
     if not exe:
         pytest.skip("no mlflow executable: scripts/test.sh makes .venv-mlflow")
-    probe = subprocess.run([exe, "server", "--help"], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip("this mlflow cannot run a server (mlflow-skinny); set SERVEKIT_TEST_MLFLOW_SERVER")
-    return [exe, "server"]
+    return [exe, "server"]  # an mlflow-skinny one exits at once, saying a module is missing (tracking() skips)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +56,10 @@ def tracking(tmp_path_factory):
         "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}", "--artifacts-destination", str(base / "artifacts"),
     ]  # fmt: skip
     log = (base / "server.log").open("wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=base)
+    # no job runner: its seven huey consumers (GenAI scorer jobs, not the registry's) each import
+    # mlflow and poll their queue for as long as they live
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=base, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):  # the first start creates the database: up to a minute
