@@ -3,7 +3,9 @@
 ``ServerProcess.launcher`` is the fork server's ``launch`` in this suite (conftest.py):
 a forked server gets the command's arguments, environment, working folder and
 output, exits with the status a fresh process would give, and a command it cannot
-reproduce runs through ``subprocess.Popen``.
+reproduce runs through ``subprocess.Popen``. A server of a model that needs torch forks
+from a warm process that has imported torch, and so do its model hosts
+(``servekit.hosts.client.launcher``).
 """
 
 from __future__ import annotations

@@ -430,8 +430,12 @@ def _serve(base_address: str, address: str, kind: str, say_ready: Any) -> None:
     say_ready()
     while True:
         for key, _ in watch.select():
-            if key.data == "parent":
-                return  # the pytest process closed its pipe: it is done, or gone
+            if key.data == "parent":  # the pytest process closed its pipe: it is done, or gone
+                # the fork servers of other kinds leave too: waited for, so that their servers' CPU
+                # reaches this process's parent (and `time`), not init
+                for kind_pid, _ in kinds.values():
+                    os.waitpid(kind_pid, 0)
+                return
             if key.data == "child":
                 try:
                     while wake_read.recv(512):
