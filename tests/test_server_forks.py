@@ -94,7 +94,7 @@ def test_a_command_it_cannot_reproduce_starts_fresh(echo_model):
         assert isinstance(proc, subprocess.Popen) and proc.wait(60) == 0
 
 
-#: a model that needs torch, and says whether its process had imported torch before it loaded, and which it is
+#: a model that needs torch: it answers whether its process had imported torch before it loaded, and which process it is
 TORCH_MODEL = """
 import os
 import sys

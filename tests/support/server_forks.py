@@ -366,8 +366,8 @@ def _preload(names: tuple[str, ...]) -> None:
     for name in names:
         try:
             importlib.import_module(name)
-        except ImportError:
-            pass  # not installed in this environment: a server that needs it imports it, as fresh
+        except Exception:  # not installed here, or failing: a server that needs it imports it, and fails, as fresh
+            pass
 
 
 def _start_kind(base_address: str, kind: str, framework_env: dict[str, str], index: int) -> tuple[int, str]:
