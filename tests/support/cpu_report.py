@@ -6,8 +6,9 @@ test that waits on a server costs little.  With ``SERVEKIT_TEST_CPU_REPORT=FILE`
 each pytest process (every xdist worker) appends one JSON line per test to
 ``FILE``: the node id, the user+system seconds of the process itself and of
 its waited-for children (servers, subprocesses) across the test's setup, call
-and teardown, the children's share of them, and when and in which worker it ended.  A module-scoped server's cost lands on the test whose teardown
-stops it, so sum by module::
+and teardown, the children's share of them, and when and in which worker it
+ended.  A module-scoped server's cost lands on the test whose teardown stops it,
+so sum by module::
 
     SERVEKIT_TEST_CPU_REPORT=/tmp/cpu.jsonl bash scripts/test.sh -q
     python tests/support/cpu_report.py /tmp/cpu.jsonl

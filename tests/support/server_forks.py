@@ -151,7 +151,7 @@ def kind_of(paths: list[str]) -> str:
             for kind, marks in _MARKS.items():
                 if name in marks or any(mark.startswith(".") and name.endswith(mark) for mark in marks):
                     found.add(kind)
-            if name == "model.py" or (name.endswith(".py") and file.parent.name.isdigit()):
+            if name.endswith(".py"):  # a model.py, or what it imports beside it
                 try:
                     source = file.read_text(errors="replace")
                 except OSError:
@@ -442,24 +442,7 @@ def _serve(base_address: str, address: str, kind: str, say_ready: Any) -> None:
                         pass
                 except BlockingIOError:
                     pass
-                while True:
-                    try:
-                        pid, status, usage = os.wait4(-1, os.WNOHANG)
-                    except ChildProcessError:
-                        break
-                    if pid == 0:
-                        break
-                    for other, (kind_pid, _) in list(kinds.items()):
-                        if kind_pid == pid:
-                            del kinds[other]
-                    channel = channels.pop(pid, None)
-                    if channel is not None:
-                        code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
-                        try:
-                            channel.sendall(f"exit {code} {cpu:.3f}\n".encode())
-                        except OSError:
-                            pass  # nobody waits for this one any more
-                        channel.close()
+                _reap(channels, kinds)
                 continue
             connection, _ = listener.accept()
             try:
@@ -490,6 +473,28 @@ def _serve(base_address: str, address: str, kind: str, say_ready: Any) -> None:
                 os.close(fd)
             connection.sendall(f"pid {pid}\n".encode())
             channels[pid] = connection
+
+
+def _reap(channels: dict[int, socket.socket], kinds: dict[str, tuple[int, str]]) -> None:
+    """Wait for every child that exited: a server's exit status and CPU go to whoever started it, and a
+    fork server of another kind that died is forgotten (the next request of its kind starts another)."""
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for key in [key for key, (kind_pid, _) in kinds.items() if kind_pid == pid]:
+            del kinds[key]
+        channel = channels.pop(pid, None)
+        if channel is not None:
+            code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+            try:
+                channel.sendall(f"exit {code} {cpu:.3f}\n".encode())
+            except OSError:
+                pass  # nobody waits for this one any more
+            channel.close()
 
 
 def _become(request: dict[str, Any], outputs: list[int], base_address: str) -> None:
